@@ -1,0 +1,328 @@
+/*
+ * dgverbs.h - the verbs interface between the shim (and apps) and the backends.
+ *
+ * This is the only header the shim and the applications include from verbs_backend/.
+ * Semantics follow the OFA/RDMAC verbs with the datagram-iWARP extensions of paper 003
+ * section III.A (QP types UD and RD, address handles, source address in completions) and
+ * RDMA Write-Record of paper 000 section IV.B.3.
+ *
+ * Conventions:
+ *  - every function returning int returns 0 (or a count) on success and -errno on failure;
+ *  - objects are opaque except struct dgv_mr, whose public fields may be read;
+ *  - a context may be used from several threads; a QP serialises its own operations,
+ *    a CQ its own; nothing here takes a process-wide lock on the data path.
+ */
+#ifndef DGVERBS_H
+#define DGVERBS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct dgv_context;
+struct dgv_pd;
+struct dgv_cq;
+struct dgv_qp;
+struct dgv_ah;
+
+/* ---------------------------------------------------------------- context */
+
+enum dgv_provider_kind {
+	DGV_PROV_AUTO = 0, /* DGSHIM_PROVIDER from the environment, else the best available */
+	DGV_PROV_SOFT,     /* software datagram-iWARP RNIC over kernel UDP/TCP */
+	DGV_PROV_IBVERBS,  /* libibverbs/librdmacm device (later issue) */
+};
+
+enum dgv_progress_mode {
+	DGV_PROGRESS_AUTO = 0, /* app drives progress while it polls; a libev thread when it does not */
+	DGV_PROGRESS_APP,      /* only calls into the provider make progress (no thread) */
+	DGV_PROGRESS_THREAD,   /* the libev thread handles every receive */
+};
+
+struct dgv_context_attr {
+	enum dgv_provider_kind provider;
+	enum dgv_progress_mode progress;
+};
+
+/* Opens a provider. attr may be NULL (defaults). Returns 0 or -errno (-ENODEV: no such provider). */
+int dgv_open(const struct dgv_context_attr *attr, struct dgv_context **out);
+void dgv_close(struct dgv_context *ctx);
+/* "soft" or "ibverbs"; never NULL. */
+const char *dgv_provider_name(const struct dgv_context *ctx);
+
+/* ---------------------------------------------------------------- protection domains and memory */
+
+int dgv_alloc_pd(struct dgv_context *ctx, struct dgv_pd **out);
+/* Returns -EBUSY while MRs, QPs or AHs still use the PD. */
+int dgv_dealloc_pd(struct dgv_pd *pd);
+
+enum dgv_access {
+	DGV_ACCESS_LOCAL_WRITE = 1u << 0,
+	DGV_ACCESS_REMOTE_WRITE = 1u << 1, /* RDMA Write and Write-Record may place here */
+	DGV_ACCESS_REMOTE_READ = 1u << 2,  /* RDMA Read may fetch from here */
+};
+
+/*
+ * A registered region. lkey is used in local SGEs, rkey (the STag, RFC 5040 section 2.1:
+ * 24-bit index, 8-bit key) is advertised to peers. In the soft provider every bit of the STag
+ * except the table index is random (getrandom), so a peer cannot guess a valid STag from one
+ * it has seen. Remote access is checked against pd, bounds and access on every segment.
+ */
+struct dgv_mr {
+	void *addr;
+	size_t length;
+	uint32_t lkey;
+	uint32_t rkey;
+	unsigned access;
+	struct dgv_pd *pd;
+};
+
+int dgv_reg_mr(struct dgv_pd *pd, void *addr, size_t length, unsigned access, struct dgv_mr **out);
+/* Waits for placements in progress on the region, then invalidates it. */
+int dgv_dereg_mr(struct dgv_mr *mr);
+
+/* ---------------------------------------------------------------- completion queues */
+
+int dgv_create_cq(struct dgv_context *ctx, int cqe, struct dgv_cq **out);
+int dgv_destroy_cq(struct dgv_cq *cq);
+/* A file descriptor that becomes readable when a completion arrives after dgv_req_notify_cq. */
+int dgv_cq_fd(struct dgv_cq *cq);
+/* Arms the fd for the next completion (solicited_only: only Send with SE and errors). */
+int dgv_req_notify_cq(struct dgv_cq *cq, int solicited_only);
+/* Consumes the fd's pending event (call after it polled readable). */
+int dgv_cq_ack_event(struct dgv_cq *cq);
+
+/* ---------------------------------------------------------------- addresses */
+
+union dgv_sockaddr {
+	struct sockaddr sa;
+	struct sockaddr_in sin;
+	struct sockaddr_in6 sin6;
+};
+
+/* An address handle: the UDP address (IPv4 or IPv6) of a remote datagram QP. */
+int dgv_create_ah(struct dgv_pd *pd, const struct sockaddr *addr, socklen_t len, struct dgv_ah **out);
+int dgv_destroy_ah(struct dgv_ah *ah);
+
+/* ---------------------------------------------------------------- queue pairs */
+
+enum dgv_qp_type {
+	DGV_QPT_UD = 1, /* unreliable datagram: paper 003 III.B */
+	DGV_QPT_RD = 2, /* reliable datagram: in order per source over UDP */
+	DGV_QPT_RC = 3, /* reliable connection: later issue */
+};
+
+/* Fault injection at one edge of a QP (tests and benchmarks). Percentages are 0..100. */
+struct dgv_fault {
+	double loss_pct;      /* independent loss */
+	double burst_pct;     /* chance that a burst of burst_len losses starts */
+	uint32_t burst_len;
+	double reorder_pct;   /* chance a datagram is held back and sent after reorder_depth others */
+	uint32_t reorder_depth;
+	double dup_pct;       /* chance a datagram is delivered twice */
+	double corrupt_pct;   /* chance one byte is flipped */
+	uint64_t seed;        /* 0: from the clock */
+};
+
+/*
+ * Parses "loss=1,burst=0.5:4,reorder=5:3,dup=1,corrupt=0.1,seed=7" into f (zeroed first).
+ * Returns 0 or -EINVAL; on error *why points at a static text naming the bad item.
+ */
+int dgv_fault_parse(const char *spec, struct dgv_fault *f, const char **why);
+
+struct dgv_qp_init_attr {
+	enum dgv_qp_type qp_type;
+	struct dgv_cq *send_cq;
+	struct dgv_cq *recv_cq; /* receives, Write-Record records, and nothing else */
+	uint32_t max_send_wr;   /* 0: 256 */
+	uint32_t max_recv_wr;   /* 0: 256 */
+	uint32_t max_sge;       /* 0: 4 */
+	uint32_t max_msg_size;  /* 0: 16 MiB; larger messages are rejected with -EMSGSIZE */
+	/* UDP payload bytes per datagram, headers included; 0: 1472 (IPv4, 1500-byte MTU) or
+	 * 1452 (IPv6). 65507 at most. */
+	uint32_t seg_size;
+	/* Local UDP address to bind; NULL: the wildcard of family bind_family, ephemeral port. */
+	const struct sockaddr *bind_addr;
+	socklen_t bind_len;
+	int bind_family;        /* AF_INET (default when 0) or AF_INET6 */
+	/* use_adopt_fd != 0: use the UDP socket adopt_fd instead of creating one (the shim passes
+	 * the program's socket). The QP makes it non-blocking and does not close it. */
+	int use_adopt_fd;
+	int adopt_fd;
+	/* How long a partly received message waits for its missing segments, microseconds.
+	 * 0: 20000 for UD; RD uses its own retry budget. */
+	uint32_t reasm_timeout_us;
+	/* RD: give up on a silent peer after this many retransmissions of one datagram; 0: 12. */
+	uint32_t rd_max_retries;
+	/* NULL: read DGSHIM_FAULT_TX / DGSHIM_FAULT_RX from the environment. */
+	const struct dgv_fault *fault_tx;
+	const struct dgv_fault *fault_rx;
+};
+
+int dgv_create_qp(struct dgv_pd *pd, const struct dgv_qp_init_attr *attr, struct dgv_qp **out);
+/* Flushes outstanding work requests (WR_FLUSH_ERR completions), then frees the QP. */
+int dgv_destroy_qp(struct dgv_qp *qp);
+/* The address peers use to reach this QP. */
+int dgv_qp_local_addr(struct dgv_qp *qp, union dgv_sockaddr *out, socklen_t *len);
+enum dgv_qp_type dgv_qp_type(const struct dgv_qp *qp);
+
+/* ---------------------------------------------------------------- work requests */
+
+struct dgv_sge {
+	uint64_t addr;
+	uint32_t length;
+	uint32_t lkey;
+};
+
+enum dgv_wr_opcode {
+	DGV_WR_SEND = 0,
+	DGV_WR_SEND_SE,       /* Send with Solicited Event (RFC 5040 section 5.3) */
+	DGV_WR_WRITE,         /* RDMA Write: placed at the target, no target completion */
+	DGV_WR_WRITE_RECORD,  /* RDMA Write-Record: placed, then a record completion at the target */
+	DGV_WR_READ,          /* RDMA Read */
+};
+
+enum dgv_send_flags {
+	DGV_SEND_SIGNALED = 1u << 0, /* generate a completion on success (errors always complete) */
+};
+
+struct dgv_send_wr {
+	uint64_t wr_id;
+	struct dgv_send_wr *next;
+	struct dgv_sge *sg_list;
+	int num_sge;
+	enum dgv_wr_opcode opcode;
+	unsigned send_flags;
+	struct dgv_ah *ah;    /* destination (UD and RD) */
+	uint64_t remote_addr; /* WRITE, WRITE_RECORD, READ: the target's virtual address (tagged offset) */
+	uint32_t rkey;        /* and its STag */
+};
+
+struct dgv_recv_wr {
+	uint64_t wr_id;
+	struct dgv_recv_wr *next;
+	struct dgv_sge *sg_list;
+	int num_sge;
+};
+
+/* Post a chain of WRs. On failure *bad is the first WR not posted. Never blocks. */
+int dgv_post_send(struct dgv_qp *qp, struct dgv_send_wr *wr, struct dgv_send_wr **bad);
+int dgv_post_recv(struct dgv_qp *qp, struct dgv_recv_wr *wr, struct dgv_recv_wr **bad);
+
+/* ---------------------------------------------------------------- completions */
+
+enum dgv_wc_status {
+	DGV_WC_SUCCESS = 0,
+	DGV_WC_LOC_LEN_ERR,     /* message longer than the posted buffer */
+	DGV_WC_LOC_PROT_ERR,    /* an SGE outside its lkey's region or without the right */
+	DGV_WC_LOC_QP_OP_ERR,   /* the opcode is not valid on this QP type or state */
+	DGV_WC_WR_FLUSH_ERR,    /* flushed by QP destruction */
+	DGV_WC_REM_ACCESS_ERR,  /* the target rejected the tagged access (Terminate received) */
+	DGV_WC_REM_OP_ERR,      /* the target reported another error (Terminate received) */
+	DGV_WC_RETRY_EXC_ERR,   /* RD: the peer stayed silent past the retry budget */
+	DGV_WC_PARTIAL,         /* Write-Record or UD Read: only the ranges in the record are valid */
+	DGV_WC_GENERAL_ERR,
+};
+
+enum dgv_wc_opcode {
+	DGV_WC_SEND = 0,
+	DGV_WC_WRITE,
+	DGV_WC_WRITE_RECORD,
+	DGV_WC_READ,
+	DGV_WC_RECV,              /* a Send matched a posted receive */
+	DGV_WC_RECV_WRITE_RECORD, /* a Write-Record arrived: see record (no receive consumed) */
+};
+
+enum dgv_wc_flags {
+	DGV_WC_SOLICITED = 1u << 0,
+};
+
+/* One byte range [offset, offset+length) relative to the record's base. */
+struct dgv_range {
+	uint32_t offset;
+	uint32_t length;
+};
+
+/* The validity record of paper 000 section IV.B.3, as an aggregated validity map. */
+struct dgv_record {
+	uint32_t stag;       /* target region */
+	uint64_t base;       /* tagged offset of the message's first byte */
+	uint32_t length;     /* message length */
+	uint32_t valid_bytes;
+	uint32_t nranges;
+	const struct dgv_range *ranges; /* sorted, disjoint, coalesced; owned by the CQ:
+					   valid until the next dgv_poll_cq on it */
+};
+
+struct dgv_wc {
+	uint64_t wr_id;
+	enum dgv_wc_status status;
+	enum dgv_wc_opcode opcode;
+	uint32_t byte_len;       /* bytes placed (RECV: message length; READ: bytes fetched) */
+	unsigned flags;
+	uint32_t msn;            /* DDP message sequence number of the message */
+	struct dgv_qp *qp;
+	union dgv_sockaddr src;  /* RECV and RECV_WRITE_RECORD: who sent it */
+	socklen_t src_len;
+	struct dgv_record record; /* RECV_WRITE_RECORD, and READ on UD */
+};
+
+/* Drives progress on the CQ's QPs, then returns up to n completions (>= 0) or -errno. */
+int dgv_poll_cq(struct dgv_cq *cq, int n, struct dgv_wc *wc);
+/* Blocks until a completion is ready (0), timeout_ms passes (-ETIMEDOUT; < 0: forever),
+ * or a signal interrupts (-EINTR). Drives progress while it waits. */
+int dgv_cq_wait(struct dgv_cq *cq, int timeout_ms);
+
+/* ---------------------------------------------------------------- errors and counters */
+
+/* RFC 5040 section 7 layers. */
+enum dgv_err_layer { DGV_LAYER_RDMAP = 0, DGV_LAYER_DDP = 1, DGV_LAYER_LLP = 2 };
+
+/* An entry of the QP's error queue (paper 003 III.C: replaces stream termination). */
+struct dgv_async_err {
+	uint8_t layer;  /* enum dgv_err_layer */
+	uint8_t etype;  /* RFC 5040 section 7.1 / RFC 5041 section 7.2 error type */
+	uint8_t ecode;  /* error code within that type */
+	uint8_t remote; /* 0: detected here on an incoming segment; 1: a peer's Terminate */
+	uint8_t opcode; /* RDMAP opcode of the offending segment */
+	uint32_t msn;
+	uint32_t stag;
+	uint64_t to;
+	uint32_t length;
+	union dgv_sockaddr peer;
+};
+
+/* Returns up to n queued errors (>= 0). The queue keeps the newest 64; older are counted. */
+int dgv_poll_errq(struct dgv_qp *qp, int n, struct dgv_async_err *out);
+/* Short English text for an (layer, etype, ecode) triple; never NULL. */
+const char *dgv_err_str(uint8_t layer, uint8_t etype, uint8_t ecode);
+
+struct dgv_qp_stats {
+	uint64_t tx_datagrams, tx_bytes;     /* datagrams handed to the LLP, bytes on the wire */
+	uint64_t rx_datagrams, rx_bytes;
+	uint64_t tx_msgs, rx_msgs;           /* completed messages */
+	uint64_t crc_drops;                  /* bad CRC: dropped, never placed */
+	uint64_t malformed_drops;            /* truncated, bad version, unknown opcode, absurd length */
+	uint64_t placement_rejects;          /* STag/PD/rights/bounds failures */
+	uint64_t no_wqe_drops;               /* a Send found no posted receive */
+	uint64_t reasm_timeouts;             /* messages given up or recorded partial at timeout */
+	uint64_t dup_drops;                  /* duplicate segments */
+	uint64_t cq_overflows;
+	uint64_t terminates_sent, terminates_rcvd;
+	uint64_t errq_overflows;
+	uint64_t rd_retransmits, rd_acks_sent, rd_acks_rcvd, rd_ooo_buffered, rd_window_stalls;
+	uint64_t rd_peer_failures;
+	uint64_t fault_dropped, fault_duplicated, fault_reordered, fault_corrupted;
+};
+
+int dgv_qp_stats(struct dgv_qp *qp, struct dgv_qp_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DGVERBS_H */

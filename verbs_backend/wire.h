@@ -1,0 +1,210 @@
+/*
+ * wire.h - every byte datagram-iWARP puts on the wire, in one place.
+ *
+ * All multi-byte fields are big-endian (the be16/be32/be64 types are a reminder: convert with
+ * be16toh & co. before use). Structures are packed and their sizes are checked at compile time.
+ * docs/wire.md explains each field with a worked hex example that tests/unit/test_wire.c checks.
+ *
+ * A datagram of a UD QP:   [DDP/RDMAP datagram header][payload][CRC32c]
+ * A datagram of an RD QP:  [RD header][DDP/RDMAP datagram header][payload][CRC32c]
+ * An RD acknowledgement:   [RD header][CRC32c]
+ * There is no MPA layer (paper 003 III.G): each DDP segment is exactly one UDP datagram.
+ */
+#ifndef DG_WIRE_H
+#define DG_WIRE_H
+
+#include <stdint.h>
+
+typedef uint16_t be16;
+typedef uint32_t be32;
+typedef uint64_t be64;
+
+/* ------------------------------------------------------------------------------------------
+ * DDP/RDMAP control field (16 bits, host order after be16toh).
+ * RFC 5041 section 4.2/4.3: T (tagged), L (last), 4 reserved bits, DV (DDP version, 1).
+ * RFC 5040 section 4.2: RV (RDMAP version, 1), 2 reserved bits, Opcode (4 bits).
+ */
+enum {
+	DDP_CTRL_TAGGED = 0x8000,
+	DDP_CTRL_LAST = 0x4000,
+	DDP_CTRL_RSVD = 0x3c00,
+	DDP_CTRL_DV_MASK = 0x0300,
+	DDP_CTRL_DV_1 = 0x0100,
+	RDMAP_CTRL_RV_MASK = 0x00c0,
+	RDMAP_CTRL_RV_1 = 0x0040,
+	RDMAP_CTRL_RSVD = 0x0030,
+	RDMAP_CTRL_OPCODE = 0x000f,
+};
+
+/* RFC 5040 section 4.3 opcodes; 0x8 is datagram-iWARP's RDMA Write-Record (paper 000 IV.B.3). */
+enum rdmap_opcode {
+	RDMAP_WRITE = 0x0,
+	RDMAP_READ_REQ = 0x1,
+	RDMAP_READ_RESP = 0x2,
+	RDMAP_SEND = 0x3,
+	RDMAP_SEND_INV = 0x4,
+	RDMAP_SEND_SE = 0x5,
+	RDMAP_SEND_SE_INV = 0x6,
+	RDMAP_TERMINATE = 0x7,
+	RDMAP_WRITE_RECORD = 0x8,
+	RDMAP_OPCODE_MAX = 0x8,
+};
+
+/* RFC 5040 section 5.1 / RFC 5041 section 5: untagged queue numbers. */
+enum ddp_qn {
+	DDP_QN_SEND = 0,
+	DDP_QN_READ_REQ = 1,
+	DDP_QN_TERMINATE = 2,
+};
+
+/*
+ * Tagged datagram header (30 bytes): RDMA Write, RDMA Write-Record, RDMA Read Response.
+ * The first 14 bytes are the RFC 5041 section 4.2 tagged header. The last 16 bytes are the
+ * datagram extension (our design, docs/wire.md "datagram extension"): because a message may span
+ * several datagrams that arrive out of order or not at all, every segment says which message it
+ * belongs to, where it sits in it, and how the sender cut it, so the target can keep a validity
+ * map without per-peer state.
+ */
+struct dg_tagged_hdr {
+	be16 ctrl;  /* RFC 5041 4.2 + RFC 5040 4.2: T=1, L, DV=1, RV=1, opcode */
+	be32 stag;  /* RFC 5041 4.2: data sink STag */
+	be64 to;    /* RFC 5041 4.2: data sink tagged offset of this segment's first byte */
+	be32 msn;   /* ext: message sequence number (Read Response: the Read Request's MSN) */
+	be32 mo;    /* ext: offset of this segment in the message; to - mo is the message base */
+	be32 ml;    /* ext: total message length in bytes */
+	be16 segsz; /* ext: payload bytes of every segment but the last (mo is a multiple of it) */
+	be16 rsvd;  /* ext: zero */
+} __attribute__((packed));
+
+/*
+ * Untagged datagram header (26 bytes): Send variants, RDMA Read Request, Terminate.
+ * The first 18 bytes are the RFC 5041 section 4.3 untagged header (with the RFC 5040 section
+ * 4.2 Invalidate STag in the RsvdULP field); the last 8 bytes are the datagram extension.
+ */
+struct dg_untagged_hdr {
+	be16 ctrl;     /* RFC 5041 4.3 + RFC 5040 4.2: T=0, L, DV=1, RV=1, opcode */
+	be32 inv_stag; /* RFC 5040 4.2: STag to invalidate (Send with Invalidate), else 0 */
+	be32 qn;       /* RFC 5041 4.3: queue number (enum ddp_qn) */
+	be32 msn;      /* RFC 5041 4.3: message sequence number on that queue */
+	be32 mo;       /* RFC 5041 4.3: message offset of this segment's first byte */
+	be32 ml;       /* ext: total message length in bytes */
+	be16 segsz;    /* ext: payload bytes of every segment but the last */
+	be16 rsvd;     /* ext: zero */
+} __attribute__((packed));
+
+/* RFC 5040 section 4.4: RDMA Read Request header, the payload of an untagged QN=1 message. */
+struct rdmap_read_req {
+	be32 sink_stag;
+	be64 sink_to;
+	be32 read_size;
+	be32 src_stag;
+	be64 src_to;
+} __attribute__((packed));
+
+/*
+ * RFC 5040 section 4.8: Terminate header, the payload of an untagged QN=2 message. In
+ * datagram-iWARP it does not tear anything down: it tells the source which message failed
+ * (paper 003 III.C "error message identifying the erroneous message number").
+ * term_ctrl: layer (4 bits) | etype (4) | ecode (8) | M (1) | D (1) | R (1) | reserved (13).
+ * When D is set, the offending datagram header (tagged or untagged, by its T bit) follows
+ * ddp_seg_len and pad; when R is set (Read Request), its rdmap_read_req follows that.
+ */
+struct rdmap_terminate {
+	be32 term_ctrl;
+	be16 ddp_seg_len; /* RFC 5040 4.8: length of the terminated segment (valid with M) */
+	be16 pad;         /* keeps the copied header 4-byte aligned; zero */
+} __attribute__((packed));
+
+enum {
+	TERM_HDRCT_M = 1u << 15,
+	TERM_HDRCT_D = 1u << 14,
+	TERM_HDRCT_R = 1u << 13,
+};
+
+static inline uint32_t term_ctrl_make(unsigned layer, unsigned etype, unsigned ecode, unsigned hdrct)
+{
+	return (layer & 0xfu) << 28 | (etype & 0xfu) << 24 | (ecode & 0xffu) << 16 | (hdrct & 0xe000u);
+}
+
+/* RFC 5040 section 7.1 error layers and types, RFC 5041 section 7.2 DDP codes. */
+enum {
+	TERM_LAYER_RDMAP = 0,
+	TERM_LAYER_DDP = 1,
+	TERM_LAYER_LLP = 2,
+
+	RDMAP_ETYPE_CATASTROPHIC = 0,
+	RDMAP_ETYPE_REMOTE_PROT = 1,
+	RDMAP_ETYPE_REMOTE_OP = 2,
+	/* RDMAP_ETYPE_REMOTE_PROT codes */
+	RDMAP_ECODE_INVALID_STAG = 0x00,
+	RDMAP_ECODE_BASE_BOUNDS = 0x01,
+	RDMAP_ECODE_ACCESS_RIGHTS = 0x02,
+	RDMAP_ECODE_STAG_NOT_ASSOC = 0x03,
+	RDMAP_ECODE_TO_WRAP = 0x04,
+	/* RDMAP_ETYPE_REMOTE_OP codes */
+	RDMAP_ECODE_INVALID_VERSION = 0x05,
+	RDMAP_ECODE_UNEXPECTED_OPCODE = 0x06,
+	RDMAP_ECODE_CATASTROPHIC_STREAM = 0x07,
+	RDMAP_ECODE_UNSPECIFIED = 0xff,
+
+	DDP_ETYPE_CATASTROPHIC = 0,
+	DDP_ETYPE_TAGGED_BUF = 1,
+	DDP_ETYPE_UNTAGGED_BUF = 2,
+	/* DDP_ETYPE_TAGGED_BUF codes */
+	DDP_ECODE_T_INVALID_STAG = 0x00,
+	DDP_ECODE_T_BASE_BOUNDS = 0x01,
+	DDP_ECODE_T_STAG_NOT_ASSOC = 0x02,
+	DDP_ECODE_T_TO_WRAP = 0x03,
+	DDP_ECODE_T_INVALID_VERSION = 0x04,
+	/* DDP_ETYPE_UNTAGGED_BUF codes */
+	DDP_ECODE_UT_INVALID_QN = 0x01,
+	DDP_ECODE_UT_NO_BUFFER = 0x02,
+	DDP_ECODE_UT_INVALID_MSN_RANGE = 0x03,
+	DDP_ECODE_UT_INVALID_MO = 0x04,
+	DDP_ECODE_UT_MSG_TOO_LONG = 0x05,
+	DDP_ECODE_UT_INVALID_VERSION = 0x06,
+};
+
+/*
+ * RD header (20 bytes): the reliable-UDP LLP beneath DDP for RD QPs (paper 003 III.B leaves the
+ * mechanism to the LLP). Its first byte, 0xD2, has DDP reserved bits set, so a UD QP that
+ * receives an RD datagram rejects it as malformed instead of misreading it.
+ */
+enum {
+	RD_MAGIC = 0xd2,
+	RD_FLAG_DATA = 0x01, /* seq is valid and a DDP segment follows */
+	RD_FLAG_ACK = 0x02,  /* ack, ack_epoch and sack are valid */
+	RD_FLAG_RST = 0x04,  /* the sender has no state for ack_epoch: start over */
+};
+
+struct dg_rd_hdr {
+	uint8_t magic;  /* RD_MAGIC */
+	uint8_t flags;  /* RD_FLAG_* */
+	be16 wnd;       /* receive window the sender of this datagram offers, in datagrams */
+	be32 epoch;     /* random per (QP, peer) incarnation of the sender's sequence space */
+	be32 seq;       /* DATA: sequence number, 0 for the first datagram of an epoch */
+	be32 ack_epoch; /* ACK: the epoch the ack refers to (the peer's) */
+	be32 ack;       /* ACK: next sequence number expected (all below received) */
+	be32 sack;      /* ACK: bit i set: ack + 1 + i received out of order */
+} __attribute__((packed));
+
+/* CRC32c (Castagnoli, as iSCSI and MPA) of every preceding byte of the datagram; big-endian. */
+typedef be32 dg_crc_t;
+
+enum {
+	DG_TAGGED_HLEN = 30,
+	DG_UNTAGGED_HLEN = 26,
+	DG_RD_HLEN = 20,
+	DG_CRC_LEN = 4,
+	DG_READ_REQ_LEN = 28,
+	DG_TERM_LEN = 8,
+	DG_MAX_DATAGRAM = 65507, /* largest UDP payload over IPv4 */
+};
+
+_Static_assert(sizeof(struct dg_tagged_hdr) == DG_TAGGED_HLEN, "tagged header size");
+_Static_assert(sizeof(struct dg_untagged_hdr) == DG_UNTAGGED_HLEN, "untagged header size");
+_Static_assert(sizeof(struct rdmap_read_req) == DG_READ_REQ_LEN, "read request size");
+_Static_assert(sizeof(struct rdmap_terminate) == DG_TERM_LEN, "terminate size");
+_Static_assert(sizeof(struct dg_rd_hdr) == DG_RD_HLEN, "rd header size");
+
+#endif /* DG_WIRE_H */
