@@ -1,1 +1,231 @@
-/* placeholder: being written */
+/* dgverbs.c - verbs front end: argument checks and dispatch to the provider (provider.h). */
+#include "provider.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "log.h"
+
+/* Reads DGSHIM_PROVIDER. Returns the kind, or -EINVAL after logging the bad value. */
+static int provider_from_env(void)
+{
+	const char *s = getenv("DGSHIM_PROVIDER");
+	if (!s || !*s || !strcasecmp(s, "auto"))
+		return DGV_PROV_AUTO;
+	if (!strcasecmp(s, "soft"))
+		return DGV_PROV_SOFT;
+	if (!strcasecmp(s, "ibverbs"))
+		return DGV_PROV_IBVERBS;
+	dg_log_always("DGSHIM_PROVIDER=%s: unknown provider (expected soft, ibverbs or auto)", s);
+	return -EINVAL;
+}
+
+int dgv_open(const struct dgv_context_attr *attr, struct dgv_context **out)
+{
+	struct dgv_context_attr a = {0};
+	if (!out)
+		return -EINVAL;
+	if (attr)
+		a = *attr;
+	if (a.provider == DGV_PROV_AUTO) {
+		int p = provider_from_env();
+		if (p < 0)
+			return p;
+		a.provider = (enum dgv_provider_kind)p;
+	}
+	switch (a.provider) {
+	case DGV_PROV_AUTO:
+		/* No ibverbs backend yet: auto means the software RNIC. */
+		DG_INFO("provider auto: using soft (no ibverbs backend built)");
+		/* fall through */
+	case DGV_PROV_SOFT:
+		return dgv_soft_open(&a, out);
+	case DGV_PROV_IBVERBS:
+		DG_ERR("provider ibverbs requested but this build has no ibverbs backend");
+		return -ENODEV;
+	}
+	return -EINVAL;
+}
+
+void dgv_close(struct dgv_context *ctx)
+{
+	if (ctx)
+		ctx->ops->close(ctx);
+}
+
+const char *dgv_provider_name(const struct dgv_context *ctx)
+{
+	return ctx ? ctx->name : "none";
+}
+
+int dgv_alloc_pd(struct dgv_context *ctx, struct dgv_pd **out)
+{
+	if (!ctx || !out)
+		return -EINVAL;
+	return ctx->ops->alloc_pd(ctx, out);
+}
+
+int dgv_dealloc_pd(struct dgv_pd *pd)
+{
+	return pd ? pd->ctx->ops->dealloc_pd(pd) : -EINVAL;
+}
+
+int dgv_reg_mr(struct dgv_pd *pd, void *addr, size_t length, unsigned access, struct dgv_mr **out)
+{
+	if (!pd || !out || (!addr && length) || (access & ~7u))
+		return -EINVAL;
+	/* Remote write without local write is refused by the verbs specifications too. */
+	if ((access & DGV_ACCESS_REMOTE_WRITE) && !(access & DGV_ACCESS_LOCAL_WRITE))
+		return -EINVAL;
+	return pd->ctx->ops->reg_mr(pd, addr, length, access, out);
+}
+
+int dgv_dereg_mr(struct dgv_mr *mr)
+{
+	return mr ? mr->pd->ctx->ops->dereg_mr(mr) : -EINVAL;
+}
+
+int dgv_create_cq(struct dgv_context *ctx, int cqe, struct dgv_cq **out)
+{
+	if (!ctx || !out || cqe <= 0 || cqe > (1 << 22))
+		return -EINVAL;
+	return ctx->ops->create_cq(ctx, cqe, out);
+}
+
+int dgv_destroy_cq(struct dgv_cq *cq) { return cq ? cq->ctx->ops->destroy_cq(cq) : -EINVAL; }
+int dgv_cq_fd(struct dgv_cq *cq) { return cq ? cq->ctx->ops->cq_fd(cq) : -EINVAL; }
+int dgv_req_notify_cq(struct dgv_cq *cq, int so) { return cq ? cq->ctx->ops->req_notify_cq(cq, so) : -EINVAL; }
+int dgv_cq_ack_event(struct dgv_cq *cq) { return cq ? cq->ctx->ops->cq_ack_event(cq) : -EINVAL; }
+
+int dgv_poll_cq(struct dgv_cq *cq, int n, struct dgv_wc *wc)
+{
+	if (!cq || n < 0 || (n && !wc))
+		return -EINVAL;
+	return cq->ctx->ops->poll_cq(cq, n, wc);
+}
+
+int dgv_cq_wait(struct dgv_cq *cq, int timeout_ms)
+{
+	return cq ? cq->ctx->ops->cq_wait(cq, timeout_ms) : -EINVAL;
+}
+
+int dgv_create_ah(struct dgv_pd *pd, const struct sockaddr *addr, socklen_t len, struct dgv_ah **out)
+{
+	if (!pd || !addr || !out)
+		return -EINVAL;
+	if (!((addr->sa_family == AF_INET && len >= sizeof(struct sockaddr_in)) ||
+	      (addr->sa_family == AF_INET6 && len >= sizeof(struct sockaddr_in6))))
+		return -EAFNOSUPPORT;
+	return pd->ctx->ops->create_ah(pd, addr, len, out);
+}
+
+int dgv_destroy_ah(struct dgv_ah *ah) { return ah ? ah->ctx->ops->destroy_ah(ah) : -EINVAL; }
+
+int dgv_create_qp(struct dgv_pd *pd, const struct dgv_qp_init_attr *attr, struct dgv_qp **out)
+{
+	if (!pd || !attr || !out || !attr->send_cq || !attr->recv_cq)
+		return -EINVAL;
+	if (attr->qp_type != DGV_QPT_UD && attr->qp_type != DGV_QPT_RD && attr->qp_type != DGV_QPT_RC)
+		return -EINVAL;
+	if (attr->seg_size > 65507u)
+		return -EINVAL;
+	return pd->ctx->ops->create_qp(pd, attr, out);
+}
+
+int dgv_destroy_qp(struct dgv_qp *qp) { return qp ? qp->ctx->ops->destroy_qp(qp) : -EINVAL; }
+
+int dgv_qp_local_addr(struct dgv_qp *qp, union dgv_sockaddr *out, socklen_t *len)
+{
+	if (!qp || !out || !len)
+		return -EINVAL;
+	return qp->ctx->ops->qp_local_addr(qp, out, len);
+}
+
+enum dgv_qp_type dgv_qp_type(const struct dgv_qp *qp) { return qp->type; }
+
+int dgv_post_send(struct dgv_qp *qp, struct dgv_send_wr *wr, struct dgv_send_wr **bad)
+{
+	struct dgv_send_wr *dummy;
+	if (!bad)
+		bad = &dummy;
+	*bad = wr;
+	if (!qp || !wr)
+		return -EINVAL;
+	return qp->ctx->ops->post_send(qp, wr, bad);
+}
+
+int dgv_post_recv(struct dgv_qp *qp, struct dgv_recv_wr *wr, struct dgv_recv_wr **bad)
+{
+	struct dgv_recv_wr *dummy;
+	if (!bad)
+		bad = &dummy;
+	*bad = wr;
+	if (!qp || !wr)
+		return -EINVAL;
+	return qp->ctx->ops->post_recv(qp, wr, bad);
+}
+
+int dgv_poll_errq(struct dgv_qp *qp, int n, struct dgv_async_err *out)
+{
+	if (!qp || n < 0 || (n && !out))
+		return -EINVAL;
+	return qp->ctx->ops->poll_errq(qp, n, out);
+}
+
+int dgv_qp_stats(struct dgv_qp *qp, struct dgv_qp_stats *out)
+{
+	if (!qp || !out)
+		return -EINVAL;
+	return qp->ctx->ops->qp_stats(qp, out);
+}
+
+const char *dgv_err_str(uint8_t layer, uint8_t etype, uint8_t ecode)
+{
+	if (layer == DGV_LAYER_RDMAP) {
+		if (etype == 0)
+			return "RDMAP local catastrophic error";
+		if (etype == 1)
+			switch (ecode) {
+			case 0x00: return "RDMAP: invalid STag";
+			case 0x01: return "RDMAP: base or bounds violation";
+			case 0x02: return "RDMAP: access rights violation";
+			case 0x03: return "RDMAP: STag not associated with this stream";
+			case 0x04: return "RDMAP: tagged offset wraps";
+			default: return "RDMAP: remote protection error";
+			}
+		if (etype == 2)
+			switch (ecode) {
+			case 0x05: return "RDMAP: invalid RDMAP version";
+			case 0x06: return "RDMAP: unexpected opcode";
+			case 0x07: return "RDMAP: catastrophic error localised to stream";
+			default: return "RDMAP: remote operation error";
+			}
+	} else if (layer == DGV_LAYER_DDP) {
+		if (etype == 0)
+			return "DDP local catastrophic error";
+		if (etype == 1)
+			switch (ecode) {
+			case 0x00: return "DDP tagged: invalid STag";
+			case 0x01: return "DDP tagged: base or bounds violation";
+			case 0x02: return "DDP tagged: STag not associated with this stream";
+			case 0x03: return "DDP tagged: tagged offset wraps";
+			case 0x04: return "DDP tagged: invalid DDP version";
+			default: return "DDP tagged buffer error";
+			}
+		if (etype == 2)
+			switch (ecode) {
+			case 0x01: return "DDP untagged: invalid queue number";
+			case 0x02: return "DDP untagged: no receive buffer posted";
+			case 0x03: return "DDP untagged: MSN out of range";
+			case 0x04: return "DDP untagged: invalid message offset";
+			case 0x05: return "DDP untagged: message too long for the buffer";
+			case 0x06: return "DDP untagged: invalid DDP version";
+			default: return "DDP untagged buffer error";
+			}
+	} else if (layer == DGV_LAYER_LLP) {
+		return "LLP error (CRC or framing)";
+	}
+	return "unknown error";
+}

@@ -166,7 +166,7 @@ enum {
 };
 
 /*
- * RD header (20 bytes): the reliable-UDP LLP beneath DDP for RD QPs (paper 003 III.B leaves the
+ * RD header (24 bytes): the reliable-UDP LLP beneath DDP for RD QPs (paper 003 III.B leaves the
  * mechanism to the LLP). Its first byte, 0xD2, has DDP reserved bits set, so a UD QP that
  * receives an RD datagram rejects it as malformed instead of misreading it.
  */
@@ -194,7 +194,7 @@ typedef be32 dg_crc_t;
 enum {
 	DG_TAGGED_HLEN = 30,
 	DG_UNTAGGED_HLEN = 26,
-	DG_RD_HLEN = 20,
+	DG_RD_HLEN = 24,
 	DG_CRC_LEN = 4,
 	DG_READ_REQ_LEN = 28,
 	DG_TERM_LEN = 8,

@@ -1,1 +1,305 @@
-/* placeholder: being written */
+/*
+ * cq.c - completion queues: a ring under a per-CQ mutex, an eventfd for readiness, and the
+ * conversion of Write-Record validity bitmaps into ranges at poll time (so the producer never
+ * formats anything on the receive path).
+ */
+#include <errno.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "soft.h"
+
+int soft_create_cq(struct dgv_context *ctx, int cqe, struct dgv_cq **out)
+{
+	struct soft_cq *cq = calloc(1, sizeof *cq);
+	if (!cq)
+		return -ENOMEM;
+	cq->base.ctx = ctx;
+	cq->cap = (uint32_t)cqe;
+	cq->ring = calloc(cq->cap, sizeof *cq->ring);
+	cq->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (!cq->ring || cq->efd < 0) {
+		int err = cq->efd < 0 ? -errno : -ENOMEM;
+		free(cq->ring);
+		if (cq->efd >= 0)
+			close(cq->efd);
+		free(cq);
+		return err;
+	}
+	pthread_mutex_init(&cq->lock, NULL);
+	*out = &cq->base;
+	return 0;
+}
+
+int soft_destroy_cq(struct dgv_cq *cqb)
+{
+	struct soft_cq *cq = to_scq(cqb);
+	pthread_mutex_lock(&cq->lock);
+	bool busy = cq->nqps > 0;
+	pthread_mutex_unlock(&cq->lock);
+	if (busy)
+		return -EBUSY;
+	close(cq->efd);
+	free(cq->ring);
+	free(cq->scratch);
+	pthread_mutex_destroy(&cq->lock);
+	free(cq);
+	return 0;
+}
+
+int soft_cq_fd(struct dgv_cq *cq) { return to_scq(cq)->efd; }
+
+int soft_req_notify_cq(struct dgv_cq *cqb, int solicited_only)
+{
+	struct soft_cq *cq = to_scq(cqb);
+	pthread_mutex_lock(&cq->lock);
+	if (cq->count && !solicited_only) {
+		/* Something is already there: make the fd readable now rather than losing the edge. */
+		uint64_t one = 1;
+		ssize_t w = write(cq->efd, &one, sizeof one);
+		(void)w;
+	} else {
+		atomic_store(&cq->armed, solicited_only ? 2 : 1);
+	}
+	pthread_mutex_unlock(&cq->lock);
+	return 0;
+}
+
+int soft_cq_ack_event(struct dgv_cq *cqb)
+{
+	uint64_t v;
+	ssize_t r = read(to_scq(cqb)->efd, &v, sizeof v);
+	return r == sizeof v ? 0 : (errno == EAGAIN ? 0 : -errno);
+}
+
+int soft_cq_push(struct soft_cq *cq, const struct dgv_wc *wc, struct soft_slot *slot,
+		 const struct dgv_range *range)
+{
+	pthread_mutex_lock(&cq->lock);
+	if (cq->count == cq->cap) {
+		pthread_mutex_unlock(&cq->lock);
+		return -ENOSPC;
+	}
+	struct soft_cqe *e = &cq->ring[(cq->head + cq->count) % cq->cap];
+	e->wc = *wc;
+	e->slot = slot;
+	if (slot)
+		atomic_store(&slot->in_cq, true);
+	if (range)
+		e->range = *range;
+	cq->count++;
+	int armed = atomic_load(&cq->armed);
+	bool wake = atomic_load(&cq->waiters) > 0;
+	if (armed == 1 || (armed == 2 && ((wc->flags & DGV_WC_SOLICITED) || wc->status != DGV_WC_SUCCESS))) {
+		atomic_store(&cq->armed, 0);
+		wake = true;
+	}
+	pthread_mutex_unlock(&cq->lock);
+	if (wake) {
+		uint64_t one = 1;
+		ssize_t w = write(cq->efd, &one, sizeof one);
+		(void)w;
+	}
+	return 0;
+}
+
+int soft_cq_attach(struct soft_cq *cq, struct soft_qp *qp)
+{
+	pthread_mutex_lock(&cq->lock);
+	for (uint32_t i = 0; i < cq->nqps; i++)
+		if (cq->qps[i] == qp) {
+			pthread_mutex_unlock(&cq->lock);
+			return 0;
+		}
+	if (cq->nqps == sizeof cq->qps / sizeof cq->qps[0]) {
+		pthread_mutex_unlock(&cq->lock);
+		return -ENOSPC;
+	}
+	cq->qps[cq->nqps++] = qp;
+	pthread_mutex_unlock(&cq->lock);
+	return 0;
+}
+
+/* Unlinks qp and drops its pending Write-Record completions whose bitmaps die with the QP;
+ * its other completions stay for the application to poll. */
+void soft_cq_detach(struct soft_cq *cq, struct soft_qp *qp)
+{
+	pthread_mutex_lock(&cq->lock);
+	for (uint32_t i = 0; i < cq->nqps; i++)
+		if (cq->qps[i] == qp) {
+			cq->qps[i] = cq->qps[--cq->nqps];
+			break;
+		}
+	uint32_t kept = 0;
+	for (uint32_t i = 0; i < cq->count; i++) {
+		struct soft_cqe *e = &cq->ring[(cq->head + i) % cq->cap];
+		if (e->wc.qp == &qp->base && e->slot)
+			continue;
+		cq->ring[(cq->head + kept) % cq->cap] = *e;
+		kept++;
+	}
+	cq->count = kept;
+	pthread_mutex_unlock(&cq->lock);
+}
+
+/* Runs progress on every QP feeding cq. Returns the number that did work. */
+static int cq_progress(struct soft_cq *cq)
+{
+	struct soft_qp *snap[64];
+	uint32_t n;
+	pthread_mutex_lock(&cq->lock);
+	n = cq->nqps;
+	for (uint32_t i = 0; i < n; i++) {
+		snap[i] = cq->qps[i];
+		atomic_fetch_add(&snap[i]->refs, 1);
+	}
+	pthread_mutex_unlock(&cq->lock);
+	int did = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		if (soft_qp_progress(snap[i], true, false) > 0)
+			did++;
+		atomic_fetch_sub(&snap[i]->refs, 1);
+	}
+	return did;
+}
+
+/* Turns a slot's segment bitmap into coalesced ranges at out. Returns the count. */
+static uint32_t bitmap_ranges(const struct soft_slot *s, struct dgv_range *out)
+{
+	uint32_t n = 0;
+	uint32_t i = 0;
+	while (i < s->nsegs) {
+		if (!(s->bitmap[i >> 3] & (1u << (i & 7)))) {
+			i++;
+			continue;
+		}
+		uint32_t j = i;
+		while (j < s->nsegs && (s->bitmap[j >> 3] & (1u << (j & 7))))
+			j++;
+		uint32_t off = i * s->segsz;
+		uint32_t end = j == s->nsegs ? s->ml : j * s->segsz;
+		out[n++] = (struct dgv_range){off, end - off};
+		i = j;
+	}
+	return n;
+}
+
+int soft_poll_cq(struct dgv_cq *cqb, int n, struct dgv_wc *wc)
+{
+	struct soft_cq *cq = to_scq(cqb);
+	if (!cq->count)
+		cq_progress(cq);
+	pthread_mutex_lock(&cq->lock);
+	int got = 0;
+	uint32_t used = 0;
+	while (got < n && cq->count) {
+		struct soft_cqe *e = &cq->ring[cq->head];
+		if (e->slot) {
+			uint32_t need = e->slot->nsegs / 2 + 1;
+			if (need > cq->scratch_cap - used) {
+				if (got)
+					break; /* earlier records' ranges must stay valid: stop here */
+				struct dgv_range *r = realloc(cq->scratch, need * sizeof *r);
+				if (!r)
+					break;
+				cq->scratch = r;
+				cq->scratch_cap = need;
+			}
+			wc[got] = e->wc;
+			wc[got].record.ranges = cq->scratch + used;
+			wc[got].record.nranges = bitmap_ranges(e->slot, cq->scratch + used);
+			used += wc[got].record.nranges;
+			atomic_store_explicit(&e->slot->in_cq, false, memory_order_release);
+		} else {
+			wc[got] = e->wc;
+			if (e->wc.opcode == DGV_WC_RECV_WRITE_RECORD || e->wc.record.nranges) {
+				if (cq->scratch_cap - used < 1) {
+					if (got)
+						break;
+					struct dgv_range *r = realloc(cq->scratch, 64 * sizeof *r);
+					if (!r)
+						break;
+					cq->scratch = r;
+					cq->scratch_cap = 64;
+				}
+				wc[got].record.ranges = cq->scratch + used;
+				if (e->wc.record.nranges)
+					cq->scratch[used++] = e->range;
+			}
+		}
+		got++;
+		cq->head = (cq->head + 1) % cq->cap;
+		cq->count--;
+	}
+	pthread_mutex_unlock(&cq->lock);
+	return got;
+}
+
+int soft_cq_wait(struct dgv_cq *cqb, int timeout_ms)
+{
+	struct soft_cq *cq = to_scq(cqb);
+	uint64_t start = dg_now_us();
+	uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : start + (uint64_t)timeout_ms * 1000;
+	int rc = 0;
+	atomic_fetch_add(&cq->waiters, 1);
+	for (;;) {
+		if (__atomic_load_n(&cq->count, __ATOMIC_ACQUIRE))
+			break;
+		cq_progress(cq);
+		if (__atomic_load_n(&cq->count, __ATOMIC_ACQUIRE))
+			break;
+		uint64_t now = dg_now_us();
+		if (now >= deadline) {
+			rc = -ETIMEDOUT;
+			break;
+		}
+		struct pollfd pfd[65];
+		struct soft_qp *snap[64];
+		uint32_t nq;
+		uint64_t next = deadline;
+		pthread_mutex_lock(&cq->lock);
+		nq = cq->nqps;
+		for (uint32_t i = 0; i < nq; i++) {
+			snap[i] = cq->qps[i];
+			atomic_fetch_add(&snap[i]->refs, 1);
+		}
+		pthread_mutex_unlock(&cq->lock);
+		pfd[0] = (struct pollfd){.fd = cq->efd, .events = POLLIN};
+		for (uint32_t i = 0; i < nq; i++) {
+			struct soft_qp *qp = snap[i];
+			pfd[i + 1] = (struct pollfd){.fd = qp->fd, .events = POLLIN};
+			if (soft_qp_wants_pollout(qp))
+				pfd[i + 1].events |= POLLOUT;
+			if (pthread_mutex_trylock(&qp->lock) == 0) {
+				uint64_t t = soft_qp_next_timer_locked(qp, now);
+				pthread_mutex_unlock(&qp->lock);
+				if (t != UINT64_MAX && now + t < next)
+					next = now + t;
+			}
+			atomic_store(&qp->app_waiting, 1);
+		}
+		uint64_t wait_us = next > now ? next - now : 0;
+		int ms = wait_us >= (uint64_t)INT32_MAX * 1000 ? -1 : (int)((wait_us + 999) / 1000);
+		int pr = poll(pfd, nq + 1, ms);
+		int perr = errno;
+		for (uint32_t i = 0; i < nq; i++) {
+			atomic_store(&snap[i]->app_waiting, 0);
+			atomic_fetch_sub(&snap[i]->refs, 1);
+		}
+		if (pr < 0 && perr == EINTR) {
+			rc = -EINTR;
+			break;
+		}
+		if (pfd[0].revents & POLLIN) {
+			uint64_t v;
+			ssize_t r = read(cq->efd, &v, sizeof v);
+			(void)r;
+		}
+	}
+	atomic_fetch_sub(&cq->waiters, 1);
+	return rc;
+}

@@ -1,1 +1,244 @@
-/* placeholder: being written */
+/*
+ * device.c - the soft provider's context: ops table, protection domains, address handles and
+ * the libev progress thread.
+ *
+ * Progress model (DGV_PROGRESS_AUTO): an application thread that polls or waits on a CQ makes
+ * progress itself (lowest latency, no thread hand-off). When a QP has seen no application call
+ * for SOFT_APP_IDLE_US, the libev thread starts watching its socket, so one-sided placement, RD
+ * acks and Read Responses go on while the application is busy elsewhere. A 1 ms timer runs RD
+ * retransmission, reassembly timeouts and the switch between the two. The loop's mutex is
+ * released while it sleeps (libev's documented locking pattern), so other threads may add and
+ * remove watchers under it.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "soft.h"
+
+static void loop_release(struct ev_loop *loop)
+{
+	struct soft_ctx *ctx = ev_userdata(loop);
+	pthread_mutex_unlock(&ctx->loop_lock);
+}
+
+static void loop_acquire(struct ev_loop *loop)
+{
+	struct soft_ctx *ctx = ev_userdata(loop);
+	pthread_mutex_lock(&ctx->loop_lock);
+}
+
+static void io_cb(struct ev_loop *loop, ev_io *w, int revents)
+{
+	struct soft_qp *qp = w->data;
+	(void)loop;
+	(void)revents;
+	soft_qp_progress(qp, false, false);
+}
+
+/* Every millisecond: timers of every QP, and socket watching for the QPs nobody polls. */
+static void tick_cb(struct ev_loop *loop, ev_timer *w, int revents)
+{
+	struct soft_ctx *ctx = w->data;
+	(void)revents;
+	uint64_t now = dg_now_us();
+	for (struct soft_qp *qp = ctx->qps; qp; qp = qp->next) {
+		bool app_active = ctx->progress == DGV_PROGRESS_AUTO &&
+				  (atomic_load(&qp->app_waiting) ||
+				   now - atomic_load(&qp->app_ts) < SOFT_APP_IDLE_US);
+		if (!app_active && !qp->io_on) {
+			ev_io_start(loop, &qp->io);
+			qp->io_on = true;
+		} else if (app_active && qp->io_on) {
+			ev_io_stop(loop, &qp->io);
+			qp->io_on = false;
+		}
+		soft_qp_progress(qp, false, false);
+	}
+}
+
+static void wake_cb(struct ev_loop *loop, ev_async *w, int revents)
+{
+	struct soft_ctx *ctx = w->data;
+	(void)revents;
+	if (atomic_load(&ctx->stopping))
+		ev_break(loop, EVBREAK_ALL);
+}
+
+static void *progress_thread(void *arg)
+{
+	struct soft_ctx *ctx = arg;
+	sigset_t all;
+	/* The host program's signals belong to its own threads. */
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, NULL);
+	pthread_mutex_lock(&ctx->loop_lock);
+	ev_run(ctx->loop, 0);
+	pthread_mutex_unlock(&ctx->loop_lock);
+	return NULL;
+}
+
+void soft_ctx_add_qp(struct soft_ctx *ctx, struct soft_qp *qp)
+{
+	pthread_mutex_lock(&ctx->loop_lock);
+	qp->next = ctx->qps;
+	ctx->qps = qp;
+	ev_io_init(&qp->io, io_cb, qp->fd, EV_READ);
+	qp->io.data = qp;
+	qp->io_on = false;
+	if (ctx->thread_running && ctx->progress == DGV_PROGRESS_THREAD) {
+		ev_io_start(ctx->loop, &qp->io);
+		qp->io_on = true;
+		ev_async_send(ctx->loop, &ctx->wake);
+	}
+	pthread_mutex_unlock(&ctx->loop_lock);
+}
+
+void soft_ctx_remove_qp(struct soft_ctx *ctx, struct soft_qp *qp)
+{
+	pthread_mutex_lock(&ctx->loop_lock);
+	for (struct soft_qp **p = &ctx->qps; *p; p = &(*p)->next)
+		if (*p == qp) {
+			*p = qp->next;
+			break;
+		}
+	if (qp->io_on && ctx->loop) {
+		ev_io_stop(ctx->loop, &qp->io);
+		qp->io_on = false;
+		ev_async_send(ctx->loop, &ctx->wake);
+	}
+	pthread_mutex_unlock(&ctx->loop_lock);
+}
+
+static int soft_alloc_pd(struct dgv_context *ctx, struct dgv_pd **out)
+{
+	struct soft_pd *pd = calloc(1, sizeof *pd);
+	if (!pd)
+		return -ENOMEM;
+	pd->base.ctx = ctx;
+	*out = &pd->base;
+	return 0;
+}
+
+static int soft_dealloc_pd(struct dgv_pd *pdb)
+{
+	struct soft_pd *pd = to_spd(pdb);
+	if (atomic_load(&pd->refs))
+		return -EBUSY;
+	free(pd);
+	return 0;
+}
+
+static int soft_create_ah(struct dgv_pd *pd, const struct sockaddr *addr, socklen_t len, struct dgv_ah **out)
+{
+	struct soft_ah *ah = calloc(1, sizeof *ah);
+	if (!ah)
+		return -ENOMEM;
+	ah->base.ctx = pd->ctx;
+	ah->pd = to_spd(pd);
+	ah->base.addrlen = addr->sa_family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
+	memcpy(&ah->base.addr, addr, ah->base.addrlen);
+	atomic_fetch_add(&ah->pd->refs, 1);
+	*out = &ah->base;
+	return 0;
+}
+
+static int soft_destroy_ah(struct dgv_ah *ahb)
+{
+	struct soft_ah *ah = (struct soft_ah *)ahb;
+	atomic_fetch_sub(&ah->pd->refs, 1);
+	free(ah);
+	return 0;
+}
+
+static void soft_close(struct dgv_context *cb)
+{
+	struct soft_ctx *ctx = to_sctx(cb);
+	if (ctx->thread_running) {
+		atomic_store(&ctx->stopping, true);
+		pthread_mutex_lock(&ctx->loop_lock);
+		ev_async_send(ctx->loop, &ctx->wake);
+		pthread_mutex_unlock(&ctx->loop_lock);
+		pthread_join(ctx->thread, NULL);
+	}
+	if (ctx->loop)
+		ev_loop_destroy(ctx->loop);
+	soft_mr_table_fini(ctx);
+	pthread_mutex_destroy(&ctx->loop_lock);
+	pthread_mutex_destroy(&ctx->mr_lock);
+	free(ctx);
+}
+
+static const struct dgv_ops soft_ops = {
+	.close = soft_close,
+	.alloc_pd = soft_alloc_pd,
+	.dealloc_pd = soft_dealloc_pd,
+	.reg_mr = soft_reg_mr,
+	.dereg_mr = soft_dereg_mr,
+	.create_cq = soft_create_cq,
+	.destroy_cq = soft_destroy_cq,
+	.cq_fd = soft_cq_fd,
+	.req_notify_cq = soft_req_notify_cq,
+	.cq_ack_event = soft_cq_ack_event,
+	.poll_cq = soft_poll_cq,
+	.cq_wait = soft_cq_wait,
+	.create_ah = soft_create_ah,
+	.destroy_ah = soft_destroy_ah,
+	.create_qp = soft_create_qp,
+	.destroy_qp = soft_destroy_qp,
+	.qp_local_addr = soft_qp_local_addr,
+	.post_send = soft_post_send,
+	.post_recv = soft_post_recv,
+	.poll_errq = soft_poll_errq,
+	.qp_stats = soft_qp_stats,
+};
+
+int dgv_soft_open(const struct dgv_context_attr *attr, struct dgv_context **out)
+{
+	struct soft_ctx *ctx = calloc(1, sizeof *ctx);
+	if (!ctx)
+		return -ENOMEM;
+	ctx->base.ops = &soft_ops;
+	ctx->base.name = "soft";
+	ctx->progress = attr ? attr->progress : DGV_PROGRESS_AUTO;
+	const char *env = getenv("DGSHIM_PROGRESS");
+	if (env && *env) {
+		if (!strcmp(env, "app"))
+			ctx->progress = DGV_PROGRESS_APP;
+		else if (!strcmp(env, "thread"))
+			ctx->progress = DGV_PROGRESS_THREAD;
+		else if (!strcmp(env, "auto"))
+			ctx->progress = DGV_PROGRESS_AUTO;
+		else
+			dg_log_always("DGSHIM_PROGRESS=%s: unknown mode (expected auto, app or thread); using auto", env);
+	}
+	pthread_mutex_init(&ctx->mr_lock, NULL);
+	pthread_mutex_init(&ctx->loop_lock, NULL);
+	if (ctx->progress != DGV_PROGRESS_APP) {
+		ctx->loop = ev_loop_new(EVFLAG_AUTO | EVFLAG_NOSIGMASK);
+		if (!ctx->loop) {
+			soft_close(&ctx->base);
+			return -ENOMEM;
+		}
+		ev_set_userdata(ctx->loop, ctx);
+		ev_set_loop_release_cb(ctx->loop, loop_release, loop_acquire);
+		ev_async_init(&ctx->wake, wake_cb);
+		ctx->wake.data = ctx;
+		ev_async_start(ctx->loop, &ctx->wake);
+		ev_timer_init(&ctx->tick, tick_cb, 0.001, 0.001);
+		ctx->tick.data = ctx;
+		ev_timer_start(ctx->loop, &ctx->tick);
+		int err = pthread_create(&ctx->thread, NULL, progress_thread, ctx);
+		if (err) {
+			soft_close(&ctx->base);
+			return -err;
+		}
+		ctx->thread_running = true;
+	}
+	DG_INFO("soft provider opened (progress %s)",
+		ctx->progress == DGV_PROGRESS_APP ? "app" : ctx->progress == DGV_PROGRESS_THREAD ? "thread" : "auto");
+	*out = &ctx->base;
+	return 0;
+}

@@ -1,1 +1,166 @@
-/* placeholder: being written */
+/*
+ * mr.c - memory registration and the STag checks of every tagged placement.
+ *
+ * STag layout (RFC 5040 section 2.1 splits it into a 24-bit index and an 8-bit key): our index
+ * is 14 bits (bits 8..21) into a table of type-stable slots; bits 22..31 and the key byte are
+ * random from getrandom(), so 18 bits of every STag are unpredictable and a stale STag (after
+ * re-registration of the slot) is refused. Lookups take no lock: a slot's soft_mr is never
+ * freed before the context, users counts placements in flight and dereg waits for it.
+ */
+#include <errno.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "log.h"
+#include "soft.h"
+
+static uint32_t random_u32(void)
+{
+	uint32_t v;
+	if (getrandom(&v, sizeof v, 0) != sizeof v) {
+		/* getrandom cannot fail for 4 bytes once the pool is initialised; keep going */
+		v = (uint32_t)random() * 2654435761u;
+	}
+	return v;
+}
+
+/* Returns 0 or -ENOMEM/-ENOSPC; takes ctx->mr_lock. */
+int soft_reg_mr(struct dgv_pd *pdb, void *addr, size_t len, unsigned access, struct dgv_mr **out)
+{
+	struct soft_pd *pd = to_spd(pdb);
+	struct soft_ctx *ctx = to_sctx(pdb->ctx);
+	if ((uint64_t)(uintptr_t)addr + len < (uint64_t)(uintptr_t)addr)
+		return -EINVAL;
+	pthread_mutex_lock(&ctx->mr_lock);
+	if (ctx->mr_count >= SOFT_MR_SLOTS - 1) {
+		pthread_mutex_unlock(&ctx->mr_lock);
+		return -ENOSPC;
+	}
+	/* A random free index, so STags are not sequential either. */
+	uint32_t idx = random_u32() & (SOFT_MR_SLOTS - 1);
+	struct soft_mr *mr;
+	for (;;) {
+		if (idx == 0)
+			idx = 1;
+		mr = atomic_load(&ctx->mrs[idx]);
+		if (!mr || atomic_load(&mr->stag) == 0)
+			break;
+		idx = (idx + 1) & (SOFT_MR_SLOTS - 1);
+	}
+	if (!mr) {
+		mr = calloc(1, sizeof *mr);
+		if (!mr) {
+			pthread_mutex_unlock(&ctx->mr_lock);
+			return -ENOMEM;
+		}
+		mr->index = idx;
+	}
+	while (atomic_load(&mr->users))
+		sched_yield(); /* a lookup raced with the slot's last dereg; it backs off at once */
+	uint32_t r = random_u32();
+	uint32_t stag = (r & 0xffc00000u) | (idx << 8) | (r & 0xffu);
+	mr->pub.addr = addr;
+	mr->pub.length = len;
+	mr->pub.access = access;
+	mr->pub.pd = pdb;
+	mr->pub.lkey = stag;
+	mr->pub.rkey = stag;
+	atomic_store(&mr->stag, stag);
+	atomic_store(&ctx->mrs[idx], mr);
+	ctx->mr_count++;
+	atomic_fetch_add(&pd->refs, 1);
+	pthread_mutex_unlock(&ctx->mr_lock);
+	*out = &mr->pub;
+	return 0;
+}
+
+int soft_dereg_mr(struct dgv_mr *m)
+{
+	struct soft_mr *mr = to_smr(m);
+	struct soft_ctx *ctx = to_sctx(m->pd->ctx);
+	struct soft_pd *pd = to_spd(m->pd);
+	pthread_mutex_lock(&ctx->mr_lock);
+	if (atomic_load(&mr->stag) == 0) {
+		pthread_mutex_unlock(&ctx->mr_lock);
+		return -EINVAL;
+	}
+	atomic_store(&mr->stag, 0);
+	/* Placements that validated before the store finish their copy; none starts after. */
+	while (atomic_load(&mr->users))
+		sched_yield();
+	ctx->mr_count--;
+	atomic_fetch_sub(&pd->refs, 1);
+	pthread_mutex_unlock(&ctx->mr_lock);
+	return 0;
+}
+
+/* Takes a user reference on the MR that holds stag now, or returns NULL. */
+static struct soft_mr *mr_hold(struct soft_ctx *ctx, uint32_t stag)
+{
+	struct soft_mr *mr = atomic_load_explicit(&ctx->mrs[SOFT_MR_INDEX(stag)], memory_order_acquire);
+	if (!mr || stag == 0)
+		return NULL;
+	atomic_fetch_add(&mr->users, 1);
+	if (atomic_load(&mr->stag) != stag) {
+		atomic_fetch_sub(&mr->users, 1);
+		return NULL;
+	}
+	return mr;
+}
+
+struct soft_mr *soft_mr_get_remote(struct soft_ctx *ctx, struct soft_pd *pd, uint32_t stag,
+				   uint64_t to, uint64_t len, unsigned access, struct dg_reject *why)
+{
+	struct soft_mr *mr = mr_hold(ctx, stag);
+	if (!mr) {
+		*why = (struct dg_reject){TERM_LAYER_DDP, DDP_ETYPE_TAGGED_BUF, DDP_ECODE_T_INVALID_STAG,
+					  "invalid STag"};
+		return NULL;
+	}
+	if (to_spd(mr->pub.pd) != pd) {
+		*why = (struct dg_reject){TERM_LAYER_DDP, DDP_ETYPE_TAGGED_BUF, DDP_ECODE_T_STAG_NOT_ASSOC,
+					  "STag of another protection domain"};
+		goto fail;
+	}
+	if (!(mr->pub.access & access)) {
+		*why = (struct dg_reject){TERM_LAYER_RDMAP, RDMAP_ETYPE_REMOTE_PROT, RDMAP_ECODE_ACCESS_RIGHTS,
+					  "access rights violation"};
+		goto fail;
+	}
+	uint64_t start = (uint64_t)(uintptr_t)mr->pub.addr;
+	if (to < start || len > mr->pub.length || to - start > mr->pub.length - len) {
+		*why = (struct dg_reject){TERM_LAYER_DDP, DDP_ETYPE_TAGGED_BUF, DDP_ECODE_T_BASE_BOUNDS,
+					  "base or bounds violation"};
+		goto fail;
+	}
+	return mr;
+fail:
+	soft_mr_put(mr);
+	return NULL;
+}
+
+int soft_mr_check_local(struct soft_ctx *ctx, struct soft_pd *pd, const struct dgv_sge *sge,
+			bool need_write)
+{
+	if (sge->length == 0)
+		return 0;
+	struct soft_mr *mr = mr_hold(ctx, sge->lkey);
+	if (!mr)
+		return -EFAULT;
+	int rc = 0;
+	uint64_t start = (uint64_t)(uintptr_t)mr->pub.addr;
+	if (to_spd(mr->pub.pd) != pd || (need_write && !(mr->pub.access & DGV_ACCESS_LOCAL_WRITE)) ||
+	    sge->addr < start || sge->length > mr->pub.length ||
+	    sge->addr - start > mr->pub.length - sge->length)
+		rc = -EFAULT;
+	soft_mr_put(mr);
+	return rc;
+}
+
+void soft_mr_table_fini(struct soft_ctx *ctx)
+{
+	for (uint32_t i = 0; i < SOFT_MR_SLOTS; i++)
+		free(atomic_load(&ctx->mrs[i]));
+}

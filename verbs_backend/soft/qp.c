@@ -1,1 +1,1487 @@
-/* placeholder: being written */
+/*
+ * qp.c - datagram queue pairs of the soft RNIC: segmentation and transmission, the receive
+ * path (CRC, RD, DDP validation, placement), reassembly with validity bitmaps, RDMA
+ * Write-Record records, RDMA Read, Terminate and the error queue.
+ *
+ * Everything here runs under qp->lock unless a comment says otherwise. The data path does not
+ * allocate: queues, reassembly slots and receive buffers are sized at creation (a slot's bitmap
+ * is allocated the first time that slot holds a multi-datagram message, then kept).
+ */
+#include <endian.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include "crc.h"
+#include "log.h"
+#include "soft.h"
+
+#define DEFAULT_WR 256
+#define DEFAULT_MAX_MSG (16u << 20)
+#define DEFAULT_REASM_US 20000
+#define TERM_PER_100MS 64
+
+static void pump(struct soft_qp *qp);
+static void rx_segment(struct soft_qp *qp, const union dgv_sockaddr *from, socklen_t fromlen,
+		       const uint8_t *buf, size_t len);
+
+/* ------------------------------------------------------------------ helpers */
+
+static bool addr_eq(const union dgv_sockaddr *a, const union dgv_sockaddr *b)
+{
+	if (a->sa.sa_family != b->sa.sa_family)
+		return false;
+	if (a->sa.sa_family == AF_INET)
+		return a->sin.sin_port == b->sin.sin_port && a->sin.sin_addr.s_addr == b->sin.sin_addr.s_addr;
+	return a->sin6.sin6_port == b->sin6.sin6_port &&
+	       !memcmp(&a->sin6.sin6_addr, &b->sin6.sin6_addr, sizeof a->sin6.sin6_addr);
+}
+
+static inline bool msn_before(uint32_t a, uint32_t b) { return (int32_t)(a - b) < 0; }
+
+/* Fills iov with the pieces of the SGE list covering [off, off+len). Returns the count. */
+static int sge_iov(const struct dgv_sge *sge, uint32_t nsge, uint32_t off, uint32_t len,
+		   struct iovec *iov, int max)
+{
+	int n = 0;
+	for (uint32_t i = 0; i < nsge && len; i++) {
+		if (off >= sge[i].length) {
+			off -= sge[i].length;
+			continue;
+		}
+		uint32_t take = sge[i].length - off;
+		if (take > len)
+			take = len;
+		if (n == max)
+			break;
+		iov[n].iov_base = (void *)(uintptr_t)(sge[i].addr + off);
+		iov[n].iov_len = take;
+		n++;
+		len -= take;
+		off = 0;
+	}
+	return n;
+}
+
+/* Copies len bytes into the receive WQE's buffers at message offset off. */
+static void sge_copy_in(const struct soft_rwqe *w, uint32_t off, const uint8_t *src, uint32_t len)
+{
+	struct iovec iov[SOFT_MAX_SGE];
+	int n = sge_iov(w->sge, w->num_sge, off, len, iov, SOFT_MAX_SGE);
+	for (int i = 0; i < n; i++) {
+		memcpy(iov[i].iov_base, src, iov[i].iov_len);
+		src += iov[i].iov_len;
+	}
+}
+
+static void errq_add(struct soft_qp *qp, const struct dg_reject *why, bool remote, uint8_t opcode,
+		     uint32_t msn, uint32_t stag, uint64_t to, uint32_t len, const union dgv_sockaddr *peer)
+{
+	if (qp->errq_count == SOFT_ERRQ) {
+		qp->errq_head = (qp->errq_head + 1) % SOFT_ERRQ;
+		qp->errq_count--;
+		qp->st.errq_overflows++;
+	}
+	struct dgv_async_err *e = &qp->errq[(qp->errq_head + qp->errq_count) % SOFT_ERRQ];
+	*e = (struct dgv_async_err){.layer = why->layer, .etype = why->etype, .ecode = why->ecode,
+				    .remote = remote, .opcode = opcode, .msn = msn, .stag = stag,
+				    .to = to, .length = len};
+	if (peer)
+		e->peer = *peer;
+	qp->errq_count++;
+}
+
+/* ------------------------------------------------------------------ transmission */
+
+struct tx_ctx {
+	struct soft_qp *qp;
+	int err;
+};
+
+static void udp_emit(void *arg, const struct dg_pkt *pkt)
+{
+	struct tx_ctx *t = arg;
+	struct msghdr mh = {.msg_name = (void *)pkt->addr, .msg_namelen = pkt->addrlen,
+			    .msg_iov = (struct iovec *)pkt->iov, .msg_iovlen = (size_t)pkt->iovcnt};
+	ssize_t r;
+	do
+		r = sendmsg(t->qp->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+	while (r < 0 && errno == EINTR);
+	if (r < 0) {
+		t->err = -errno;
+		return;
+	}
+	t->qp->st.tx_datagrams++;
+	t->qp->st.tx_bytes += (uint64_t)r;
+}
+
+/* Hands one complete datagram (CRC included) to UDP through the send-edge faults.
+ * Returns 0, -EAGAIN (socket full) or -errno. */
+static int udp_xmit(struct soft_qp *qp, const struct iovec *iov, int iovcnt,
+		    const union dgv_sockaddr *to, socklen_t tolen)
+{
+	struct tx_ctx t = {qp, 0};
+	size_t len = 0;
+	for (int i = 0; i < iovcnt; i++)
+		len += iov[i].iov_len;
+	struct dg_pkt pkt = {iov, iovcnt, len, to, tolen};
+	if (qp->ftx.active)
+		dg_fault_apply(&qp->ftx, &pkt, udp_emit, &t);
+	else
+		udp_emit(&t, &pkt);
+	if (t.err == -EWOULDBLOCK || t.err == -ENOBUFS)
+		return -EAGAIN;
+	return t.err;
+}
+
+static int rd_xmit_cb(void *arg, const struct iovec *iov, int iovcnt, const union dgv_sockaddr *to,
+		      socklen_t tolen)
+{
+	return udp_xmit(arg, iov, iovcnt, to, tolen);
+}
+
+/*
+ * Sends one DDP segment: header + payload pieces. UD: appends the CRC and sends; RD: the RD
+ * layer adds its header and CRC and keeps a copy for retransmission.
+ * Returns 0, -EAGAIN (try again later) or -errno.
+ */
+static int tx_segment(struct soft_qp *qp, const void *hdr, uint32_t hlen, const struct iovec *pl,
+		      int npl, const union dgv_sockaddr *to, socklen_t tolen, uint64_t cookie)
+{
+	struct iovec iov[SOFT_MAX_SGE + 4];
+	int n = 0;
+	iov[n++] = (struct iovec){(void *)hdr, hlen};
+	for (int i = 0; i < npl; i++)
+		iov[n++] = pl[i];
+	if (qp->base.type == DGV_QPT_RD) {
+		int rc = rd_send(qp->rd, to, tolen, iov, n, cookie);
+		if (rc == -EAGAIN)
+			qp->st.rd_window_stalls++;
+		return rc;
+	}
+	be32 crc = htobe32(dg_crc32c_iov(iov, n));
+	iov[n++] = (struct iovec){&crc, sizeof crc};
+	int rc = udp_xmit(qp, iov, n, to, tolen);
+	if (rc == -EAGAIN)
+		qp->pump_blocked = true;
+	return rc;
+}
+
+/* Payload bytes per segment for a header of hlen bytes. */
+static uint32_t seg_payload(const struct soft_qp *qp, uint32_t hlen)
+{
+	uint32_t over = hlen + DG_CRC_LEN + (qp->base.type == DGV_QPT_RD ? DG_RD_HLEN : 0);
+	return qp->seg_size - over;
+}
+
+static void send_terminate(struct soft_qp *qp, const union dgv_sockaddr *to, socklen_t tolen,
+			   const struct dg_reject *why, const uint8_t *hdr, uint32_t hlen,
+			   uint32_t seglen, const uint8_t *rdmahdr)
+{
+	uint64_t now = dg_now_us();
+	if (now - qp->term_window_start > 100000) {
+		qp->term_window_start = now;
+		qp->term_in_window = 0;
+	}
+	if (qp->term_in_window++ >= TERM_PER_100MS)
+		return; /* a flood of bad segments must not become a flood of replies */
+	struct {
+		struct dg_untagged_hdr h;
+		struct rdmap_terminate t;
+		uint8_t copy[DG_TAGGED_HLEN + DG_READ_REQ_LEN];
+	} __attribute__((packed)) m;
+	unsigned hdrct = TERM_HDRCT_M;
+	uint32_t clen = 0;
+	if (hdr && hlen) {
+		hdrct |= TERM_HDRCT_D;
+		clen = hlen > DG_TAGGED_HLEN ? DG_TAGGED_HLEN : hlen;
+		memcpy(m.copy, hdr, clen);
+		if (rdmahdr) {
+			hdrct |= TERM_HDRCT_R;
+			memcpy(m.copy + clen, rdmahdr, DG_READ_REQ_LEN);
+			clen += DG_READ_REQ_LEN;
+		}
+	}
+	m.t.term_ctrl = htobe32(term_ctrl_make(why->layer, why->etype, why->ecode, hdrct));
+	m.t.ddp_seg_len = htobe16((uint16_t)(seglen > 0xffff ? 0xffff : seglen));
+	m.t.pad = 0;
+	uint32_t plen = DG_TERM_LEN + clen;
+	dg_put_untagged(&m.h, RDMAP_TERMINATE, true, DDP_QN_TERMINATE, qp->msn_term++, 0, plen, 0, 0);
+	struct iovec pl = {&m.t, plen};
+	if (tx_segment(qp, &m.h, DG_UNTAGGED_HLEN, &pl, 1, to, tolen, 0) == 0)
+		qp->st.terminates_sent++;
+}
+
+/* Makes the completion of send WQE idx (unless it is unsignaled and succeeded). */
+static void sq_complete(struct soft_qp *qp, uint32_t idx, enum dgv_wc_status status, uint32_t bytes)
+{
+	struct soft_swqe *w = &qp->sq[idx];
+	if (w->done)
+		return;
+	w->done = true;
+	if (status == DGV_WC_SUCCESS)
+		qp->st.tx_msgs++;
+	if (status != DGV_WC_SUCCESS || (w->flags & DGV_SEND_SIGNALED)) {
+		static const enum dgv_wc_opcode map[] = {
+			[DGV_WR_SEND] = DGV_WC_SEND, [DGV_WR_SEND_SE] = DGV_WC_SEND,
+			[DGV_WR_WRITE] = DGV_WC_WRITE, [DGV_WR_WRITE_RECORD] = DGV_WC_WRITE_RECORD,
+			[DGV_WR_READ] = DGV_WC_READ};
+		struct dgv_wc wc = {.wr_id = w->wr_id, .status = status, .opcode = map[w->opcode],
+				    .byte_len = bytes, .msn = w->msn, .qp = &qp->base};
+		if (soft_cq_push(qp->scq, &wc, NULL, NULL))
+			qp->st.cq_overflows++;
+	}
+	while (qp->sq_head != qp->sq_tail && qp->sq[qp->sq_head % qp->sq_cap].done)
+		qp->sq_head++;
+}
+
+/* Same, with a Write-Record-style record (UD Read). */
+static void sq_complete_read_partial(struct soft_qp *qp, uint32_t idx, struct soft_slot *s,
+				     const struct soft_ord *o)
+{
+	struct soft_swqe *w = &qp->sq[idx];
+	w->done = true;
+	struct dgv_wc wc = {.wr_id = w->wr_id, .status = DGV_WC_PARTIAL, .opcode = DGV_WC_READ,
+			    .byte_len = s ? s->got_bytes : 0, .msn = w->msn, .qp = &qp->base};
+	wc.record = (struct dgv_record){.stag = o->stag, .base = o->to, .length = o->len,
+					.valid_bytes = s ? s->got_bytes : 0};
+	if (soft_cq_push(qp->scq, &wc, s && s->got_segs ? s : NULL, NULL))
+		qp->st.cq_overflows++;
+	while (qp->sq_head != qp->sq_tail && qp->sq[qp->sq_head % qp->sq_cap].done)
+		qp->sq_head++;
+}
+
+static inline uint64_t make_cookie(struct soft_qp *qp, uint32_t idx)
+{
+	return (uint64_t)qp->sq[idx].gen << 32 | (uint64_t)(idx + 1);
+}
+
+static struct soft_swqe *cookie_wqe(struct soft_qp *qp, uint64_t cookie, uint32_t *idx)
+{
+	uint32_t i = (uint32_t)cookie - 1;
+	if (i >= qp->sq_cap || qp->sq[i].gen != (uint32_t)(cookie >> 32))
+		return NULL;
+	*idx = i;
+	return &qp->sq[i];
+}
+
+static int ord_alloc(struct soft_qp *qp)
+{
+	for (int i = 0; i < SOFT_MAX_ORD; i++)
+		if (!qp->ord[i].used)
+			return i;
+	return -1;
+}
+
+/* Transmits what it can of send WQE idx. Returns 0 when the WQE is fully handed down,
+ * -EAGAIN when the LLP is full, or another -errno after completing the WQE with an error. */
+static int pump_swqe(struct soft_qp *qp, uint32_t idx)
+{
+	struct soft_swqe *w = &qp->sq[idx];
+	if (w->opcode == DGV_WR_READ) {
+		int o = ord_alloc(qp);
+		if (o < 0)
+			return -EAGAIN; /* ORD full: wait for an outstanding Read to finish */
+		struct dg_untagged_hdr h;
+		struct rdmap_read_req rr;
+		dg_put_untagged(&h, RDMAP_READ_REQ, true, DDP_QN_READ_REQ, w->msn, 0, DG_READ_REQ_LEN, 0, 0);
+		dg_put_read_req(&rr, w->sge[0].lkey, w->sge[0].addr, w->len, w->rkey, w->remote_addr);
+		struct iovec pl = {&rr, sizeof rr};
+		int rc = tx_segment(qp, &h, sizeof h, &pl, 1, &w->dst, w->dstlen,
+				    qp->base.type == DGV_QPT_RD ? make_cookie(qp, idx) : 0);
+		if (rc)
+			return rc;
+		qp->ord[o] = (struct soft_ord){.used = true, .sq_idx = idx, .msn = w->msn,
+					       .stag = w->sge[0].lkey, .to = w->sge[0].addr, .len = w->len,
+					       .slot = -1, .peer = w->dst, .peerlen = w->dstlen};
+		if (qp->base.type == DGV_QPT_UD)
+			qp->ord[o].deadline_us = dg_now_us() + 4ull * qp->reasm_us;
+		w->read_ord = true;
+		w->all_sent = true;
+		return 0;
+	}
+	bool tagged = w->opcode == DGV_WR_WRITE || w->opcode == DGV_WR_WRITE_RECORD;
+	uint8_t op = w->opcode == DGV_WR_SEND ? RDMAP_SEND : w->opcode == DGV_WR_SEND_SE ? RDMAP_SEND_SE
+		     : w->opcode == DGV_WR_WRITE ? RDMAP_WRITE : RDMAP_WRITE_RECORD;
+	do {
+		uint32_t plen = w->len - w->sent;
+		if (plen > w->segsz)
+			plen = w->segsz;
+		bool last = w->sent + plen == w->len;
+		struct iovec pl[SOFT_MAX_SGE];
+		int npl = sge_iov(w->sge, w->num_sge, w->sent, plen, pl, SOFT_MAX_SGE);
+		union {
+			struct dg_tagged_hdr t;
+			struct dg_untagged_hdr u;
+		} h;
+		uint32_t hlen;
+		if (tagged) {
+			dg_put_tagged(&h.t, op, last, w->rkey, w->remote_addr + w->sent, w->msn, w->sent,
+				      w->len, (uint16_t)w->segsz);
+			hlen = DG_TAGGED_HLEN;
+		} else {
+			dg_put_untagged(&h.u, op, last, DDP_QN_SEND, w->msn, w->sent, w->len,
+					(uint16_t)w->segsz, 0);
+			hlen = DG_UNTAGGED_HLEN;
+		}
+		uint64_t cookie = last && qp->base.type == DGV_QPT_RD ? make_cookie(qp, idx) : 0;
+		int rc = tx_segment(qp, &h, hlen, pl, npl, &w->dst, w->dstlen, cookie);
+		if (rc == -EAGAIN)
+			return rc;
+		if (rc) {
+			DG_WARN("send to peer failed: %s", strerror(-rc));
+			w->all_sent = true;
+			sq_complete(qp, idx, DGV_WC_GENERAL_ERR, w->sent);
+			return rc;
+		}
+		w->sent += plen;
+	} while (w->sent < w->len);
+	w->all_sent = true;
+	/* UD completes on hand-off to UDP (paper 003 III.F); RD when acknowledged (rd acked()). */
+	if (qp->base.type == DGV_QPT_UD)
+		sq_complete(qp, idx, DGV_WC_SUCCESS, w->len);
+	return 0;
+}
+
+/* Sends queued Read Responses. Returns 0 when all went, -EAGAIN when the LLP is full. */
+static int pump_ird(struct soft_qp *qp)
+{
+	while (qp->ird_count) {
+		struct soft_ird *r = NULL;
+		for (int i = 0; i < SOFT_MAX_IRD; i++)
+			if (qp->ird[i].used && (!r || msn_before(qp->ird[i].msn, r->msn)))
+				r = &qp->ird[i];
+		if (!r)
+			break;
+		do {
+			uint32_t plen = r->len - r->sent;
+			if (plen > r->segsz)
+				plen = r->segsz;
+			struct dg_reject why;
+			struct soft_mr *mr = plen ? soft_mr_get_remote(qp->ctx, qp->pd, r->src_stag,
+							r->src_to + r->sent, plen, DGV_ACCESS_REMOTE_READ, &why) : NULL;
+			if (plen && !mr) {
+				/* Deregistered since the request was accepted. */
+				send_terminate(qp, &r->peer, r->peerlen, &why, NULL, 0, 0, NULL);
+				break;
+			}
+			struct dg_tagged_hdr h;
+			bool last = r->sent + plen == r->len;
+			dg_put_tagged(&h, RDMAP_READ_RESP, last, r->sink_stag, r->sink_to + r->sent, r->msn,
+				      r->sent, r->len, (uint16_t)r->segsz);
+			struct iovec pl = {(void *)(uintptr_t)(r->src_to + r->sent), plen};
+			int rc = tx_segment(qp, &h, sizeof h, &pl, plen ? 1 : 0, &r->peer, r->peerlen, 0);
+			if (mr)
+				soft_mr_put(mr);
+			if (rc == -EAGAIN)
+				return rc;
+			if (rc)
+				break;
+			r->sent += plen;
+		} while (r->sent < r->len);
+		r->used = false;
+		qp->ird_count--;
+	}
+	return 0;
+}
+
+static void pump(struct soft_qp *qp)
+{
+	qp->pump_blocked = false;
+	if (pump_ird(qp) == -EAGAIN)
+		return;
+	while (qp->sq_pump != qp->sq_tail) {
+		uint32_t idx = qp->sq_pump % qp->sq_cap;
+		struct soft_swqe *w = &qp->sq[idx];
+		if (!w->all_sent && !w->done) {
+			int rc = pump_swqe(qp, idx);
+			if (rc == -EAGAIN)
+				return;
+		}
+		qp->sq_pump++;
+	}
+}
+
+/* ------------------------------------------------------------------ reassembly slots */
+
+static void slot_release(struct soft_slot *s)
+{
+	s->kind = SLOT_FREE;
+	s->done = false;
+}
+
+static bool slot_usable(struct soft_slot *s)
+{
+	return s->kind == SLOT_FREE && !atomic_load_explicit(&s->in_cq, memory_order_acquire);
+}
+
+static struct soft_slot *slot_find(struct soft_qp *qp, bool send_class, const union dgv_sockaddr *src,
+				   uint32_t msn)
+{
+	if (!qp->slots_active)
+		return NULL;
+	for (int i = 0; i < SOFT_REASM_SLOTS; i++) {
+		struct soft_slot *s = &qp->slots[i];
+		if (s->kind == SLOT_FREE || s->msn != msn)
+			continue;
+		bool sc = s->kind == SLOT_SEND || s->kind == SLOT_DISCARD;
+		if (sc == send_class && s->kind != SLOT_READ && addr_eq(&s->src, src))
+			return s;
+	}
+	return NULL;
+}
+
+static void slot_expire(struct soft_qp *qp, struct soft_slot *s);
+
+/* A free slot, evicting the one closest to its deadline when all are busy. NULL when every
+ * slot is referenced by an unpolled completion. */
+static struct soft_slot *slot_alloc(struct soft_qp *qp)
+{
+	struct soft_slot *victim = NULL;
+	for (int i = 0; i < SOFT_REASM_SLOTS; i++) {
+		struct soft_slot *s = &qp->slots[i];
+		if (slot_usable(s))
+			return s;
+		if (s->kind != SLOT_FREE && s->kind != SLOT_READ &&
+		    (!victim || s->deadline_us < victim->deadline_us))
+			victim = s;
+	}
+	if (!victim)
+		return NULL;
+	slot_expire(qp, victim);
+	return slot_usable(victim) ? victim : NULL;
+}
+
+/* Prepares s for a message of ml bytes cut at segsz. Returns 0 or -ENOMEM. */
+static int slot_init(struct soft_qp *qp, struct soft_slot *s, enum slot_kind kind,
+		     const union dgv_sockaddr *src, socklen_t srclen, const struct dg_seg *g)
+{
+	uint32_t nsegs = g->segsz ? (g->ml + g->segsz - 1) / g->segsz : 1;
+	if (nsegs == 0)
+		nsegs = 1;
+	uint32_t need = (nsegs + 7) / 8;
+	if (need > s->bitmap_cap) {
+		/* Once per slot high-water mark, not per message. */
+		uint8_t *b = realloc(s->bitmap, need);
+		if (!b)
+			return -ENOMEM;
+		s->bitmap = b;
+		s->bitmap_cap = need;
+	}
+	memset(s->bitmap, 0, need);
+	s->kind = kind;
+	s->done = false;
+	s->src = *src;
+	s->srclen = srclen;
+	s->msn = g->msn;
+	s->ml = g->ml;
+	s->segsz = g->segsz ? g->segsz : g->ml;
+	s->nsegs = nsegs;
+	s->got_segs = 0;
+	s->got_bytes = 0;
+	s->stag = g->stag;
+	s->base = g->to - g->mo;
+	s->solicited = g->opcode == RDMAP_SEND_SE || g->opcode == RDMAP_SEND_SE_INV;
+	s->deadline_us = dg_now_us() + qp->reasm_us;
+	qp->slots_active++;
+	return 0;
+}
+
+/* Marks segment g in s. Returns 1 if new, 0 if a duplicate, -1 if inconsistent with s. */
+static int slot_mark(struct soft_slot *s, const struct dg_seg *g)
+{
+	if (g->ml != s->ml || (g->segsz ? g->segsz : g->ml) != s->segsz)
+		return -1;
+	uint32_t i = s->segsz ? g->mo / s->segsz : 0;
+	if (i >= s->nsegs)
+		return -1;
+	if (s->bitmap[i >> 3] & (1u << (i & 7)))
+		return 0;
+	s->bitmap[i >> 3] |= (uint8_t)(1u << (i & 7));
+	s->got_segs++;
+	s->got_bytes += g->plen;
+	return 1;
+}
+
+static void rq_push_front(struct soft_qp *qp, const struct soft_rwqe *w)
+{
+	if (qp->rq_count == qp->rq_cap)
+		return;
+	qp->rq_head = (qp->rq_head + qp->rq_cap - 1) % qp->rq_cap;
+	qp->rq[qp->rq_head] = *w;
+	qp->rq_count++;
+}
+
+static bool rq_pop(struct soft_qp *qp, struct soft_rwqe *out)
+{
+	if (!qp->rq_count)
+		return false;
+	*out = qp->rq[qp->rq_head];
+	qp->rq_head = (qp->rq_head + 1) % qp->rq_cap;
+	qp->rq_count--;
+	return true;
+}
+
+static void recv_complete(struct soft_qp *qp, const struct soft_rwqe *w, enum dgv_wc_status st,
+			  uint32_t len, uint32_t msn, const union dgv_sockaddr *src, socklen_t srclen,
+			  bool solicited)
+{
+	struct dgv_wc wc = {.wr_id = w->wr_id, .status = st, .opcode = DGV_WC_RECV, .byte_len = len,
+			    .flags = solicited ? DGV_WC_SOLICITED : 0, .msn = msn, .qp = &qp->base,
+			    .src = *src, .src_len = srclen};
+	if (st == DGV_WC_SUCCESS)
+		qp->st.rx_msgs++;
+	if (soft_cq_push(qp->rcq, &wc, NULL, NULL)) {
+		qp->st.cq_overflows++;
+		DG_WARN("receive completion queue full: a message was lost (enlarge the CQ)");
+	}
+}
+
+/* True when an older Send from src is still being reassembled: per-source completion order. */
+static bool older_send_active(struct soft_qp *qp, const union dgv_sockaddr *src, uint32_t msn)
+{
+	if (!qp->slots_active)
+		return false;
+	for (int i = 0; i < SOFT_REASM_SLOTS; i++) {
+		struct soft_slot *s = &qp->slots[i];
+		if ((s->kind == SLOT_SEND || s->kind == SLOT_DISCARD) && !s->done &&
+		    msn_before(s->msn, msn) && addr_eq(&s->src, src))
+			return true;
+	}
+	return false;
+}
+
+/* Emits finished Sends of src that no longer wait for an older one, oldest first. */
+static void release_done_sends(struct soft_qp *qp, const union dgv_sockaddr *src)
+{
+	for (;;) {
+		struct soft_slot *best = NULL;
+		for (int i = 0; i < SOFT_REASM_SLOTS; i++) {
+			struct soft_slot *s = &qp->slots[i];
+			if (s->kind == SLOT_SEND && s->done && addr_eq(&s->src, src) &&
+			    (!best || msn_before(s->msn, best->msn)))
+				best = s;
+		}
+		if (!best || older_send_active(qp, src, best->msn))
+			return;
+		recv_complete(qp, &best->wqe, DGV_WC_SUCCESS, best->ml, best->msn, &best->src,
+			      best->srclen, best->solicited);
+		slot_release(best);
+		qp->slots_active--;
+	}
+}
+
+static void wrec_complete(struct soft_qp *qp, struct soft_slot *s)
+{
+	struct dgv_wc wc = {.status = s->got_segs == s->nsegs ? DGV_WC_SUCCESS : DGV_WC_PARTIAL,
+			    .opcode = DGV_WC_RECV_WRITE_RECORD, .byte_len = s->got_bytes, .msn = s->msn,
+			    .qp = &qp->base, .src = s->src, .src_len = s->srclen};
+	wc.record = (struct dgv_record){.stag = s->stag, .base = s->base, .length = s->ml,
+					.valid_bytes = s->got_bytes};
+	qp->st.rx_msgs++;
+	s->kind = SLOT_FREE;
+	qp->slots_active--;
+	if (soft_cq_push(qp->rcq, &wc, s, NULL)) {
+		qp->st.cq_overflows++;
+		DG_WARN("receive completion queue full: a Write-Record record was lost");
+	}
+}
+
+/* Gives up on an incomplete message: Sends are dropped (their receive goes back to the
+ * queue), Write-Records complete as partial, discards end. */
+static void slot_expire(struct soft_qp *qp, struct soft_slot *s)
+{
+	union dgv_sockaddr src = s->src;
+	switch (s->kind) {
+	case SLOT_SEND:
+		if (s->done) {
+			/* finished but waiting: complete it now rather than lose it */
+			recv_complete(qp, &s->wqe, DGV_WC_SUCCESS, s->ml, s->msn, &s->src, s->srclen, s->solicited);
+		} else {
+			qp->st.reasm_timeouts++;
+			rq_push_front(qp, &s->wqe);
+		}
+		slot_release(s);
+		qp->slots_active--;
+		release_done_sends(qp, &src);
+		break;
+	case SLOT_DISCARD:
+		slot_release(s);
+		qp->slots_active--;
+		release_done_sends(qp, &src);
+		break;
+	case SLOT_WREC:
+		qp->st.reasm_timeouts++;
+		wrec_complete(qp, s);
+		break;
+	default:
+		break;
+	}
+}
+
+/* ------------------------------------------------------------------ receive handlers */
+
+static void reject(struct soft_qp *qp, const union dgv_sockaddr *from, socklen_t fromlen,
+		   const struct dg_seg *g, const struct dg_reject *why, const uint8_t *rdmahdr)
+{
+	qp->st.placement_rejects++;
+	errq_add(qp, why, false, g->opcode, g->msn, g->stag, g->to, g->plen, from);
+	DG_DBG("rejected %s msn %u: %s", dg_opcode_name(g->opcode), g->msn, why->reason);
+	send_terminate(qp, from, fromlen, why, g->hdr, g->hlen, g->hlen + g->plen, rdmahdr);
+}
+
+static void rx_send(struct soft_qp *qp, const union dgv_sockaddr *from, socklen_t fromlen,
+		    const struct dg_seg *g)
+{
+	bool se = g->opcode == RDMAP_SEND_SE || g->opcode == RDMAP_SEND_SE_INV;
+	if (g->mo == 0 && g->plen == g->ml) {
+		struct soft_rwqe w;
+		if (!rq_pop(qp, &w)) {
+			qp->st.no_wqe_drops++;
+			return;
+		}
+		if (g->ml > w.len) {
+			recv_complete(qp, &w, DGV_WC_LOC_LEN_ERR, g->ml, g->msn, from, fromlen, se);
+			return;
+		}
+		sge_copy_in(&w, 0, g->payload, g->plen);
+		if (older_send_active(qp, from, g->msn)) {
+			struct soft_slot *s = slot_alloc(qp);
+			if (s && slot_init(qp, s, SLOT_SEND, from, fromlen, g) == 0) {
+				s->wqe = w;
+				s->got_segs = s->nsegs;
+				s->got_bytes = g->ml;
+				s->done = true;
+				return;
+			}
+		}
+		recv_complete(qp, &w, DGV_WC_SUCCESS, g->ml, g->msn, from, fromlen, se);
+		return;
+	}
+	struct soft_slot *s = slot_find(qp, true, from, g->msn);
+	if (!s) {
+		struct soft_rwqe w;
+		if (!qp->rq_count) {
+			qp->st.no_wqe_drops++;
+			return;
+		}
+		s = slot_alloc(qp);
+		if (!s || !rq_pop(qp, &w)) {
+			qp->st.no_wqe_drops++;
+			return;
+		}
+		if (slot_init(qp, s, SLOT_SEND, from, fromlen, g)) {
+			rq_push_front(qp, &w);
+			qp->st.no_wqe_drops++;
+			return;
+		}
+		s->wqe = w;
+		if (g->ml > w.len) {
+			recv_complete(qp, &w, DGV_WC_LOC_LEN_ERR, g->ml, g->msn, from, fromlen, se);
+			s->kind = SLOT_DISCARD;
+		}
+	}
+	int m = slot_mark(s, g);
+	if (m <= 0) {
+		if (m == 0)
+			qp->st.dup_drops++;
+		else
+			qp->st.malformed_drops++;
+		return;
+	}
+	if (s->kind == SLOT_SEND)
+		sge_copy_in(&s->wqe, g->mo, g->payload, g->plen);
+	if (s->got_segs < s->nsegs)
+		return;
+	if (s->kind == SLOT_DISCARD) {
+		slot_release(s);
+		qp->slots_active--;
+		release_done_sends(qp, from);
+		return;
+	}
+	s->done = true;
+	release_done_sends(qp, from);
+}
+
+/* RDMA Write and Write-Record: check, place, and for Write-Record keep the validity map. */
+static void rx_tagged(struct soft_qp *qp, const union dgv_sockaddr *from, socklen_t fromlen,
+		      const struct dg_seg *g)
+{
+	struct dg_reject why;
+	if (g->plen) {
+		struct soft_mr *mr = soft_mr_get_remote(qp->ctx, qp->pd, g->stag, g->to, g->plen,
+							DGV_ACCESS_REMOTE_WRITE, &why);
+		if (!mr) {
+			reject(qp, from, fromlen, g, &why, NULL);
+			return;
+		}
+		memcpy((void *)(uintptr_t)g->to, g->payload, g->plen);
+		soft_mr_put(mr);
+	}
+	if (g->opcode == RDMAP_WRITE)
+		return;
+	if (g->mo == 0 && g->plen == g->ml) {
+		struct dgv_range r = {0, g->ml};
+		struct dgv_wc wc = {.status = DGV_WC_SUCCESS, .opcode = DGV_WC_RECV_WRITE_RECORD,
+				    .byte_len = g->ml, .msn = g->msn, .qp = &qp->base, .src = *from,
+				    .src_len = fromlen};
+		wc.record = (struct dgv_record){.stag = g->stag, .base = g->to, .length = g->ml,
+						.valid_bytes = g->ml, .nranges = g->ml ? 1 : 0};
+		qp->st.rx_msgs++;
+		if (soft_cq_push(qp->rcq, &wc, NULL, &r))
+			qp->st.cq_overflows++;
+		return;
+	}
+	struct soft_slot *s = slot_find(qp, false, from, g->msn);
+	if (!s) {
+		s = slot_alloc(qp);
+		if (!s || slot_init(qp, s, SLOT_WREC, from, fromlen, g)) {
+			qp->st.cq_overflows++; /* no room to record: counted, data is placed */
+			return;
+		}
+	}
+	int m = slot_mark(s, g);
+	if (m == 0)
+		qp->st.dup_drops++;
+	if (m < 0)
+		qp->st.malformed_drops++;
+	if (s->got_segs == s->nsegs)
+		wrec_complete(qp, s);
+}
+
+static void rx_read_req(struct soft_qp *qp, const union dgv_sockaddr *from, socklen_t fromlen,
+			const struct dg_seg *g)
+{
+	struct rdmap_read_req rr;
+	memcpy(&rr, g->payload, sizeof rr);
+	uint32_t size = be32toh(rr.read_size);
+	uint64_t src_to = be64toh(rr.src_to);
+	uint32_t src_stag = be32toh(rr.src_stag);
+	struct dg_reject why;
+	if (size > qp->max_msg) {
+		why = (struct dg_reject){TERM_LAYER_DDP, DDP_ETYPE_TAGGED_BUF, DDP_ECODE_T_BASE_BOUNDS,
+					 "read larger than the maximum message"};
+		reject(qp, from, fromlen, g, &why, g->payload);
+		return;
+	}
+	if (size) {
+		struct soft_mr *mr = soft_mr_get_remote(qp->ctx, qp->pd, src_stag, src_to, size,
+							DGV_ACCESS_REMOTE_READ, &why);
+		if (!mr) {
+			reject(qp, from, fromlen, g, &why, g->payload);
+			return;
+		}
+		soft_mr_put(mr);
+	}
+	struct soft_ird *r = NULL;
+	for (int i = 0; i < SOFT_MAX_IRD; i++)
+		if (!qp->ird[i].used) {
+			r = &qp->ird[i];
+			break;
+		}
+	if (!r) {
+		why = (struct dg_reject){TERM_LAYER_DDP, DDP_ETYPE_UNTAGGED_BUF, DDP_ECODE_UT_NO_BUFFER,
+					 "too many outstanding reads"};
+		reject(qp, from, fromlen, g, &why, g->payload);
+		return;
+	}
+	*r = (struct soft_ird){.used = true, .peer = *from, .peerlen = fromlen, .msn = g->msn,
+			       .src_stag = src_stag, .sink_stag = be32toh(rr.sink_stag),
+			       .src_to = src_to, .sink_to = be64toh(rr.sink_to), .len = size,
+			       .segsz = seg_payload(qp, DG_TAGGED_HLEN)};
+	qp->ird_count++;
+}
+
+static void ord_finish(struct soft_qp *qp, struct soft_ord *o, enum dgv_wc_status st, uint32_t bytes)
+{
+	if (o->slot >= 0) {
+		struct soft_slot *s = &qp->slots[o->slot];
+		if (st == DGV_WC_PARTIAL) {
+			sq_complete_read_partial(qp, o->sq_idx, s, o);
+		} else {
+			sq_complete(qp, o->sq_idx, st, bytes);
+		}
+		s->kind = SLOT_FREE;
+		qp->slots_active--;
+	} else if (st == DGV_WC_PARTIAL) {
+		sq_complete_read_partial(qp, o->sq_idx, NULL, o);
+	} else {
+		sq_complete(qp, o->sq_idx, st, bytes);
+	}
+	o->used = false;
+}
+
+static void rx_read_resp(struct soft_qp *qp, const union dgv_sockaddr *from, socklen_t fromlen,
+			 const struct dg_seg *g)
+{
+	struct soft_ord *o = NULL;
+	for (int i = 0; i < SOFT_MAX_ORD; i++)
+		if (qp->ord[i].used && qp->ord[i].msn == g->msn && addr_eq(&qp->ord[i].peer, from)) {
+			o = &qp->ord[i];
+			break;
+		}
+	if (!o) {
+		qp->st.dup_drops++; /* late response to a read that already ended */
+		return;
+	}
+	/* The response may only land inside the sink this read advertised. */
+	if (g->stag != o->stag || g->ml != o->len || g->to < o->to || g->to - o->to != g->mo) {
+		struct dg_reject why = {TERM_LAYER_DDP, DDP_ETYPE_TAGGED_BUF, DDP_ECODE_T_BASE_BOUNDS,
+					"read response outside the requested sink"};
+		reject(qp, from, fromlen, g, &why, NULL);
+		return;
+	}
+	if (g->plen) {
+		struct dgv_sge sge = {g->to, g->plen, g->stag};
+		if (soft_mr_check_local(qp->ctx, qp->pd, &sge, true)) {
+			struct dg_reject why = {TERM_LAYER_DDP, DDP_ETYPE_TAGGED_BUF, DDP_ECODE_T_INVALID_STAG,
+						"read sink no longer registered"};
+			errq_add(qp, &why, false, g->opcode, g->msn, g->stag, g->to, g->plen, from);
+			ord_finish(qp, o, DGV_WC_LOC_PROT_ERR, 0);
+			return;
+		}
+		memcpy((void *)(uintptr_t)g->to, g->payload, g->plen);
+	}
+	if (qp->base.type == DGV_QPT_RD) {
+		o->got += g->plen;
+		if (g->last)
+			ord_finish(qp, o, DGV_WC_SUCCESS, o->got);
+		return;
+	}
+	if (g->mo == 0 && g->plen == g->ml) {
+		ord_finish(qp, o, DGV_WC_SUCCESS, g->ml);
+		return;
+	}
+	if (o->slot < 0) {
+		struct soft_slot *s = slot_alloc(qp);
+		if (!s || slot_init(qp, s, SLOT_READ, from, fromlen, g)) {
+			ord_finish(qp, o, DGV_WC_PARTIAL, 0);
+			return;
+		}
+		o->slot = (int)(s - qp->slots);
+		s->deadline_us = UINT64_MAX; /* the ORD deadline governs */
+	}
+	struct soft_slot *s = &qp->slots[o->slot];
+	int m = slot_mark(s, g);
+	if (m == 0)
+		qp->st.dup_drops++;
+	if (s->got_segs == s->nsegs)
+		ord_finish(qp, o, DGV_WC_SUCCESS, s->ml);
+}
+
+static void rx_terminate(struct soft_qp *qp, const union dgv_sockaddr *from, const struct dg_seg *g)
+{
+	struct rdmap_terminate t;
+	memcpy(&t, g->payload, sizeof t);
+	uint32_t c = be32toh(t.term_ctrl);
+	struct dg_reject why = {(uint8_t)(c >> 28), (uint8_t)((c >> 24) & 0xf), (uint8_t)((c >> 16) & 0xff), NULL};
+	uint8_t op = 0xff;
+	uint32_t msn = 0, stag = 0;
+	uint64_t to = 0;
+	const uint8_t *h = g->payload + DG_TERM_LEN;
+	uint32_t hl = g->plen - DG_TERM_LEN;
+	if ((c & TERM_HDRCT_D) && hl >= 2) {
+		uint16_t ctrl = (uint16_t)(h[0] << 8 | h[1]);
+		op = ctrl & RDMAP_CTRL_OPCODE;
+		if ((ctrl & DDP_CTRL_TAGGED) && hl >= DG_TAGGED_HLEN) {
+			struct dg_tagged_hdr th;
+			memcpy(&th, h, sizeof th);
+			msn = be32toh(th.msn);
+			stag = be32toh(th.stag);
+			to = be64toh(th.to);
+		} else if (!(ctrl & DDP_CTRL_TAGGED) && hl >= DG_UNTAGGED_HLEN) {
+			struct dg_untagged_hdr uh;
+			memcpy(&uh, h, sizeof uh);
+			msn = be32toh(uh.msn);
+		}
+	}
+	qp->st.terminates_rcvd++;
+	errq_add(qp, &why, true, op, msn, stag, to, 0, from);
+	DG_INFO("terminate from peer for %s msn %u: %s", dg_opcode_name(op), msn,
+		dgv_err_str(why.layer, why.etype, why.ecode));
+	if (op == RDMAP_READ_REQ) {
+		for (int i = 0; i < SOFT_MAX_ORD; i++)
+			if (qp->ord[i].used && qp->ord[i].msn == msn && addr_eq(&qp->ord[i].peer, from)) {
+				bool prot = why.etype == RDMAP_ETYPE_REMOTE_PROT || why.layer == TERM_LAYER_DDP;
+				ord_finish(qp, &qp->ord[i], prot ? DGV_WC_REM_ACCESS_ERR : DGV_WC_REM_OP_ERR, 0);
+			}
+	}
+}
+
+static void rx_segment(struct soft_qp *qp, const union dgv_sockaddr *from, socklen_t fromlen,
+		       const uint8_t *buf, size_t len)
+{
+	struct dg_seg g;
+	struct dg_reject why;
+	if (dg_seg_parse(buf, len, qp->max_msg, &g, &why)) {
+		qp->st.malformed_drops++;
+		struct dg_seg none = {.opcode = len >= 2 ? (buf[1] & 0xf) : 0xff};
+		errq_add(qp, &why, false, none.opcode, 0, 0, 0, (uint32_t)len, from);
+		DG_DBG("malformed segment (%zu bytes): %s", len, why.reason);
+		return;
+	}
+	switch (g.opcode) {
+	case RDMAP_SEND:
+	case RDMAP_SEND_SE:
+	case RDMAP_SEND_INV:
+	case RDMAP_SEND_SE_INV:
+		rx_send(qp, from, fromlen, &g);
+		break;
+	case RDMAP_WRITE:
+	case RDMAP_WRITE_RECORD:
+		rx_tagged(qp, from, fromlen, &g);
+		break;
+	case RDMAP_READ_REQ:
+		rx_read_req(qp, from, fromlen, &g);
+		break;
+	case RDMAP_READ_RESP:
+		rx_read_resp(qp, from, fromlen, &g);
+		break;
+	case RDMAP_TERMINATE:
+		rx_terminate(qp, from, &g);
+		break;
+	default:
+		qp->st.malformed_drops++;
+		break;
+	}
+}
+
+static void rd_deliver_cb(void *arg, const union dgv_sockaddr *from, socklen_t fromlen,
+			  const uint8_t *seg, size_t len)
+{
+	rx_segment(arg, from, fromlen, seg, len);
+}
+
+static void rd_acked_cb(void *arg, uint64_t cookie)
+{
+	struct soft_qp *qp = arg;
+	uint32_t idx;
+	struct soft_swqe *w = cookie_wqe(qp, cookie, &idx);
+	if (!w || w->done || w->opcode == DGV_WR_READ)
+		return; /* a Read completes with its response */
+	sq_complete(qp, idx, DGV_WC_SUCCESS, w->len);
+}
+
+static void rd_failed_cb(void *arg, uint64_t cookie, int err)
+{
+	struct soft_qp *qp = arg;
+	uint32_t idx;
+	struct soft_swqe *w = cookie_wqe(qp, cookie, &idx);
+	if (!w || w->done)
+		return;
+	qp->st.rd_peer_failures++;
+	enum dgv_wc_status st = err == -ECONNRESET ? DGV_WC_REM_OP_ERR : DGV_WC_RETRY_EXC_ERR;
+	if (w->opcode == DGV_WR_READ)
+		for (int i = 0; i < SOFT_MAX_ORD; i++)
+			if (qp->ord[i].used && qp->ord[i].sq_idx == idx) {
+				ord_finish(qp, &qp->ord[i], st, 0);
+				return;
+			}
+	sq_complete(qp, idx, st, w->sent);
+}
+
+static const struct rd_ops qp_rd_ops = {
+	.xmit = rd_xmit_cb,
+	.deliver = rd_deliver_cb,
+	.acked = rd_acked_cb,
+	.failed = rd_failed_cb,
+};
+
+/* One datagram from UDP (after receive-edge faults). */
+static void rx_datagram(struct soft_qp *qp, uint8_t *buf, size_t len, const union dgv_sockaddr *from,
+			socklen_t fromlen)
+{
+	qp->st.rx_datagrams++;
+	qp->st.rx_bytes += len;
+	if (len < DG_CRC_LEN + 2 || !dg_crc_check(buf, len)) {
+		qp->st.crc_drops++;
+		return;
+	}
+	len -= DG_CRC_LEN;
+	if (qp->base.type == DGV_QPT_RD) {
+		if (buf[0] != RD_MAGIC || rd_input(qp->rd, from, fromlen, buf, len)) {
+			qp->st.malformed_drops++;
+			return;
+		}
+		return;
+	}
+	rx_segment(qp, from, fromlen, buf, len);
+}
+
+struct rx_emit_ctx {
+	struct soft_qp *qp;
+};
+
+static void rx_fault_emit(void *arg, const struct dg_pkt *pkt)
+{
+	struct rx_emit_ctx *c = arg;
+	/* The fault layer hands back either our receive buffer or its own copy; both writable
+	 * for the duration of the call, and rx_datagram only reads. */
+	rx_datagram(c->qp, pkt->iov[0].iov_base, pkt->len, pkt->addr, pkt->addrlen);
+}
+
+/* Drains the socket. Returns the number of datagrams read. */
+static int rx_drain(struct soft_qp *qp, int budget)
+{
+	int total = 0;
+	while (total < budget) {
+		for (uint32_t i = 0; i < qp->rx_batch; i++) {
+			qp->rxiov[i] = (struct iovec){qp->rxbuf + (size_t)i * qp->rxbuf_size, qp->rxbuf_size};
+			qp->rxmsg[i].msg_hdr = (struct msghdr){.msg_name = &qp->rxaddr[i],
+							       .msg_namelen = sizeof qp->rxaddr[i],
+							       .msg_iov = &qp->rxiov[i], .msg_iovlen = 1};
+		}
+		int n = recvmmsg(qp->fd, qp->rxmsg, qp->rx_batch, MSG_DONTWAIT, NULL);
+		if (n <= 0)
+			break;
+		for (int i = 0; i < n; i++) {
+			size_t len = qp->rxmsg[i].msg_len;
+			if (qp->rxmsg[i].msg_hdr.msg_flags & MSG_TRUNC) {
+				qp->st.rx_datagrams++;
+				qp->st.malformed_drops++;
+				DG_DBG("datagram larger than the segment size (%u): dropped", qp->rxbuf_size);
+				continue;
+			}
+			socklen_t al = qp->rxmsg[i].msg_hdr.msg_namelen;
+			if (qp->frx.active) {
+				struct iovec v = {qp->rxiov[i].iov_base, len};
+				struct dg_pkt pkt = {&v, 1, len, &qp->rxaddr[i], al};
+				struct rx_emit_ctx c = {qp};
+				dg_fault_apply(&qp->frx, &pkt, rx_fault_emit, &c);
+			} else {
+				rx_datagram(qp, qp->rxiov[i].iov_base, len, &qp->rxaddr[i], al);
+			}
+		}
+		total += n;
+		if ((uint32_t)n < qp->rx_batch)
+			break;
+	}
+	return total;
+}
+
+static void fault_flush_emit_tx(void *arg, const struct dg_pkt *pkt)
+{
+	udp_emit(arg, pkt);
+}
+
+/* Timers: reassembly and read deadlines, RD, held faults. */
+static void run_timers(struct soft_qp *qp, uint64_t now)
+{
+	if (qp->slots_active)
+		for (int i = 0; i < SOFT_REASM_SLOTS; i++) {
+			struct soft_slot *s = &qp->slots[i];
+			if (s->kind != SLOT_FREE && s->kind != SLOT_READ && s->deadline_us <= now)
+				slot_expire(qp, s);
+		}
+	if (qp->base.type == DGV_QPT_UD)
+		for (int i = 0; i < SOFT_MAX_ORD; i++)
+			if (qp->ord[i].used && qp->ord[i].deadline_us <= now) {
+				qp->st.reasm_timeouts++;
+				ord_finish(qp, &qp->ord[i], DGV_WC_PARTIAL, 0);
+			}
+	if (qp->rd)
+		rd_tick(qp->rd, now);
+	if (qp->ftx.nheld) {
+		struct tx_ctx t = {qp, 0};
+		dg_fault_flush(&qp->ftx, fault_flush_emit_tx, &t);
+	}
+	if (qp->frx.nheld) {
+		struct rx_emit_ctx c = {qp};
+		dg_fault_flush(&qp->frx, rx_fault_emit, &c);
+	}
+}
+
+uint64_t soft_qp_next_timer_locked(struct soft_qp *qp, uint64_t now)
+{
+	uint64_t next = UINT64_MAX;
+	if (qp->slots_active)
+		for (int i = 0; i < SOFT_REASM_SLOTS; i++) {
+			struct soft_slot *s = &qp->slots[i];
+			if (s->kind != SLOT_FREE && s->kind != SLOT_READ && s->deadline_us < next)
+				next = s->deadline_us;
+		}
+	for (int i = 0; i < SOFT_MAX_ORD; i++)
+		if (qp->ord[i].used && qp->ord[i].deadline_us && qp->ord[i].deadline_us < next)
+			next = qp->ord[i].deadline_us;
+	uint64_t rel = next == UINT64_MAX ? UINT64_MAX : (next > now ? next - now : 0);
+	if (qp->rd) {
+		uint64_t r = rd_tick(qp->rd, now);
+		if (r < rel)
+			rel = r;
+	}
+	if ((qp->ftx.nheld || qp->frx.nheld) && rel > 1000)
+		rel = 1000;
+	return rel;
+}
+
+bool soft_qp_wants_pollout(struct soft_qp *qp)
+{
+	return __atomic_load_n(&qp->pump_blocked, __ATOMIC_RELAXED);
+}
+
+int soft_qp_progress(struct soft_qp *qp, bool from_app, bool block)
+{
+	if (from_app)
+		atomic_store_explicit(&qp->app_ts, dg_now_us(), memory_order_relaxed);
+	if (block)
+		pthread_mutex_lock(&qp->lock);
+	else if (pthread_mutex_trylock(&qp->lock))
+		return -EBUSY;
+	int n = rx_drain(qp, 256);
+	run_timers(qp, dg_now_us());
+	if (qp->sq_pump != qp->sq_tail || qp->ird_count)
+		pump(qp);
+	pthread_mutex_unlock(&qp->lock);
+	return n;
+}
+
+/* ------------------------------------------------------------------ verbs */
+
+static int set_nonblock(int fd)
+{
+	int fl = fcntl(fd, F_GETFL);
+	if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
+		return -errno;
+	return 0;
+}
+
+static void set_bufs(int fd)
+{
+	int sz = 4 << 20;
+	/* FORCE works for root past rmem_max; otherwise the plain option takes what it can. */
+	if (setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &sz, sizeof sz))
+		setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sz, sizeof sz);
+	if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &sz, sizeof sz))
+		setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof sz);
+}
+
+static void qp_free(struct soft_qp *qp)
+{
+	if (qp->rd)
+		rd_destroy(qp->rd);
+	dg_fault_fini(&qp->ftx);
+	dg_fault_fini(&qp->frx);
+	for (int i = 0; i < SOFT_REASM_SLOTS; i++)
+		free(qp->slots[i].bitmap);
+	if (qp->own_fd && qp->fd >= 0)
+		close(qp->fd);
+	free(qp->sq);
+	free(qp->rq);
+	free(qp->rxbuf);
+	free(qp->rxmsg);
+	free(qp->rxiov);
+	free(qp->rxaddr);
+	pthread_mutex_destroy(&qp->lock);
+	free(qp);
+}
+
+int soft_create_qp(struct dgv_pd *pdb, const struct dgv_qp_init_attr *a, struct dgv_qp **out)
+{
+	if (a->qp_type == DGV_QPT_RC)
+		return -EOPNOTSUPP; /* RC over TCP: the RC issue */
+	if (a->max_sge > SOFT_MAX_SGE)
+		return -EINVAL;
+	struct soft_qp *qp = calloc(1, sizeof *qp);
+	if (!qp)
+		return -ENOMEM;
+	int err;
+	qp->base.ctx = pdb->ctx;
+	qp->base.type = a->qp_type;
+	qp->ctx = to_sctx(pdb->ctx);
+	qp->pd = to_spd(pdb);
+	qp->scq = to_scq(a->send_cq);
+	qp->rcq = to_scq(a->recv_cq);
+	qp->fd = -1;
+	pthread_mutex_init(&qp->lock, NULL);
+	qp->max_msg = a->max_msg_size ? a->max_msg_size : DEFAULT_MAX_MSG;
+	qp->max_sge = a->max_sge ? a->max_sge : 4;
+	qp->reasm_us = a->reasm_timeout_us ? a->reasm_timeout_us : DEFAULT_REASM_US;
+	int family = a->bind_addr ? a->bind_addr->sa_family : (a->bind_family ? a->bind_family : AF_INET);
+	if (a->use_adopt_fd) {
+		union dgv_sockaddr la;
+		socklen_t ll = sizeof la;
+		if (getsockname(a->adopt_fd, &la.sa, &ll)) {
+			err = -errno;
+			goto fail;
+		}
+		family = la.sa.sa_family;
+		qp->fd = a->adopt_fd;
+		qp->own_fd = false;
+	} else {
+		if (family != AF_INET && family != AF_INET6) {
+			err = -EAFNOSUPPORT;
+			goto fail;
+		}
+		qp->fd = socket(family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+		if (qp->fd < 0) {
+			err = -errno;
+			goto fail;
+		}
+		qp->own_fd = true;
+		union dgv_sockaddr any = {0};
+		socklen_t al = family == AF_INET ? sizeof any.sin : sizeof any.sin6;
+		any.sa.sa_family = (sa_family_t)family;
+		if (bind(qp->fd, a->bind_addr ? a->bind_addr : &any.sa, a->bind_addr ? a->bind_len : al)) {
+			err = -errno;
+			goto fail;
+		}
+		set_bufs(qp->fd);
+	}
+	if ((err = set_nonblock(qp->fd)))
+		goto fail;
+	qp->locallen = sizeof qp->local;
+	if (getsockname(qp->fd, &qp->local.sa, &qp->locallen)) {
+		err = -errno;
+		goto fail;
+	}
+	qp->seg_size = a->seg_size ? a->seg_size : (family == AF_INET6 ? 1452 : 1472);
+	uint32_t min_seg = DG_RD_HLEN + DG_TAGGED_HLEN + DG_CRC_LEN + DG_MIN_SEGSZ;
+	if (qp->seg_size < min_seg || qp->seg_size > DG_MAX_DATAGRAM) {
+		err = -EINVAL;
+		goto fail;
+	}
+	qp->sq_cap = a->max_send_wr ? a->max_send_wr : DEFAULT_WR;
+	qp->rq_cap = a->max_recv_wr ? a->max_recv_wr : DEFAULT_WR;
+	qp->sq = calloc(qp->sq_cap, sizeof *qp->sq);
+	qp->rq = calloc(qp->rq_cap, sizeof *qp->rq);
+	qp->rxbuf_size = qp->seg_size < 2048 ? 2048 : qp->seg_size;
+	qp->rx_batch = qp->rxbuf_size <= 4096 ? SOFT_RX_BATCH : 4;
+	qp->rxbuf = malloc((size_t)qp->rxbuf_size * qp->rx_batch);
+	qp->rxmsg = calloc(qp->rx_batch, sizeof *qp->rxmsg);
+	qp->rxiov = calloc(qp->rx_batch, sizeof *qp->rxiov);
+	qp->rxaddr = calloc(qp->rx_batch, sizeof *qp->rxaddr);
+	if (!qp->sq || !qp->rq || !qp->rxbuf || !qp->rxmsg || !qp->rxiov || !qp->rxaddr) {
+		err = -ENOMEM;
+		goto fail;
+	}
+	struct dgv_fault ftx, frx;
+	if (!a->fault_tx && (err = dg_fault_from_env("DGSHIM_FAULT_TX", &ftx)))
+		goto fail;
+	if (!a->fault_rx && (err = dg_fault_from_env("DGSHIM_FAULT_RX", &frx)))
+		goto fail;
+	if ((err = dg_fault_init(&qp->ftx, a->fault_tx ? a->fault_tx : &ftx, qp->seg_size)) ||
+	    (err = dg_fault_init(&qp->frx, a->fault_rx ? a->fault_rx : &frx, qp->rxbuf_size)))
+		goto fail;
+	if (a->qp_type == DGV_QPT_RD) {
+		struct rd_cfg rc = {.max_dgram = qp->seg_size - DG_RD_HLEN - DG_CRC_LEN,
+				    .max_retries = a->rd_max_retries};
+		if ((err = rd_create(&rc, &qp_rd_ops, qp, &qp->rd)))
+			goto fail;
+	}
+	if ((err = soft_cq_attach(qp->scq, qp)))
+		goto fail;
+	if (qp->rcq != qp->scq && (err = soft_cq_attach(qp->rcq, qp))) {
+		soft_cq_detach(qp->scq, qp);
+		goto fail;
+	}
+	atomic_fetch_add(&qp->pd->refs, 1);
+	soft_ctx_add_qp(qp->ctx, qp);
+	DG_INFO("%s QP on fd %d, segment size %u", a->qp_type == DGV_QPT_UD ? "UD" : "RD", qp->fd,
+		qp->seg_size);
+	*out = &qp->base;
+	return 0;
+fail:
+	qp_free(qp);
+	return err;
+}
+
+int soft_destroy_qp(struct dgv_qp *qpb)
+{
+	struct soft_qp *qp = to_sqp(qpb);
+	soft_ctx_remove_qp(qp->ctx, qp);
+	pthread_mutex_lock(&qp->lock);
+	/* Flush: every outstanding work request completes with WR_FLUSH_ERR. */
+	for (uint32_t i = qp->sq_head; i != qp->sq_tail; i++) {
+		uint32_t idx = i % qp->sq_cap;
+		if (!qp->sq[idx].done)
+			sq_complete(qp, idx, DGV_WC_WR_FLUSH_ERR, 0);
+	}
+	struct soft_rwqe w;
+	while (rq_pop(qp, &w)) {
+		union dgv_sockaddr none = {0};
+		recv_complete(qp, &w, DGV_WC_WR_FLUSH_ERR, 0, 0, &none, 0, false);
+	}
+	for (int i = 0; i < SOFT_REASM_SLOTS; i++)
+		if (qp->slots[i].kind == SLOT_SEND) {
+			union dgv_sockaddr none = {0};
+			recv_complete(qp, &qp->slots[i].wqe, DGV_WC_WR_FLUSH_ERR, 0, 0, &none, 0, false);
+		}
+	pthread_mutex_unlock(&qp->lock);
+	soft_cq_detach(qp->scq, qp);
+	if (qp->rcq != qp->scq)
+		soft_cq_detach(qp->rcq, qp);
+	while (atomic_load(&qp->refs))
+		sched_yield();
+	/* Wait for a progress call that got in before the detach to leave. */
+	pthread_mutex_lock(&qp->lock);
+	pthread_mutex_unlock(&qp->lock);
+	atomic_fetch_sub(&qp->pd->refs, 1);
+	qp_free(qp);
+	return 0;
+}
+
+int soft_qp_local_addr(struct dgv_qp *qpb, union dgv_sockaddr *out, socklen_t *len)
+{
+	struct soft_qp *qp = to_sqp(qpb);
+	*out = qp->local;
+	*len = qp->locallen;
+	return 0;
+}
+
+/* Checks one send WR. Returns 0, a WC status > 0 for errors reported by completion, or -errno
+ * for errors that refuse the post. */
+static int check_send_wr(struct soft_qp *qp, const struct dgv_send_wr *wr, uint64_t *total)
+{
+	if ((unsigned)wr->opcode > DGV_WR_READ || wr->num_sge < 0 || (uint32_t)wr->num_sge > qp->max_sge)
+		return -EINVAL;
+	if (!wr->ah || wr->ah->ctx != qp->base.ctx)
+		return -EINVAL;
+	if (wr->num_sge && !wr->sg_list)
+		return -EINVAL;
+	if (wr->opcode == DGV_WR_READ && wr->num_sge != 1)
+		return -EINVAL; /* the Read Request advertises one sink STag */
+	uint64_t t = 0;
+	for (int i = 0; i < wr->num_sge; i++)
+		t += wr->sg_list[i].length;
+	if (t > qp->max_msg)
+		return -EMSGSIZE;
+	*total = t;
+	for (int i = 0; i < wr->num_sge; i++)
+		if (soft_mr_check_local(qp->ctx, qp->pd, &wr->sg_list[i], wr->opcode == DGV_WR_READ))
+			return DGV_WC_LOC_PROT_ERR;
+	return 0;
+}
+
+int soft_post_send(struct dgv_qp *qpb, struct dgv_send_wr *wr, struct dgv_send_wr **bad)
+{
+	struct soft_qp *qp = to_sqp(qpb);
+	int rc = 0;
+	pthread_mutex_lock(&qp->lock);
+	for (; wr; wr = wr->next) {
+		uint64_t total = 0;
+		int chk = check_send_wr(qp, wr, &total);
+		if (chk < 0) {
+			rc = chk;
+			break;
+		}
+		if (qp->sq_tail - qp->sq_head >= qp->sq_cap) {
+			rc = -ENOMEM;
+			break;
+		}
+		uint32_t idx = qp->sq_tail % qp->sq_cap;
+		struct soft_swqe *w = &qp->sq[idx];
+		uint32_t gen = w->gen + 1;
+		*w = (struct soft_swqe){.wr_id = wr->wr_id, .opcode = wr->opcode, .flags = wr->send_flags,
+					.num_sge = (uint32_t)wr->num_sge, .len = (uint32_t)total,
+					.remote_addr = wr->remote_addr, .rkey = wr->rkey,
+					.dst = wr->ah->addr, .dstlen = wr->ah->addrlen, .gen = gen};
+		if (wr->num_sge)
+			memcpy(w->sge, wr->sg_list, (size_t)wr->num_sge * sizeof *w->sge);
+		bool tagged = wr->opcode == DGV_WR_WRITE || wr->opcode == DGV_WR_WRITE_RECORD;
+		w->segsz = seg_payload(qp, tagged ? DG_TAGGED_HLEN : DG_UNTAGGED_HLEN);
+		switch (wr->opcode) {
+		case DGV_WR_SEND:
+		case DGV_WR_SEND_SE:
+			w->msn = qp->msn_send++;
+			break;
+		case DGV_WR_READ:
+			w->msn = qp->msn_read++;
+			break;
+		case DGV_WR_WRITE:
+		case DGV_WR_WRITE_RECORD:
+			w->msn = qp->msn_wrec++;
+			break;
+		}
+		qp->sq_tail++;
+		if (chk > 0) {
+			w->all_sent = true;
+			sq_complete(qp, idx, (enum dgv_wc_status)chk, 0);
+		}
+	}
+	*bad = wr;
+	pump(qp);
+	pthread_mutex_unlock(&qp->lock);
+	return rc;
+}
+
+int soft_post_recv(struct dgv_qp *qpb, struct dgv_recv_wr *wr, struct dgv_recv_wr **bad)
+{
+	struct soft_qp *qp = to_sqp(qpb);
+	int rc = 0;
+	pthread_mutex_lock(&qp->lock);
+	for (; wr; wr = wr->next) {
+		if (wr->num_sge < 0 || (uint32_t)wr->num_sge > qp->max_sge || (wr->num_sge && !wr->sg_list)) {
+			rc = -EINVAL;
+			break;
+		}
+		if (qp->rq_count == qp->rq_cap) {
+			rc = -ENOMEM;
+			break;
+		}
+		uint64_t total = 0;
+		bool ok = true;
+		for (int i = 0; i < wr->num_sge; i++) {
+			total += wr->sg_list[i].length;
+			if (soft_mr_check_local(qp->ctx, qp->pd, &wr->sg_list[i], true))
+				ok = false;
+		}
+		if (!ok || total > UINT32_MAX) {
+			rc = -EFAULT;
+			break;
+		}
+		struct soft_rwqe *w = &qp->rq[(qp->rq_head + qp->rq_count) % qp->rq_cap];
+		w->wr_id = wr->wr_id;
+		w->num_sge = (uint32_t)wr->num_sge;
+		w->len = (uint32_t)total;
+		if (wr->num_sge)
+			memcpy(w->sge, wr->sg_list, (size_t)wr->num_sge * sizeof *w->sge);
+		qp->rq_count++;
+	}
+	*bad = wr;
+	pthread_mutex_unlock(&qp->lock);
+	return rc;
+}
+
+int soft_poll_errq(struct dgv_qp *qpb, int n, struct dgv_async_err *out)
+{
+	struct soft_qp *qp = to_sqp(qpb);
+	soft_qp_progress(qp, true, true);
+	pthread_mutex_lock(&qp->lock);
+	int got = 0;
+	while (got < n && qp->errq_count) {
+		out[got++] = qp->errq[qp->errq_head];
+		qp->errq_head = (qp->errq_head + 1) % SOFT_ERRQ;
+		qp->errq_count--;
+	}
+	pthread_mutex_unlock(&qp->lock);
+	return got;
+}
+
+int soft_qp_stats(struct dgv_qp *qpb, struct dgv_qp_stats *out)
+{
+	struct soft_qp *qp = to_sqp(qpb);
+	pthread_mutex_lock(&qp->lock);
+	*out = qp->st;
+	out->fault_dropped = qp->ftx.dropped + qp->frx.dropped;
+	out->fault_duplicated = qp->ftx.duplicated + qp->frx.duplicated;
+	out->fault_reordered = qp->ftx.reordered + qp->frx.reordered;
+	out->fault_corrupted = qp->ftx.corrupted + qp->frx.corrupted;
+	if (qp->rd) {
+		struct rd_stats r;
+		rd_get_stats(qp->rd, &r);
+		out->rd_retransmits = r.retransmits;
+		out->rd_acks_sent = r.acks_sent;
+		out->rd_acks_rcvd = r.acks_rcvd;
+		out->rd_ooo_buffered = r.ooo_buffered;
+		out->rd_window_stalls += r.window_stalls;
+		out->rd_peer_failures = r.peer_failures;
+		out->dup_drops += r.dup_drops;
+	}
+	pthread_mutex_unlock(&qp->lock);
+	return 0;
+}

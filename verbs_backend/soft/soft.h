@@ -1,0 +1,268 @@
+/*
+ * soft.h - internal structures of the software datagram-iWARP RNIC.
+ *
+ * Locking (outermost first): ctx->loop_lock (libev loop, QP list) -> qp->lock -> cq->lock.
+ * ctx->mr_lock only serialises registration; placement looks MRs up without it (mr.c).
+ * The app thread and the libev thread both make progress on a QP, whichever holds qp->lock.
+ */
+#ifndef DG_SOFT_H
+#define DG_SOFT_H
+
+#include <ev.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#include "fault.h"
+#include "frame.h"
+#include "provider.h"
+#include "rd.h"
+
+#define SOFT_MR_SLOTS (1u << 14)
+#define SOFT_MR_INDEX(stag) (((stag) >> 8) & (SOFT_MR_SLOTS - 1))
+#define SOFT_MAX_SGE 8
+#define SOFT_REASM_SLOTS 16
+#define SOFT_MAX_ORD 16
+#define SOFT_MAX_IRD 16
+#define SOFT_ERRQ 64
+#define SOFT_RX_BATCH 16
+#define SOFT_APP_IDLE_US 2000 /* app silent this long: the libev thread watches the socket */
+
+struct soft_qp;
+
+struct soft_ctx {
+	struct dgv_context base;
+	enum dgv_progress_mode progress;
+	/* memory regions: type-stable slots, never freed before the context */
+	pthread_mutex_t mr_lock;
+	struct soft_mr *_Atomic mrs[SOFT_MR_SLOTS];
+	uint32_t mr_count;
+	/* async progress */
+	pthread_mutex_t loop_lock;
+	struct ev_loop *loop;
+	ev_async wake;
+	ev_timer tick;
+	pthread_t thread;
+	bool thread_running;
+	atomic_bool stopping;
+	struct soft_qp *qps; /* list, under loop_lock */
+};
+
+struct soft_pd {
+	struct dgv_pd base;
+	atomic_int refs;
+};
+
+struct soft_mr {
+	struct dgv_mr pub;
+	_Atomic uint32_t stag; /* 0 while the slot is free */
+	atomic_uint users;     /* placements in progress */
+	uint32_t index;
+};
+
+struct soft_cqe {
+	struct dgv_wc wc;
+	struct soft_slot *slot;   /* record whose ranges are made at poll time, or NULL */
+	struct dgv_range range;   /* the single range of a one-segment record */
+};
+
+struct soft_cq {
+	struct dgv_cq base;
+	pthread_mutex_t lock;
+	struct soft_cqe *ring;
+	uint32_t cap, head, count;
+	int efd;
+	atomic_int armed;         /* 1 any, 2 solicited only */
+	atomic_int waiters;       /* threads blocked in cq_wait */
+	struct soft_qp *qps[64];  /* QPs feeding this CQ (progress is driven from poll) */
+	uint32_t nqps;
+	struct dgv_range *scratch; /* ranges handed out by the last poll */
+	uint32_t scratch_cap;
+};
+
+struct soft_ah {
+	struct dgv_ah base;
+	struct soft_pd *pd;
+};
+
+/* A send work request as queued. */
+struct soft_swqe {
+	uint64_t wr_id;
+	enum dgv_wr_opcode opcode;
+	unsigned flags;
+	uint32_t num_sge;
+	struct dgv_sge sge[SOFT_MAX_SGE];
+	uint32_t len;   /* total payload */
+	uint32_t sent;  /* bytes handed to the LLP so far */
+	uint32_t msn;
+	uint32_t segsz;
+	uint64_t remote_addr;
+	uint32_t rkey;
+	union dgv_sockaddr dst;
+	socklen_t dstlen;
+	uint32_t gen;   /* distinguishes reuse of the ring entry in RD cookies */
+	bool all_sent;  /* every datagram handed down */
+	bool done;      /* completed (CQE made or suppressed), entry reusable once head passes */
+	bool read_ord;  /* READ waiting in the ORD table */
+};
+
+struct soft_rwqe {
+	uint64_t wr_id;
+	uint32_t num_sge;
+	uint32_t len;
+	struct dgv_sge sge[SOFT_MAX_SGE];
+};
+
+enum slot_kind { SLOT_FREE = 0, SLOT_SEND, SLOT_DISCARD, SLOT_WREC, SLOT_READ };
+
+/* Reassembly of one multi-datagram message (or a finished one waiting for older ones). */
+struct soft_slot {
+	enum slot_kind kind;
+	atomic_bool in_cq;       /* a CQE references it; the CQ releases it after making ranges */
+	bool done;               /* complete, waiting for older messages of the same source */
+	union dgv_sockaddr src;
+	socklen_t srclen;
+	uint32_t msn, ml, segsz, nsegs, got_segs, got_bytes;
+	uint32_t stag;
+	uint64_t base;
+	uint64_t deadline_us;
+	struct soft_rwqe wqe;    /* SLOT_SEND: the receive it fills */
+	uint32_t ord;            /* SLOT_READ: ORD index */
+	uint8_t *bitmap;         /* nsegs bits; allocated on first use, kept */
+	uint32_t bitmap_cap;     /* bytes */
+	bool solicited;
+};
+
+/* An outstanding RDMA Read (requester side). */
+struct soft_ord {
+	bool used;
+	uint32_t sq_idx;
+	uint32_t msn;
+	uint32_t stag;  /* local sink */
+	uint64_t to;
+	uint32_t len;
+	uint32_t got;   /* RD: bytes arrived in order */
+	uint64_t deadline_us; /* UD: give up */
+	int slot;       /* UD: reassembly slot or -1 */
+	union dgv_sockaddr peer;
+	socklen_t peerlen;
+};
+
+/* A Read Response still to send (responder side). */
+struct soft_ird {
+	bool used;
+	union dgv_sockaddr peer;
+	socklen_t peerlen;
+	uint32_t msn;
+	uint32_t src_stag, sink_stag;
+	uint64_t src_to, sink_to;
+	uint32_t len, sent, segsz;
+};
+
+struct soft_qp {
+	struct dgv_qp base;
+	struct soft_ctx *ctx;
+	struct soft_pd *pd;
+	struct soft_cq *scq, *rcq;
+	struct soft_qp *next; /* ctx list */
+	pthread_mutex_t lock;
+	atomic_int refs;      /* progress callers outside qp->lock (cq poll snapshots) */
+	int fd;
+	bool own_fd;
+	union dgv_sockaddr local;
+	socklen_t locallen;
+	uint32_t max_msg;
+	uint32_t seg_size;     /* UDP payload per datagram, everything included */
+	uint32_t reasm_us;
+	uint32_t max_sge;
+	/* send queue */
+	struct soft_swqe *sq;
+	uint32_t sq_cap, sq_head, sq_pump, sq_tail; /* head: oldest not done; pump: next to send */
+	uint32_t msn_send, msn_read, msn_wrec, msn_term;
+	/* receive queue (deque: a failed message gives its WQE back at the front) */
+	struct soft_rwqe *rq;
+	uint32_t rq_cap, rq_head, rq_count;
+	struct soft_slot slots[SOFT_REASM_SLOTS];
+	uint32_t slots_active;
+	struct soft_ord ord[SOFT_MAX_ORD];
+	struct soft_ird ird[SOFT_MAX_IRD];
+	uint32_t ird_count;
+	/* errors */
+	struct dgv_async_err errq[SOFT_ERRQ];
+	uint32_t errq_head, errq_count;
+	uint64_t term_window_start;
+	uint32_t term_in_window;
+	/* lower layers */
+	struct rd_ep *rd;
+	struct dg_fault_state ftx, frx;
+	/* receive buffers */
+	uint8_t *rxbuf;
+	uint32_t rxbuf_size, rx_batch;
+	struct mmsghdr *rxmsg;
+	struct iovec *rxiov;
+	union dgv_sockaddr *rxaddr;
+	/* progress coordination with the libev thread */
+	_Atomic uint64_t app_ts;    /* last progress made by an application call */
+	atomic_int app_waiting;     /* application blocked in cq_wait on this QP's socket */
+	bool io_on;                 /* libev io watcher started (loop thread only) */
+	ev_io io;
+	bool pump_blocked;          /* UDP socket full: need POLLOUT */
+	struct dgv_qp_stats st;
+};
+
+static inline struct soft_ctx *to_sctx(struct dgv_context *c) { return (struct soft_ctx *)c; }
+static inline struct soft_pd *to_spd(struct dgv_pd *p) { return (struct soft_pd *)p; }
+static inline struct soft_cq *to_scq(struct dgv_cq *c) { return (struct soft_cq *)c; }
+static inline struct soft_qp *to_sqp(struct dgv_qp *q) { return (struct soft_qp *)q; }
+static inline struct soft_mr *to_smr(struct dgv_mr *m) { return (struct soft_mr *)m; }
+
+/* mr.c */
+int soft_reg_mr(struct dgv_pd *pd, void *addr, size_t len, unsigned access, struct dgv_mr **out);
+int soft_dereg_mr(struct dgv_mr *mr);
+/* Finds stag for a remote access [to, to+len) needing `access` from pd. Returns the MR with a
+ * user reference (drop it with soft_mr_put) or NULL with *why set to the RFC error. */
+struct soft_mr *soft_mr_get_remote(struct soft_ctx *ctx, struct soft_pd *pd, uint32_t stag,
+				   uint64_t to, uint64_t len, unsigned access, struct dg_reject *why);
+/* Checks a local SGE (lkey, bounds, and local write when need_write). Returns 0 or -EFAULT. */
+int soft_mr_check_local(struct soft_ctx *ctx, struct soft_pd *pd, const struct dgv_sge *sge,
+			bool need_write);
+static inline void soft_mr_put(struct soft_mr *mr) { atomic_fetch_sub(&mr->users, 1); }
+void soft_mr_table_fini(struct soft_ctx *ctx);
+
+/* cq.c */
+int soft_create_cq(struct dgv_context *ctx, int cqe, struct dgv_cq **out);
+int soft_destroy_cq(struct dgv_cq *cq);
+int soft_cq_fd(struct dgv_cq *cq);
+int soft_req_notify_cq(struct dgv_cq *cq, int solicited_only);
+int soft_cq_ack_event(struct dgv_cq *cq);
+int soft_poll_cq(struct dgv_cq *cq, int n, struct dgv_wc *wc);
+int soft_cq_wait(struct dgv_cq *cq, int timeout_ms);
+/* Adds a completion. Caller holds the producing QP's lock. Returns 0 or -ENOSPC (overflow). */
+int soft_cq_push(struct soft_cq *cq, const struct dgv_wc *wc, struct soft_slot *slot,
+		 const struct dgv_range *range);
+int soft_cq_attach(struct soft_cq *cq, struct soft_qp *qp);
+void soft_cq_detach(struct soft_cq *cq, struct soft_qp *qp);
+
+/* qp.c */
+int soft_create_qp(struct dgv_pd *pd, const struct dgv_qp_init_attr *attr, struct dgv_qp **out);
+int soft_destroy_qp(struct dgv_qp *qp);
+int soft_qp_local_addr(struct dgv_qp *qp, union dgv_sockaddr *out, socklen_t *len);
+int soft_post_send(struct dgv_qp *qp, struct dgv_send_wr *wr, struct dgv_send_wr **bad);
+int soft_post_recv(struct dgv_qp *qp, struct dgv_recv_wr *wr, struct dgv_recv_wr **bad);
+int soft_poll_errq(struct dgv_qp *qp, int n, struct dgv_async_err *out);
+int soft_qp_stats(struct dgv_qp *qp, struct dgv_qp_stats *out);
+/* Receives, runs timers and transmits what is queued. from_app: called by an application
+ * call (records app activity). Takes qp->lock (trylock when !block). Returns >0 when it did
+ * something, 0 when not, -EBUSY when another thread holds the QP. */
+int soft_qp_progress(struct soft_qp *qp, bool from_app, bool block);
+/* µs until the QP's next timer (UINT64_MAX: none); caller holds qp->lock. */
+uint64_t soft_qp_next_timer_locked(struct soft_qp *qp, uint64_t now);
+bool soft_qp_wants_pollout(struct soft_qp *qp);
+
+/* device.c */
+void soft_ctx_add_qp(struct soft_ctx *ctx, struct soft_qp *qp);
+void soft_ctx_remove_qp(struct soft_ctx *ctx, struct soft_qp *qp);
+
+#endif
