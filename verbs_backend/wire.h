@@ -3,7 +3,7 @@
  *
  * All multi-byte fields are big-endian (the be16/be32/be64 types are a reminder: convert with
  * be16toh & co. before use). Structures are packed and their sizes are checked at compile time.
- * docs/wire.md explains each field with a worked hex example that tests/unit/test_wire.c checks.
+ * docs/wire.md explains each field with a worked hex example that tests/unit/test_frame.c checks.
  *
  * A datagram of a UD QP:   [DDP/RDMAP datagram header][payload][CRC32c]
  * A datagram of an RD QP:  [RD header][DDP/RDMAP datagram header][payload][CRC32c]
