@@ -197,7 +197,7 @@ static void write_read_case(enum dgv_qp_type t, uint32_t len)
 Test(ud, write_and_read_small) { write_read_case(DGV_QPT_UD, 512); }
 Test(ud, write_and_read_large) { write_read_case(DGV_QPT_UD, 1u << 20); }
 Test(rd, write_and_read_small) { write_read_case(DGV_QPT_RD, 512); }
-Test(rd, write_and_read_large) { write_read_case(DGV_QPT_RD, 2u << 20); }
+Test(rd, write_and_read_large) { write_read_case(DGV_QPT_RD, 3u << 19); }
 
 /* Write-Record under 10 % receive loss: the record names exactly the bytes that arrived. */
 Test(ud, write_record_partial_under_loss)

@@ -492,8 +492,9 @@ static int slot_init(struct soft_qp *qp, struct soft_slot *s, enum slot_kind kin
 	return 0;
 }
 
-/* Marks segment g in s. Returns 1 if new, 0 if a duplicate, -1 if inconsistent with s. */
-static int slot_mark(struct soft_slot *s, const struct dg_seg *g)
+/* Marks segment g in s and restarts its inactivity deadline. Returns 1 if new, 0 if a
+ * duplicate, -1 if inconsistent with s. */
+static int slot_mark(struct soft_qp *qp, struct soft_slot *s, const struct dg_seg *g)
 {
 	if (g->ml != s->ml || (g->segsz ? g->segsz : g->ml) != s->segsz)
 		return -1;
@@ -505,6 +506,8 @@ static int slot_mark(struct soft_slot *s, const struct dg_seg *g)
 	s->bitmap[i >> 3] |= (uint8_t)(1u << (i & 7));
 	s->got_segs++;
 	s->got_bytes += g->plen;
+	if (s->kind != SLOT_READ)
+		s->deadline_us = dg_now_us() + qp->reasm_us;
 	return 1;
 }
 
@@ -686,7 +689,7 @@ static void rx_send(struct soft_qp *qp, const union dgv_sockaddr *from, socklen_
 			s->kind = SLOT_DISCARD;
 		}
 	}
-	int m = slot_mark(s, g);
+	int m = slot_mark(qp, s, g);
 	if (m <= 0) {
 		if (m == 0)
 			qp->st.dup_drops++;
@@ -745,7 +748,7 @@ static void rx_tagged(struct soft_qp *qp, const union dgv_sockaddr *from, sockle
 			return;
 		}
 	}
-	int m = slot_mark(s, g);
+	int m = slot_mark(qp, s, g);
 	if (m == 0)
 		qp->st.dup_drops++;
 	if (m < 0)
@@ -867,7 +870,7 @@ static void rx_read_resp(struct soft_qp *qp, const union dgv_sockaddr *from, soc
 		s->deadline_us = UINT64_MAX; /* the ORD deadline governs */
 	}
 	struct soft_slot *s = &qp->slots[o->slot];
-	int m = slot_mark(s, g);
+	int m = slot_mark(qp, s, g);
 	if (m == 0)
 		qp->st.dup_drops++;
 	if (s->got_segs == s->nsegs)
