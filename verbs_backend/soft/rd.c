@@ -1,1 +1,1164 @@
-/* placeholder: being written */
+/*
+ * rd.c - the reliable-datagram LLP beneath DDP for RD queue pairs (rd.h).
+ *
+ * Per peer: a send sequence space identified by a random epoch, a receive sequence space of the
+ * peer's epoch, cumulative + 32-bit selective acks, and a receive window made of the free
+ * out-of-order buffers. Loss is detected within the SACK's reach by three later arrivals or by
+ * a later-sent datagram arriving first (RACK), otherwise by a timer per datagram with
+ * exponential backoff; the retry budget of a datagram decides the peer's failure.
+ *
+ * Memory: everything is allocated in rd_create. Lists are singly linked through indices (RD_NIL
+ * ends them): a peer's in-flight datagrams and its buffered out-of-order datagrams (both in
+ * sequence order), the free lists, and the completion FIFO. Peers live in a fixed array, so a
+ * peer pointer stays valid across callbacks; a pin count keeps a peer from being reaped while a
+ * call works on it.
+ *
+ * Re-entrancy: acked()/failed() are never called from inside a state change; the slots concerned
+ * are queued on the completion FIFO and reported once the state is consistent, so the callbacks
+ * may call rd_send(). deliver() is called with the receive state already advanced past the
+ * segment, so an rd_send() from it piggybacks an ack that covers it.
+ */
+#include "rd.h"
+
+#include <endian.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "crc.h"
+#include "log.h"
+#include "wire.h"
+
+#define RD_NIL UINT32_MAX
+
+/* Until its first ack arrives, an epoch only uses sequence numbers below isn + RD_INIT_WND. A
+ * receiver without state for an epoch can then tell the start of a new epoch (adopt it) from the
+ * middle of one it has forgotten (answer RST). */
+#define RD_INIT_WND 32u
+/* Data further ahead than a 16-bit window cannot come from a conforming sender: dropped. */
+#define RD_RX_SPAN 65536u
+#define RD_REAP_IDLE_US (60ull * 1000000u)
+/* Shorter than RD_REAP_IDLE_US, so a sender starts a new epoch before the receiver may have
+ * reaped the old one; otherwise the receiver's housekeeping would turn into spurious resets. */
+#define RD_RENEW_IDLE_US (30ull * 1000000u)
+#define RD_REAP_SCAN_US 1000000ull
+/* A receiver that lost its state while our epoch was young (cumulative ack still below
+ * RD_INIT_WND) adopts the epoch again from its start and acks isn for ever, behind our cumulative
+ * ack. A stale, reordered ack of isn does not keep arriving after our oldest datagram timed out
+ * twice, so this many of them mean a reset. */
+#define RD_BEHIND_ACKS 4u
+#define RD_BEHIND_TIMEOUTS 2u
+#define RD_MAX_SLOTS (1u << 20)
+#define RD_MAX_PEERS (1u << 20)
+#define RD_MAX_RETRIES 1000u
+
+struct rd_txslot {
+	uint64_t cookie;
+	uint64_t sent_us; /* last (re)transmission */
+	uint32_t seq;
+	uint32_t len;     /* RD header + segment; room for the CRC follows */
+	uint32_t next;
+	int32_t err;      /* on the completion FIFO: 0 for acked, else -errno for failed */
+	uint16_t retries; /* retransmissions so far, by timer or fast retransmit */
+	uint8_t backoff;  /* timer expiries: each one doubles this datagram's RTO */
+	uint8_t sacked;
+};
+
+struct rd_rxslot {
+	uint32_t seq;
+	uint32_t len; /* segment only */
+	uint32_t next;
+};
+
+struct rd_peer {
+	union dgv_sockaddr addr; /* normalised: compared and hashed as raw bytes */
+	socklen_t addrlen;
+	uint32_t hnext;        /* hash chain, or free list */
+	uint32_t anext, aprev; /* active list: peers with timers */
+	uint64_t last_us;      /* last datagram from it or data to it */
+	uint64_t una_us;       /* snd_una last advanced: the oldest datagram's timer restarts */
+	uint64_t alive_us;     /* last ack of the current epoch: the others' timers restart */
+	uint64_t ack_due;      /* delayed-ack deadline, 0: none armed */
+	uint64_t rack_us;      /* latest transmission time of a datagram known delivered */
+	/* send side */
+	uint32_t tx_epoch, snd_una, snd_nxt;
+	uint32_t tx_head, tx_tail, inflight;
+	uint32_t peer_wnd;
+	uint32_t srtt, rttvar, rto; /* µs; srtt 0: no sample yet */
+	uint32_t min_rtt;           /* µs, 0: no sample yet */
+	uint32_t behind;
+	/* receive side */
+	uint32_t rx_epoch, rx_old_epoch, rcv_nxt;
+	uint32_t rx_head, rx_tail;
+	uint32_t rx_unacked; /* in-order datagrams since our last ack */
+	uint16_t pin;
+	uint8_t in_use, active, synced, rx_valid, rx_old_valid, ack_dirty;
+	uint8_t sack_seen; /* the previous ack had SACK bits: the receiver sat on a hole */
+};
+
+struct rd_ep {
+	struct rd_cfg cfg;
+	struct rd_ops ops;
+	void *arg;
+	uint64_t (*clock)(void *);
+	void *clock_arg;
+
+	size_t tx_stride, rx_stride;
+	uint8_t *txbuf, *rxbuf;
+	struct rd_txslot *tx;
+	struct rd_rxslot *rx;
+	uint32_t tx_free, tx_nfree, rx_free, rx_nfree;
+	uint32_t done_head, done_tail;
+
+	struct rd_peer *peers;
+	uint32_t *bucket;
+	uint32_t bucket_mask;
+	uint32_t peer_free;
+	uint32_t act_head, act_tail;
+
+	uint64_t hash_seed, rng;
+	uint64_t next_deadline; /* never later than the earliest armed timer */
+	uint64_t last_reap, last_full_scan;
+	struct rd_stats st;
+};
+
+/* Sequence numbers of a fresh epoch start here: 0 on the wire (wire.h); tests move it near 2^32
+ * to exercise wraparound. Both ends must agree, hence process-wide. */
+static uint32_t rd_isn;
+
+/* Test hooks, declared by tests/unit/test_rd.c; not part of rd.h. */
+void rd_test_set_clock(struct rd_ep *ep, uint64_t (*fn)(void *), void *arg);
+void rd_test_set_isn(uint32_t isn);
+
+static inline int32_t seq_diff(uint32_t a, uint32_t b) { return (int32_t)(a - b); }
+static inline bool seq_lt(uint32_t a, uint32_t b) { return seq_diff(a, b) < 0; }
+
+static inline uint64_t min64(uint64_t a, uint64_t b) { return a < b ? a : b; }
+
+/* Elapsed time that treats a clock seen going backwards as no time at all. */
+static inline uint64_t since(uint64_t now, uint64_t then) { return now > then ? now - then : 0; }
+
+uint64_t dg_now_us(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+static uint64_t default_clock(void *arg)
+{
+	(void)arg;
+	return dg_now_us();
+}
+
+void rd_test_set_clock(struct rd_ep *ep, uint64_t (*fn)(void *), void *arg)
+{
+	ep->clock = fn ? fn : default_clock;
+	ep->clock_arg = arg;
+	ep->last_reap = ep->last_full_scan = ep->clock(ep->clock_arg);
+}
+
+void rd_test_set_isn(uint32_t isn) { rd_isn = isn; }
+
+static inline uint64_t rd_now(struct rd_ep *ep) { return ep->clock(ep->clock_arg); }
+
+static uint32_t rd_random32(struct rd_ep *ep)
+{
+	uint32_t v;
+	if (getrandom(&v, sizeof(v), GRND_NONBLOCK) == (ssize_t)sizeof(v))
+		return v;
+	/* xorshift64 seeded at creation: epochs only need to differ, not to be secret */
+	uint64_t x = ep->rng;
+	x ^= x << 13;
+	x ^= x >> 7;
+	x ^= x << 17;
+	ep->rng = x;
+	return (uint32_t)(x >> 32);
+}
+
+static uint32_t new_epoch(struct rd_ep *ep, uint32_t old)
+{
+	uint32_t e;
+	do
+		e = rd_random32(ep);
+	while (e == old);
+	return e;
+}
+
+static inline void arm(struct rd_ep *ep, uint64_t t)
+{
+	if (t < ep->next_deadline)
+		ep->next_deadline = t;
+}
+
+/* ------------------------------------------------------------------ addresses and peers */
+
+/* Returns 0, or -EINVAL for anything but a complete IPv4 or IPv6 address. */
+static int addr_norm(const union dgv_sockaddr *in, socklen_t len, union dgv_sockaddr *out,
+		     socklen_t *olen)
+{
+	if (!in || len < (socklen_t)sizeof(sa_family_t))
+		return -EINVAL;
+	memset(out, 0, sizeof(*out));
+	if (in->sa.sa_family == AF_INET && len >= (socklen_t)sizeof(struct sockaddr_in)) {
+		out->sin.sin_family = AF_INET;
+		out->sin.sin_port = in->sin.sin_port;
+		out->sin.sin_addr = in->sin.sin_addr;
+		*olen = sizeof(struct sockaddr_in);
+		return 0;
+	}
+	if (in->sa.sa_family == AF_INET6 && len >= (socklen_t)sizeof(struct sockaddr_in6)) {
+		out->sin6.sin6_family = AF_INET6;
+		out->sin6.sin6_port = in->sin6.sin6_port;
+		out->sin6.sin6_addr = in->sin6.sin6_addr;
+		/* link-local addresses are only unique with their interface */
+		out->sin6.sin6_scope_id = in->sin6.sin6_scope_id;
+		*olen = sizeof(struct sockaddr_in6);
+		return 0;
+	}
+	return -EINVAL;
+}
+
+_Static_assert(sizeof(union dgv_sockaddr) % sizeof(uint32_t) == 0, "address hashed by words");
+
+static uint32_t addr_hash(const struct rd_ep *ep, const union dgv_sockaddr *a)
+{
+	uint32_t w[sizeof(*a) / sizeof(uint32_t)];
+	uint64_t h = ep->hash_seed;
+	memcpy(w, a, sizeof(w));
+	for (size_t i = 0; i < sizeof(w) / sizeof(w[0]); i++) {
+		h = (h ^ w[i]) * 0x9e3779b97f4a7c15ull;
+		h ^= h >> 29;
+	}
+	return (uint32_t)(h ^ (h >> 32));
+}
+
+/* Returns the peer's index or RD_NIL. */
+static uint32_t peer_find(const struct rd_ep *ep, const union dgv_sockaddr *a)
+{
+	uint32_t i = ep->bucket[addr_hash(ep, a) & ep->bucket_mask];
+	while (i != RD_NIL && memcmp(&ep->peers[i].addr, a, sizeof(*a)) != 0)
+		i = ep->peers[i].hnext;
+	return i;
+}
+
+static void activate(struct rd_ep *ep, uint32_t i)
+{
+	struct rd_peer *p = &ep->peers[i];
+	if (p->active)
+		return;
+	p->active = 1;
+	p->anext = RD_NIL;
+	p->aprev = ep->act_tail;
+	if (ep->act_tail != RD_NIL)
+		ep->peers[ep->act_tail].anext = i;
+	else
+		ep->act_head = i;
+	ep->act_tail = i;
+}
+
+static void deactivate(struct rd_ep *ep, uint32_t i)
+{
+	struct rd_peer *p = &ep->peers[i];
+	if (!p->active)
+		return;
+	if (p->aprev != RD_NIL)
+		ep->peers[p->aprev].anext = p->anext;
+	else
+		ep->act_head = p->anext;
+	if (p->anext != RD_NIL)
+		ep->peers[p->anext].aprev = p->aprev;
+	else
+		ep->act_tail = p->aprev;
+	p->active = 0;
+	p->anext = p->aprev = RD_NIL;
+}
+
+static inline uint32_t peer_index(const struct rd_ep *ep, const struct rd_peer *p)
+{
+	return (uint32_t)(p - ep->peers);
+}
+
+/* ------------------------------------------------------------------ slots */
+
+static inline uint8_t *txbuf(const struct rd_ep *ep, uint32_t s) { return ep->txbuf + (size_t)s * ep->tx_stride; }
+static inline uint8_t *rxbuf(const struct rd_ep *ep, uint32_t r) { return ep->rxbuf + (size_t)r * ep->rx_stride; }
+
+static uint32_t tx_alloc(struct rd_ep *ep)
+{
+	uint32_t s = ep->tx_free;
+	if (s != RD_NIL) {
+		ep->tx_free = ep->tx[s].next;
+		ep->tx_nfree--;
+	}
+	return s;
+}
+
+static void tx_release(struct rd_ep *ep, uint32_t s)
+{
+	ep->tx[s].next = ep->tx_free;
+	ep->tx_free = s;
+	ep->tx_nfree++;
+}
+
+static uint32_t rx_alloc(struct rd_ep *ep)
+{
+	uint32_t r = ep->rx_free;
+	if (r != RD_NIL) {
+		ep->rx_free = ep->rx[r].next;
+		ep->rx_nfree--;
+	}
+	return r;
+}
+
+static void rx_release(struct rd_ep *ep, uint32_t r)
+{
+	ep->rx[r].next = ep->rx_free;
+	ep->rx_free = r;
+	ep->rx_nfree++;
+}
+
+/* A datagram leaves its peer: a non-zero cookie waits on the completion FIFO for drain(). */
+static void done_push(struct rd_ep *ep, uint32_t s, int err)
+{
+	struct rd_txslot *t = &ep->tx[s];
+	if (!t->cookie) {
+		tx_release(ep, s);
+		return;
+	}
+	t->err = err;
+	t->next = RD_NIL;
+	if (ep->done_tail != RD_NIL)
+		ep->tx[ep->done_tail].next = s;
+	else
+		ep->done_head = s;
+	ep->done_tail = s;
+}
+
+/* Reports queued completions in order. The slot is freed and the FIFO advanced before each
+ * callback, so a callback's rd_send() (or a nested drain) sees consistent state. */
+static void drain(struct rd_ep *ep)
+{
+	while (ep->done_head != RD_NIL) {
+		uint32_t s = ep->done_head;
+		uint64_t cookie = ep->tx[s].cookie;
+		int err = ep->tx[s].err;
+		ep->done_head = ep->tx[s].next;
+		if (ep->done_head == RD_NIL)
+			ep->done_tail = RD_NIL;
+		tx_release(ep, s);
+		if (err) {
+			if (ep->ops.failed)
+				ep->ops.failed(ep->arg, cookie, err);
+		} else if (ep->ops.acked) {
+			ep->ops.acked(ep->arg, cookie);
+		}
+	}
+}
+
+/* ------------------------------------------------------------------ peer life cycle */
+
+static void rx_reset(struct rd_ep *ep, struct rd_peer *p)
+{
+	uint32_t r = p->rx_head;
+	while (r != RD_NIL) {
+		uint32_t n = ep->rx[r].next;
+		rx_release(ep, r);
+		r = n;
+	}
+	p->rx_head = p->rx_tail = RD_NIL;
+	p->rx_unacked = 0;
+	p->ack_dirty = 0;
+	p->ack_due = 0;
+}
+
+/* Ends the current send epoch: every datagram in flight is reported failed with err (none when
+ * nothing is in flight), and the next rd_send starts a new epoch at isn. */
+static void tx_reset(struct rd_ep *ep, struct rd_peer *p, int err)
+{
+	uint32_t s = p->tx_head;
+	while (s != RD_NIL) {
+		uint32_t n = ep->tx[s].next;
+		done_push(ep, s, err);
+		s = n;
+	}
+	p->tx_head = p->tx_tail = RD_NIL;
+	p->inflight = 0;
+	p->tx_epoch = new_epoch(ep, p->tx_epoch);
+	p->snd_una = p->snd_nxt = rd_isn;
+	p->synced = 0;
+	p->behind = 0;
+	p->sack_seen = 0;
+	p->rack_us = 0;
+	p->peer_wnd = UINT16_MAX;
+}
+
+static void peer_release(struct rd_ep *ep, uint32_t i)
+{
+	struct rd_peer *p = &ep->peers[i];
+	uint32_t *link = &ep->bucket[addr_hash(ep, &p->addr) & ep->bucket_mask];
+	while (*link != i)
+		link = &ep->peers[*link].hnext;
+	*link = p->hnext;
+	deactivate(ep, i);
+	rx_reset(ep, p);
+	p->in_use = 0;
+	p->hnext = ep->peer_free;
+	ep->peer_free = i;
+	ep->st.peers--;
+}
+
+static bool peer_reapable(const struct rd_peer *p, uint64_t now)
+{
+	return p->in_use && !p->pin && !p->inflight && !p->ack_due &&
+	       since(now, p->last_us) > RD_REAP_IDLE_US;
+}
+
+/* Forgets peers idle for RD_REAP_IDLE_US; with one_only, stops at the first. Returns how many. */
+static uint32_t reap_idle(struct rd_ep *ep, uint64_t now, bool one_only)
+{
+	uint32_t n = 0;
+	for (uint32_t i = 0; i < ep->cfg.max_peers; i++) {
+		if (!peer_reapable(&ep->peers[i], now))
+			continue;
+		DG_DBG("rd: reaping idle peer %u", i);
+		peer_release(ep, i);
+		n++;
+		if (one_only)
+			break;
+	}
+	return n;
+}
+
+/* Returns the new peer's index, or RD_NIL when the table is full of live peers. */
+static uint32_t peer_new(struct rd_ep *ep, const union dgv_sockaddr *a, socklen_t alen, uint64_t now)
+{
+	/* a full table of busy peers would otherwise be scanned for every unknown datagram */
+	if (ep->peer_free == RD_NIL && since(now, ep->last_full_scan) >= RD_REAP_SCAN_US) {
+		ep->last_full_scan = now;
+		reap_idle(ep, now, true);
+	}
+	uint32_t i = ep->peer_free;
+	if (i == RD_NIL)
+		return RD_NIL;
+	struct rd_peer *p = &ep->peers[i];
+	ep->peer_free = p->hnext;
+	memset(p, 0, sizeof(*p));
+	p->addr = *a;
+	p->addrlen = alen;
+	uint32_t *b = &ep->bucket[addr_hash(ep, a) & ep->bucket_mask];
+	p->hnext = *b;
+	*b = i;
+	p->anext = p->aprev = RD_NIL;
+	p->tx_head = p->tx_tail = p->rx_head = p->rx_tail = RD_NIL;
+	p->last_us = now;
+	p->rto = ep->cfg.rto_min_us;
+	p->in_use = 1;
+	p->tx_epoch = rd_random32(ep);
+	p->snd_una = p->snd_nxt = rd_isn;
+	p->peer_wnd = UINT16_MAX;
+	ep->st.peers++;
+	return i;
+}
+
+/* ------------------------------------------------------------------ transmission */
+
+static uint16_t adv_wnd(const struct rd_ep *ep)
+{
+	uint32_t w = ep->rx_nfree;
+	/* never 0: the peer must keep probing, or it would never learn the window reopened */
+	if (w < 1)
+		w = 1;
+	if (w > UINT16_MAX)
+		w = UINT16_MAX;
+	return (uint16_t)w;
+}
+
+static uint32_t sack_bits(const struct rd_ep *ep, const struct rd_peer *p)
+{
+	uint32_t bits = 0;
+	for (uint32_t r = p->rx_head; r != RD_NIL; r = ep->rx[r].next) {
+		uint32_t off = ep->rx[r].seq - p->rcv_nxt - 1;
+		if (off >= 32)
+			break;
+		bits |= 1u << off;
+	}
+	return bits;
+}
+
+static void hdr_fill(const struct rd_ep *ep, const struct rd_peer *p, struct dg_rd_hdr *h,
+		     uint8_t flags, uint32_t seq)
+{
+	memset(h, 0, sizeof(*h));
+	h->magic = RD_MAGIC;
+	h->wnd = htobe16(adv_wnd(ep));
+	h->epoch = htobe32(p->tx_epoch);
+	h->seq = htobe32(seq);
+	if (p->rx_valid) {
+		flags |= RD_FLAG_ACK;
+		h->ack_epoch = htobe32(p->rx_epoch);
+		h->ack = htobe32(p->rcv_nxt);
+		h->sack = htobe32(sack_bits(ep, p));
+	}
+	h->flags = flags;
+}
+
+/* Appends the CRC (buf has room for it) and hands the datagram to UDP. Returns xmit's result. */
+static int xmit_raw(struct rd_ep *ep, uint8_t *buf, size_t len, const union dgv_sockaddr *to,
+		    socklen_t tolen)
+{
+	uint32_t crc = htobe32(dg_crc32c(buf, len));
+	memcpy(buf + len, &crc, sizeof(crc));
+	struct iovec iov = { .iov_base = buf, .iov_len = len + DG_CRC_LEN };
+	return ep->ops.xmit(ep->arg, &iov, 1, to, tolen);
+}
+
+static inline void ack_sent(struct rd_peer *p)
+{
+	p->ack_dirty = 0;
+	p->rx_unacked = 0;
+	p->ack_due = 0;
+}
+
+/* (Re)transmits a datagram with a fresh ack piggybacked. */
+static void xmit_slot(struct rd_ep *ep, struct rd_peer *p, uint32_t s)
+{
+	uint8_t *b = txbuf(ep, s);
+	struct dg_rd_hdr h;
+	hdr_fill(ep, p, &h, RD_FLAG_DATA, ep->tx[s].seq);
+	memcpy(b, &h, sizeof(h));
+	if (xmit_raw(ep, b, ep->tx[s].len, &p->addr, p->addrlen) == 0 && p->rx_valid)
+		ack_sent(p);
+}
+
+static void send_ack(struct rd_ep *ep, struct rd_peer *p, uint64_t now)
+{
+	uint8_t b[DG_RD_HLEN + DG_CRC_LEN];
+	struct dg_rd_hdr h;
+	if (!p->rx_valid)
+		return;
+	hdr_fill(ep, p, &h, 0, p->snd_nxt);
+	memcpy(b, &h, sizeof(h));
+	if (xmit_raw(ep, b, DG_RD_HLEN, &p->addr, p->addrlen) == 0) {
+		ack_sent(p);
+		ep->st.acks_sent++;
+	} else {
+		/* UDP refused it: try again later rather than wait for a retransmission */
+		p->ack_due = now + ep->cfg.ack_delay_us;
+		arm(ep, p->ack_due);
+		activate(ep, peer_index(ep, p));
+	}
+}
+
+static void send_rst(struct rd_ep *ep, const union dgv_sockaddr *to, socklen_t tolen,
+		     uint32_t their_epoch)
+{
+	uint8_t b[DG_RD_HLEN + DG_CRC_LEN];
+	struct dg_rd_hdr h;
+	memset(&h, 0, sizeof(h));
+	h.magic = RD_MAGIC;
+	h.flags = RD_FLAG_RST;
+	h.wnd = htobe16(adv_wnd(ep));
+	h.ack_epoch = htobe32(their_epoch);
+	memcpy(b, &h, sizeof(h));
+	xmit_raw(ep, b, DG_RD_HLEN, to, tolen);
+	ep->st.resets_sent++;
+	DG_DBG("rd: RST for unknown epoch %08x", their_epoch);
+}
+
+static inline uint64_t slot_rto(const struct rd_ep *ep, const struct rd_peer *p,
+				const struct rd_txslot *t)
+{
+	unsigned shift = t->backoff > 24 ? 24 : t->backoff;
+	return min64((uint64_t)p->rto << shift, ep->cfg.rto_max_us);
+}
+
+static uint32_t send_wnd(const struct rd_ep *ep, const struct rd_peer *p)
+{
+	uint32_t w = ep->cfg.max_wnd;
+	if (p->peer_wnd < w)
+		w = p->peer_wnd;
+	if (!p->synced && RD_INIT_WND < w)
+		w = RD_INIT_WND;
+	return w;
+}
+
+static bool may_send(struct rd_ep *ep, struct rd_peer *p, uint64_t now)
+{
+	/* an epoch idle this long may have been reaped by the receiver: start a new one */
+	if (!p->inflight && p->snd_nxt != rd_isn && since(now, p->last_us) > RD_RENEW_IDLE_US)
+		tx_reset(ep, p, 0);
+	return p->inflight < send_wnd(ep, p) && ep->tx_nfree > 0;
+}
+
+int rd_send(struct rd_ep *ep, const union dgv_sockaddr *to, socklen_t tolen,
+	    const struct iovec *iov, int iovcnt, uint64_t cookie)
+{
+	union dgv_sockaddr a;
+	socklen_t alen;
+	size_t total = 0;
+
+	if (iovcnt < 0 || (iovcnt > 0 && !iov))
+		return -EINVAL;
+	for (int k = 0; k < iovcnt; k++) {
+		if (iov[k].iov_len > ep->cfg.max_dgram - total)
+			return -EMSGSIZE;
+		total += iov[k].iov_len;
+	}
+	/* the receiver rejects DATA without payload as malformed */
+	if (total == 0 || addr_norm(to, tolen, &a, &alen))
+		return -EINVAL;
+
+	uint64_t now = rd_now(ep);
+	uint32_t i = peer_find(ep, &a);
+	if (i == RD_NIL && (i = peer_new(ep, &a, alen, now)) == RD_NIL)
+		return -ENOMEM;
+	struct rd_peer *p = &ep->peers[i];
+	if (!may_send(ep, p, now)) {
+		ep->st.window_stalls++;
+		return -EAGAIN;
+	}
+
+	uint32_t s = tx_alloc(ep);
+	struct rd_txslot *t = &ep->tx[s];
+	uint8_t *b = txbuf(ep, s) + DG_RD_HLEN;
+	for (int k = 0; k < iovcnt; k++) {
+		if (iov[k].iov_len)
+			memcpy(b, iov[k].iov_base, iov[k].iov_len);
+		b += iov[k].iov_len;
+	}
+	t->cookie = cookie;
+	t->seq = p->snd_nxt++;
+	t->len = (uint32_t)(DG_RD_HLEN + total);
+	t->next = RD_NIL;
+	t->err = 0;
+	t->retries = 0;
+	t->backoff = 0;
+	t->sacked = 0;
+	t->sent_us = now;
+	if (p->tx_tail != RD_NIL)
+		ep->tx[p->tx_tail].next = s;
+	else
+		p->tx_head = s;
+	p->tx_tail = s;
+	p->inflight++;
+	p->last_us = now;
+	ep->st.data_sent++;
+	activate(ep, i);
+	arm(ep, now + slot_rto(ep, p, t));
+	xmit_slot(ep, p, s);
+	return 0;
+}
+
+bool rd_can_send(struct rd_ep *ep, const union dgv_sockaddr *to, socklen_t tolen)
+{
+	union dgv_sockaddr a;
+	socklen_t alen;
+	if (addr_norm(to, tolen, &a, &alen))
+		return false;
+	uint32_t i = peer_find(ep, &a);
+	if (i == RD_NIL)
+		return ep->tx_nfree > 0;
+	return may_send(ep, &ep->peers[i], rd_now(ep));
+}
+
+/* ------------------------------------------------------------------ acknowledgements */
+
+static void rtt_sample(const struct rd_ep *ep, struct rd_peer *p, uint64_t r64)
+{
+	uint32_t r = r64 > UINT32_MAX / 16 ? UINT32_MAX / 16 : (uint32_t)r64;
+	if (r == 0)
+		r = 1; /* srtt 0 means "no sample" */
+	if (!p->min_rtt || r < p->min_rtt)
+		p->min_rtt = r;
+	if (!p->srtt) {
+		p->srtt = r;
+		p->rttvar = r / 2;
+	} else {
+		uint32_t delta = p->srtt > r ? p->srtt - r : r - p->srtt;
+		p->rttvar = (uint32_t)(((uint64_t)p->rttvar * 3 + delta) / 4);
+		p->srtt = (uint32_t)(((uint64_t)p->srtt * 7 + r) / 8);
+	}
+	/* RFC 6298, but never below two RTTs: the receiver delays acks by up to ack_delay */
+	uint64_t var = (uint64_t)p->rttvar * 4;
+	uint64_t rto = p->srtt + (var > p->srtt ? var : p->srtt);
+	if (rto < ep->cfg.rto_min_us)
+		rto = ep->cfg.rto_min_us;
+	if (rto > ep->cfg.rto_max_us)
+		rto = ep->cfg.rto_max_us;
+	p->rto = (uint32_t)rto;
+}
+
+/* RACK: the latest transmission known delivered. A retransmitted datagram's ack counts only
+ * if it came too late to be the original's. */
+static inline void rack_note(const struct rd_peer *p, const struct rd_txslot *t, uint64_t now,
+			     uint64_t *rack)
+{
+	if ((!t->retries || (p->min_rtt && since(now, t->sent_us) >= p->min_rtt)) && t->sent_us > *rack)
+		*rack = t->sent_us;
+}
+
+/* How much later than a datagram another may be sent and still arrive first. Returns
+ * UINT64_MAX (no time-based loss detection) until an RTT was measured. */
+static inline uint64_t reo_wnd(const struct rd_peer *p)
+{
+	return p->min_rtt ? p->min_rtt / 4 : UINT64_MAX;
+}
+
+/* Fast retransmit needs one round trip to show in the acks: wait that long between two. */
+static inline uint64_t fast_gap(const struct rd_peer *p)
+{
+	return p->srtt ? (uint64_t)p->srtt + p->rttvar : p->rto;
+}
+
+static void retransmit(struct rd_ep *ep, struct rd_peer *p, uint32_t s, uint64_t now)
+{
+	ep->tx[s].retries++;
+	ep->tx[s].sent_us = now;
+	ep->st.retransmits++;
+	xmit_slot(ep, p, s);
+}
+
+static void rx_ack(struct rd_ep *ep, struct rd_peer *p, const struct dg_rd_hdr *h, uint64_t now)
+{
+	uint32_t ack = be32toh(h->ack), sack = be32toh(h->sack);
+	uint16_t wnd = be16toh(h->wnd);
+
+	if (be32toh(h->ack_epoch) != p->tx_epoch)
+		return; /* about an epoch we ended */
+	ep->st.acks_rcvd++;
+	p->peer_wnd = wnd ? wnd : 1;
+
+	if (seq_lt(ack, p->snd_una)) {
+		uint32_t hd = p->tx_head;
+		if (ack == rd_isn && hd != RD_NIL && ep->tx[hd].backoff >= RD_BEHIND_TIMEOUTS &&
+		    ++p->behind >= RD_BEHIND_ACKS) {
+			DG_DBG("rd: peer %u acks behind our epoch: it lost its state", peer_index(ep, p));
+			ep->st.peer_failures++;
+			tx_reset(ep, p, -ECONNRESET);
+		}
+		return;
+	}
+	if (seq_diff(ack, p->snd_nxt) > 0)
+		return; /* acks what we never sent: not for us */
+	p->behind = 0;
+	p->synced = 1;
+
+	/* RTT samples come from the first ack of a datagram sent once (Karn). Not sampled: a
+	 * cumulative ack that may have waited for a hole to fill (the receiver reports a hole, or
+	 * did just before), and SACK bits that only appear because the ack advanced (old news). */
+	bool clean = !sack && !p->sack_seen;
+	bool advanced = ack != p->snd_una;
+	uint64_t rtt = UINT64_MAX, rack = 0;
+	p->sack_seen = sack != 0;
+	p->alive_us = now;
+	if (advanced)
+		p->una_us = now;
+	while (p->tx_head != RD_NIL && seq_lt(ep->tx[p->tx_head].seq, ack)) {
+		uint32_t s = p->tx_head;
+		struct rd_txslot *t = &ep->tx[s];
+		p->tx_head = t->next;
+		p->inflight--;
+		if (!t->sacked) {
+			rack_note(p, t, now, &rack);
+			if (clean && !t->retries)
+				rtt = since(now, t->sent_us);
+		}
+		done_push(ep, s, 0);
+	}
+	if (p->tx_head == RD_NIL)
+		p->tx_tail = RD_NIL;
+	else
+		ep->tx[p->tx_head].sacked = 0; /* the ack says it is missing */
+	p->snd_una = ack;
+
+	for (uint32_t s = p->tx_head; sack && s != RD_NIL; s = ep->tx[s].next) {
+		struct rd_txslot *t = &ep->tx[s];
+		uint32_t off = t->seq - ack; /* bit off-1 is this datagram's */
+		if (off > 32)
+			break;
+		if (off > 0 && !t->sacked && (sack >> (off - 1)) & 1) {
+			t->sacked = 1;
+			rack_note(p, t, now, &rack);
+			if (!advanced && !t->retries)
+				rtt = since(now, t->sent_us);
+		}
+	}
+	if (rtt != UINT64_MAX)
+		rtt_sample(ep, p, rtt);
+	if (rack > p->rack_us)
+		p->rack_us = rack;
+
+	/* Loss detection within the SACK's reach: a datagram is lost once 3 later ones arrived
+	 * (retransmitted at most once per RTT), or once one sent sufficiently later arrived (RACK,
+	 * RFC 8985: its retransmission is then newer than anything known delivered, so it is not
+	 * marked again before a newer one arrives). The last retry is left to the timer, which
+	 * decides the peer's failure. */
+	uint64_t reo = reo_wnd(p);
+	for (uint32_t s = p->tx_head; s != RD_NIL; s = ep->tx[s].next) {
+		struct rd_txslot *t = &ep->tx[s];
+		uint32_t off = t->seq - ack;
+		if (off > 32)
+			break;
+		if (t->sacked || t->retries >= ep->cfg.max_retries)
+			continue;
+		uint32_t later = off >= 32 ? 0 : sack >> off;
+		if ((reo != UINT64_MAX && t->sent_us + reo < p->rack_us) ||
+		    (__builtin_popcount(later) >= 3 && since(now, t->sent_us) >= fast_gap(p)))
+			retransmit(ep, p, s, now);
+	}
+}
+
+/* ------------------------------------------------------------------ reception */
+
+static void rx_adopt(struct rd_ep *ep, struct rd_peer *p, uint32_t epoch)
+{
+	rx_reset(ep, p);
+	if (p->rx_valid) {
+		p->rx_old_epoch = p->rx_epoch;
+		p->rx_old_valid = 1;
+	}
+	p->rx_epoch = epoch;
+	p->rcv_nxt = rd_isn;
+	p->rx_valid = 1;
+}
+
+/* Keeps an out-of-order datagram if a slot is free; a duplicate or a drop is fine either way:
+ * the immediate ack that follows tells the sender what we have. */
+static void rx_buffer(struct rd_ep *ep, struct rd_peer *p, uint32_t seq, const uint8_t *seg, size_t len)
+{
+	uint32_t prev = RD_NIL, cur = RD_NIL;
+	if (p->rx_tail != RD_NIL && seq_lt(ep->rx[p->rx_tail].seq, seq)) {
+		prev = p->rx_tail; /* the common case: the newest so far */
+	} else {
+		cur = p->rx_head;
+		while (cur != RD_NIL && seq_lt(ep->rx[cur].seq, seq)) {
+			prev = cur;
+			cur = ep->rx[cur].next;
+		}
+		if (cur != RD_NIL && ep->rx[cur].seq == seq) {
+			ep->st.dup_drops++;
+			return;
+		}
+	}
+	if (len > ep->rx_stride)
+		return;
+	uint32_t r = rx_alloc(ep);
+	if (r == RD_NIL)
+		return;
+	memcpy(rxbuf(ep, r), seg, len);
+	ep->rx[r].seq = seq;
+	ep->rx[r].len = (uint32_t)len;
+	ep->rx[r].next = cur;
+	if (prev != RD_NIL)
+		ep->rx[prev].next = r;
+	else
+		p->rx_head = r;
+	if (cur == RD_NIL)
+		p->rx_tail = r;
+	ep->st.ooo_buffered++;
+}
+
+/* Returns the peer's index (created and pinned here if it was unknown), or RD_NIL. */
+static uint32_t rx_data(struct rd_ep *ep, uint32_t i, const union dgv_sockaddr *from, socklen_t fromlen,
+			const struct dg_rd_hdr *h, const uint8_t *seg, size_t len, uint64_t now)
+{
+	uint32_t epoch = be32toh(h->epoch), seq = be32toh(h->seq);
+	bool fresh = seq - rd_isn < RD_INIT_WND; /* could be the start of an epoch */
+	struct rd_peer *p;
+
+	if (i == RD_NIL) {
+		if (!fresh) {
+			send_rst(ep, from, fromlen, epoch);
+			return RD_NIL;
+		}
+		i = peer_new(ep, from, fromlen, now);
+		if (i == RD_NIL)
+			return RD_NIL; /* table full: the sender retries */
+		ep->peers[i].pin++;
+	}
+	p = &ep->peers[i];
+	if (!p->rx_valid || epoch != p->rx_epoch) {
+		if (p->rx_old_valid && epoch == p->rx_old_epoch) {
+			ep->st.dup_drops++; /* straggler of the epoch this one replaced */
+			return i;
+		}
+		if (!fresh) {
+			send_rst(ep, from, fromlen, epoch);
+			return i;
+		}
+		rx_adopt(ep, p, epoch);
+	}
+
+	int32_t d = seq_diff(seq, p->rcv_nxt);
+	if (d != 0) {
+		if (d < 0)
+			ep->st.dup_drops++;
+		else if ((uint32_t)d < RD_RX_SPAN)
+			rx_buffer(ep, p, seq, seg, len);
+		else
+			return i;
+		/* out of order or duplicate: the sender needs to know at once */
+		p->ack_dirty = 1;
+		send_ack(ep, p, now);
+		return i;
+	}
+
+	bool filled_hole = p->rx_head != RD_NIL;
+	p->rcv_nxt++;
+	p->rx_unacked++;
+	p->ack_dirty = 1;
+	ep->ops.deliver(ep->arg, &p->addr, p->addrlen, seg, len);
+	/* deliver() may have sent (piggybacking acks) but cannot change the receive state */
+	while (p->rx_valid && p->rx_epoch == epoch && p->rx_head != RD_NIL &&
+	       ep->rx[p->rx_head].seq == p->rcv_nxt) {
+		uint32_t r = p->rx_head;
+		p->rx_head = ep->rx[r].next;
+		if (p->rx_head == RD_NIL)
+			p->rx_tail = RD_NIL;
+		p->rcv_nxt++;
+		p->rx_unacked++;
+		p->ack_dirty = 1;
+		ep->ops.deliver(ep->arg, &p->addr, p->addrlen, rxbuf(ep, r), ep->rx[r].len);
+		rx_release(ep, r);
+	}
+	if (!p->ack_dirty)
+		return i; /* a reply from deliver() carried the ack */
+	if (filled_hole || p->rx_unacked >= 2) {
+		send_ack(ep, p, now);
+	} else if (!p->ack_due) {
+		p->ack_due = now + ep->cfg.ack_delay_us;
+		arm(ep, p->ack_due);
+		activate(ep, i);
+	}
+	return i;
+}
+
+int rd_input(struct rd_ep *ep, const union dgv_sockaddr *from, socklen_t fromlen, uint8_t *buf,
+	     size_t len)
+{
+	struct dg_rd_hdr h;
+	union dgv_sockaddr a;
+	socklen_t alen;
+
+	if (!buf || len < DG_RD_HLEN)
+		goto malformed;
+	memcpy(&h, buf, sizeof(h));
+	if (h.magic != RD_MAGIC || !h.flags ||
+	    (h.flags & ~(RD_FLAG_DATA | RD_FLAG_ACK | RD_FLAG_RST)))
+		goto malformed;
+	if ((h.flags & RD_FLAG_DATA) ? len == DG_RD_HLEN : len != DG_RD_HLEN)
+		goto malformed;
+	if (addr_norm(from, fromlen, &a, &alen))
+		return -EINVAL;
+
+	uint64_t now = rd_now(ep);
+	uint32_t i = peer_find(ep, &a);
+	if (i != RD_NIL) {
+		struct rd_peer *p = &ep->peers[i];
+		p->pin++;
+		p->last_us = now;
+		if ((h.flags & RD_FLAG_RST) && be32toh(h.ack_epoch) == p->tx_epoch) {
+			DG_DBG("rd: peer %u reset our epoch %08x", i, p->tx_epoch);
+			ep->st.resets_rcvd++;
+			tx_reset(ep, p, -ECONNRESET);
+		} else if (h.flags & RD_FLAG_ACK) {
+			rx_ack(ep, p, &h, now);
+		}
+		drain(ep);
+	}
+	if (h.flags & RD_FLAG_DATA)
+		i = rx_data(ep, i, &a, alen, &h, buf + DG_RD_HLEN, len - DG_RD_HLEN, now);
+	if (i != RD_NIL)
+		ep->peers[i].pin--;
+	drain(ep);
+	return 0;
+
+malformed:
+	ep->st.malformed++;
+	return -EPROTO;
+}
+
+/* ------------------------------------------------------------------ timers */
+
+/* Retransmits what timed out, or fails the peer when a datagram's retries are spent. Lowers
+ * *next to this peer's next retransmission deadline. */
+static void tx_timers(struct rd_ep *ep, struct rd_peer *p, uint64_t now, uint64_t *next)
+{
+	for (uint32_t s = p->tx_head; s != RD_NIL; s = ep->tx[s].next) {
+		struct rd_txslot *t = &ep->tx[s];
+		if (t->sacked)
+			continue; /* buffered by the peer: the ack will come with the hole's */
+		/* Beyond the SACK's reach we cannot tell received from lost: such a datagram waits
+		 * for the oldest, unless the oldest timed out twice more than it did (the peer went
+		 * silent, or the path dropped everything for a while). */
+		if (s != p->tx_head && t->seq - p->snd_una > 32 &&
+		    ep->tx[p->tx_head].backoff < t->backoff + 2)
+			continue;
+		/* RFC 6298 5.3 restarts the timer when an ack acks new data. Here the oldest
+		 * datagram's restarts when it becomes the oldest; the others' restart with every ack,
+		 * since while the peer acks, they mostly wait behind a hole (perhaps beyond the
+		 * SACK's reach) and fast retransmit or the oldest's timer will deal with them. */
+		uint64_t base = s == p->tx_head ? p->una_us : p->alive_us;
+		if (base < t->sent_us)
+			base = t->sent_us;
+		uint64_t dl = base + slot_rto(ep, p, t);
+		if (now < dl) {
+			*next = min64(*next, dl);
+			continue;
+		}
+		if (t->retries >= ep->cfg.max_retries) {
+			DG_DBG("rd: peer %u failed: seq %u unacked after %u retries", peer_index(ep, p),
+			       t->seq, t->retries);
+			ep->st.peer_failures++;
+			tx_reset(ep, p, -ETIMEDOUT);
+			return;
+		}
+		if (t->backoff < UINT8_MAX)
+			t->backoff++;
+		retransmit(ep, p, s, now);
+		*next = min64(*next, now + slot_rto(ep, p, t));
+	}
+}
+
+uint64_t rd_tick(struct rd_ep *ep, uint64_t now_us)
+{
+	bool reap = ep->st.peers && since(now_us, ep->last_reap) >= RD_REAP_SCAN_US;
+	if (now_us < ep->next_deadline && !reap)
+		return ep->next_deadline == UINT64_MAX ? UINT64_MAX : ep->next_deadline - now_us;
+
+	uint64_t next = UINT64_MAX;
+	ep->next_deadline = UINT64_MAX;
+	for (uint32_t i = ep->act_head, ni; i != RD_NIL; i = ni) {
+		struct rd_peer *p = &ep->peers[i];
+		ni = p->anext;
+		if (p->ack_due) {
+			if (now_us >= p->ack_due)
+				send_ack(ep, p, now_us);
+			else
+				next = min64(next, p->ack_due);
+		}
+		tx_timers(ep, p, now_us, &next);
+		if (!p->inflight && !p->ack_due)
+			deactivate(ep, i);
+	}
+	if (reap) {
+		ep->last_reap = now_us;
+		reap_idle(ep, now_us, false);
+	}
+	arm(ep, next);
+	drain(ep); /* callbacks' rd_send() arm their own timers */
+	if (ep->next_deadline == UINT64_MAX)
+		return UINT64_MAX;
+	return ep->next_deadline > now_us ? ep->next_deadline - now_us : 0;
+}
+
+bool rd_busy(struct rd_ep *ep)
+{
+	for (uint32_t i = ep->act_head; i != RD_NIL; i = ep->peers[i].anext)
+		if (ep->peers[i].inflight || ep->peers[i].ack_due)
+			return true;
+	return false;
+}
+
+void rd_get_stats(struct rd_ep *ep, struct rd_stats *out) { *out = ep->st; }
+
+/* ------------------------------------------------------------------ creation */
+
+static uint32_t default_slots(uint32_t max_dgram)
+{
+	uint32_t n = (4u << 20) / max_dgram;
+	return n < 16 ? 16 : n > 1024 ? 1024 : n;
+}
+
+int rd_create(const struct rd_cfg *cfg, const struct rd_ops *ops, void *arg, struct rd_ep **out)
+{
+	if (!cfg || !ops || !ops->xmit || !ops->deliver || !out)
+		return -EINVAL;
+	struct rd_cfg c = *cfg;
+	if (c.max_dgram == 0 || c.max_dgram > DG_MAX_DATAGRAM - DG_RD_HLEN - DG_CRC_LEN)
+		return -EINVAL;
+	if (!c.tx_slots)
+		c.tx_slots = default_slots(c.max_dgram);
+	if (!c.rx_slots)
+		c.rx_slots = default_slots(c.max_dgram);
+	if (!c.max_wnd)
+		c.max_wnd = 256;
+	if (!c.max_peers)
+		c.max_peers = 4096;
+	if (!c.max_retries)
+		c.max_retries = 12;
+	if (!c.rto_min_us)
+		c.rto_min_us = 2000;
+	if (!c.rto_max_us)
+		c.rto_max_us = 500000;
+	if (!c.ack_delay_us)
+		c.ack_delay_us = 500;
+	if (c.tx_slots > RD_MAX_SLOTS || c.rx_slots > RD_MAX_SLOTS || c.max_peers > RD_MAX_PEERS ||
+	    c.max_retries > RD_MAX_RETRIES)
+		return -EINVAL;
+	if (c.max_wnd > c.tx_slots)
+		c.max_wnd = c.tx_slots;
+	if (c.rto_max_us < c.rto_min_us)
+		c.rto_max_us = c.rto_min_us;
+
+	struct rd_ep *ep = calloc(1, sizeof(*ep));
+	if (!ep)
+		return -ENOMEM;
+	ep->cfg = c;
+	ep->ops = *ops;
+	ep->arg = arg;
+	ep->clock = default_clock;
+	ep->tx_stride = (DG_RD_HLEN + (size_t)c.max_dgram + DG_CRC_LEN + 7) & ~(size_t)7;
+	ep->rx_stride = c.max_dgram;
+	uint32_t nb = 1;
+	while (nb < c.max_peers)
+		nb <<= 1;
+	ep->bucket_mask = nb - 1;
+	ep->tx = calloc(c.tx_slots, sizeof(*ep->tx));
+	ep->rx = calloc(c.rx_slots, sizeof(*ep->rx));
+	ep->txbuf = malloc(c.tx_slots * ep->tx_stride);
+	ep->rxbuf = malloc(c.rx_slots * ep->rx_stride);
+	ep->peers = calloc(c.max_peers, sizeof(*ep->peers));
+	ep->bucket = malloc(nb * sizeof(*ep->bucket));
+	if (!ep->tx || !ep->rx || !ep->txbuf || !ep->rxbuf || !ep->peers || !ep->bucket) {
+		rd_destroy(ep);
+		return -ENOMEM;
+	}
+	ep->tx_free = ep->rx_free = ep->peer_free = RD_NIL;
+	for (uint32_t k = c.tx_slots; k-- > 0;)
+		tx_release(ep, k);
+	for (uint32_t k = c.rx_slots; k-- > 0;)
+		rx_release(ep, k);
+	for (uint32_t k = c.max_peers; k-- > 0;) {
+		ep->peers[k].hnext = ep->peer_free;
+		ep->peer_free = k;
+	}
+	memset(ep->bucket, 0xff, nb * sizeof(*ep->bucket));
+	ep->done_head = ep->done_tail = RD_NIL;
+	ep->act_head = ep->act_tail = RD_NIL;
+	ep->next_deadline = UINT64_MAX;
+	if (getrandom(&ep->hash_seed, sizeof(ep->hash_seed), GRND_NONBLOCK) != (ssize_t)sizeof(ep->hash_seed))
+		ep->hash_seed = dg_now_us() * 0x9e3779b97f4a7c15ull;
+	ep->rng = ep->hash_seed ^ (uintptr_t)ep;
+	if (!ep->rng)
+		ep->rng = 1;
+	ep->last_reap = ep->last_full_scan = dg_now_us();
+	*out = ep;
+	return 0;
+}
+
+void rd_destroy(struct rd_ep *ep)
+{
+	if (!ep)
+		return;
+	free(ep->tx);
+	free(ep->rx);
+	free(ep->txbuf);
+	free(ep->rxbuf);
+	free(ep->peers);
+	free(ep->bucket);
+	free(ep);
+}
