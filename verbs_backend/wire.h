@@ -175,6 +175,9 @@ enum {
 	RD_FLAG_DATA = 0x01, /* seq is valid and a DDP segment follows */
 	RD_FLAG_ACK = 0x02,  /* ack, ack_epoch and sack are valid */
 	RD_FLAG_RST = 0x04,  /* the sender has no state for ack_epoch: start over */
+	RD_FLAG_RNR = 0x08,  /* ACK: receiver not ready: the datagram at `ack` found no receive
+			      * buffer; it is kept or will be retransmitted. The sender sends no new
+			      * data and counts no retries until an ack without RNR (flow control) */
 };
 
 struct dg_rd_hdr {

@@ -65,6 +65,8 @@ struct node {
 	bool any_first; /* after our restart a peer's first message may have any index */
 	struct rcv_state rcv[MAXN];
 	uint64_t ndeliver;
+	int rnr_budget;    /* refuse this many deliveries with -EAGAIN (receiver not ready) */
+	uint64_t nrefused;
 	/* sending */
 	uint32_t next_idx[MAXN];
 	uint64_t nacked[MAXN], nfailed[MAXN];
@@ -226,15 +228,20 @@ static int cb_xmit(void *arg, const struct iovec *iov, int iovcnt, const union d
 	return 0;
 }
 
-static void cb_deliver(void *arg, const union dgv_sockaddr *from, socklen_t fromlen,
-		       const uint8_t *seg, size_t len)
+static int cb_deliver(void *arg, const union dgv_sockaddr *from, socklen_t fromlen,
+		      const uint8_t *seg, size_t len)
 {
 	struct node *n = arg;
 	struct msg_hdr m;
 	(void)fromlen;
+	if (n->rnr_budget > 0) {
+		n->rnr_budget--;
+		n->nrefused++;
+		return -EAGAIN; /* receiver not ready: RD must keep it and offer it again */
+	}
 	n->ndeliver++;
 	if (n->lenient)
-		return;
+		return 0;
 	cr_assert_geq(len, sizeof(m));
 	memcpy(&m, seg, sizeof(m));
 	cr_assert_eq(m.magic, MSG_MAGIC);
@@ -262,6 +269,7 @@ static void cb_deliver(void *arg, const union dgv_sockaddr *from, socklen_t from
 	r->count++;
 	if (n->on_deliver)
 		n->on_deliver(n, (int)m.src, seg, len);
+	return 0;
 }
 
 static void cb_acked(void *arg, uint64_t cookie)
@@ -1211,4 +1219,42 @@ Test(rd, idle_epoch_renewal)
 	cr_assert_eq(stats(b).resets_sent, 0);
 	cr_assert_eq(stats(a).peer_failures, 0);
 	sim_fini(&s);
+}
+
+/* Receiver not ready: deliver() refuses for far longer than the retry budget lasts. The sender
+ * must hold back (flow control), keep probing, never fail the peer, and once the receiver
+ * kicks, everything arrives once and in order. */
+Test(rd, receiver_not_ready_flow_control, .timeout = 120)
+{
+	struct sim s;
+	sim_init(&s, 31);
+	struct rd_cfg c = base_cfg();
+	struct node *a = node_add(&s, &c, false), *b = node_add(&s, &c, false);
+	b->rnr_budget = 1 << 30;
+	/* queue more than a window's worth; rd_send says -EAGAIN once the receiver stalls */
+	uint32_t queued = 0;
+	for (int step = 0; step < 200000 && s.now < 1000000 + 10000000ull; step++) {
+		while (queued < 500 && send_msg(a, b, 100, true) == 0)
+			queued++;
+		if (!sim_step(&s))
+			break;
+	}
+	cr_assert_geq(s.now, 1000000 + 10000000ull, "ten seconds of a receiver that is not ready");
+	cr_assert_eq(a->nfailed[b->id], 0, "a slow receiver is not a dead peer");
+	cr_assert_eq(b->ndeliver, 0);
+	cr_assert_gt(b->nrefused, 1);
+	cr_assert_lt(queued, 500, "the sender was held back");
+	/* the receiver posts buffers */
+	b->rnr_budget = 0;
+	rd_kick(b->ep);
+	for (int step = 0; step < 2000000 && (queued < 500 || a->nacked[b->id] < 500); step++) {
+		while (queued < 500 && send_msg(a, b, 100, true) == 0)
+			queued++;
+		if (!sim_step(&s))
+			break;
+	}
+	cr_assert_eq(b->ndeliver, 500);
+	cr_assert_eq(b->rcv[a->id].count, 500);
+	cr_assert_eq(a->nacked[b->id], 500);
+	cr_assert_eq(a->nfailed[b->id], 0);
 }

@@ -27,8 +27,8 @@
 #define TERM_PER_100MS 64
 
 static void pump(struct soft_qp *qp);
-static void rx_segment(struct soft_qp *qp, const union dgv_sockaddr *from, socklen_t fromlen,
-		       const uint8_t *buf, size_t len);
+static int rx_segment(struct soft_qp *qp, const union dgv_sockaddr *from, socklen_t fromlen,
+		      const uint8_t *buf, size_t len);
 
 /* ------------------------------------------------------------------ helpers */
 
@@ -638,50 +638,61 @@ static void reject(struct soft_qp *qp, const union dgv_sockaddr *from, socklen_t
 	send_terminate(qp, from, fromlen, why, g->hdr, g->hlen, g->hlen + g->plen, rdmahdr);
 }
 
-static void rx_send(struct soft_qp *qp, const union dgv_sockaddr *from, socklen_t fromlen,
-		    const struct dg_seg *g)
+/* A Send segment. Returns 0, or -EAGAIN on RD when no receive is posted for a new message
+ * (the RD layer holds it and tells the sender "not ready"; UD drops it, as UDP would). */
+static int rx_send(struct soft_qp *qp, const union dgv_sockaddr *from, socklen_t fromlen,
+		   const struct dg_seg *g)
 {
 	bool se = g->opcode == RDMAP_SEND_SE || g->opcode == RDMAP_SEND_SE_INV;
+	bool rd = qp->base.type == DGV_QPT_RD;
 	if (g->mo == 0 && g->plen == g->ml) {
 		struct soft_rwqe w;
 		if (!rq_pop(qp, &w)) {
+			if (rd)
+				return -EAGAIN;
 			qp->st.no_wqe_drops++;
-			return;
+			return 0;
 		}
 		if (g->ml > w.len) {
 			recv_complete(qp, &w, DGV_WC_LOC_LEN_ERR, g->ml, g->msn, from, fromlen, se);
-			return;
+			return 0;
 		}
 		sge_copy_in(&w, 0, g->payload, g->plen);
-		if (older_send_active(qp, from, g->msn)) {
+		if (!rd && older_send_active(qp, from, g->msn)) {
 			struct soft_slot *s = slot_alloc(qp);
 			if (s && slot_init(qp, s, SLOT_SEND, from, fromlen, g) == 0) {
 				s->wqe = w;
 				s->got_segs = s->nsegs;
 				s->got_bytes = g->ml;
 				s->done = true;
-				return;
+				return 0;
 			}
 		}
 		recv_complete(qp, &w, DGV_WC_SUCCESS, g->ml, g->msn, from, fromlen, se);
-		return;
+		return 0;
 	}
 	struct soft_slot *s = slot_find(qp, true, from, g->msn);
 	if (!s) {
 		struct soft_rwqe w;
 		if (!qp->rq_count) {
+			if (rd)
+				return -EAGAIN;
 			qp->st.no_wqe_drops++;
-			return;
+			return 0;
 		}
 		s = slot_alloc(qp);
 		if (!s || !rq_pop(qp, &w)) {
+			if (rd)
+				return -EAGAIN;
 			qp->st.no_wqe_drops++;
-			return;
+			return 0;
 		}
 		if (slot_init(qp, s, SLOT_SEND, from, fromlen, g)) {
 			rq_push_front(qp, &w);
+			if (rd)
+				return -EAGAIN;
 			qp->st.no_wqe_drops++;
-			return;
+			return 0;
 		}
 		s->wqe = w;
 		if (g->ml > w.len) {
@@ -695,20 +706,21 @@ static void rx_send(struct soft_qp *qp, const union dgv_sockaddr *from, socklen_
 			qp->st.dup_drops++;
 		else
 			qp->st.malformed_drops++;
-		return;
+		return 0;
 	}
 	if (s->kind == SLOT_SEND)
 		sge_copy_in(&s->wqe, g->mo, g->payload, g->plen);
 	if (s->got_segs < s->nsegs)
-		return;
+		return 0;
 	if (s->kind == SLOT_DISCARD) {
 		slot_release(s);
 		qp->slots_active--;
 		release_done_sends(qp, from);
-		return;
+		return 0;
 	}
 	s->done = true;
 	release_done_sends(qp, from);
+	return 0;
 }
 
 /* RDMA Write and Write-Record: check, place, and for Write-Record keep the validity map. */
@@ -916,8 +928,9 @@ static void rx_terminate(struct soft_qp *qp, const union dgv_sockaddr *from, con
 	}
 }
 
-static void rx_segment(struct soft_qp *qp, const union dgv_sockaddr *from, socklen_t fromlen,
-		       const uint8_t *buf, size_t len)
+/* One DDP segment. Returns 0, or -EAGAIN when an RD Send found no receive (not consumed). */
+static int rx_segment(struct soft_qp *qp, const union dgv_sockaddr *from, socklen_t fromlen,
+		      const uint8_t *buf, size_t len)
 {
 	struct dg_seg g;
 	struct dg_reject why;
@@ -926,15 +939,14 @@ static void rx_segment(struct soft_qp *qp, const union dgv_sockaddr *from, sockl
 		struct dg_seg none = {.opcode = len >= 2 ? (buf[1] & 0xf) : 0xff};
 		errq_add(qp, &why, false, none.opcode, 0, 0, 0, (uint32_t)len, from);
 		DG_DBG("malformed segment (%zu bytes): %s", len, why.reason);
-		return;
+		return 0;
 	}
 	switch (g.opcode) {
 	case RDMAP_SEND:
 	case RDMAP_SEND_SE:
 	case RDMAP_SEND_INV:
 	case RDMAP_SEND_SE_INV:
-		rx_send(qp, from, fromlen, &g);
-		break;
+		return rx_send(qp, from, fromlen, &g);
 	case RDMAP_WRITE:
 	case RDMAP_WRITE_RECORD:
 		rx_tagged(qp, from, fromlen, &g);
@@ -952,12 +964,13 @@ static void rx_segment(struct soft_qp *qp, const union dgv_sockaddr *from, sockl
 		qp->st.malformed_drops++;
 		break;
 	}
+	return 0;
 }
 
-static void rd_deliver_cb(void *arg, const union dgv_sockaddr *from, socklen_t fromlen,
-			  const uint8_t *seg, size_t len)
+static int rd_deliver_cb(void *arg, const union dgv_sockaddr *from, socklen_t fromlen,
+			 const uint8_t *seg, size_t len)
 {
-	rx_segment(arg, from, fromlen, seg, len);
+	return rx_segment(arg, from, fromlen, seg, len);
 }
 
 static void rd_acked_cb(void *arg, uint64_t cookie)
@@ -1446,6 +1459,8 @@ int soft_post_recv(struct dgv_qp *qpb, struct dgv_recv_wr *wr, struct dgv_recv_w
 		qp->rq_count++;
 	}
 	*bad = wr;
+	if (qp->rd)
+		rd_kick(qp->rd); /* RD segments refused for want of a receive can go now */
 	pthread_mutex_unlock(&qp->lock);
 	return rc;
 }

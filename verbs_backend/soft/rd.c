@@ -96,6 +96,8 @@ struct rd_peer {
 	uint16_t pin;
 	uint8_t in_use, active, synced, rx_valid, rx_old_valid, ack_dirty;
 	uint8_t sack_seen; /* the previous ack had SACK bits: the receiver sat on a hole */
+	uint8_t rnr;       /* receive side: deliver() refused rcv_nxt; we answer RNR */
+	uint8_t peer_rnr;  /* send side: the peer answered RNR: no new data, no retry spent */
 };
 
 struct rd_ep {
@@ -120,6 +122,7 @@ struct rd_ep {
 
 	uint64_t hash_seed, rng;
 	uint64_t next_deadline; /* never later than the earliest armed timer */
+	uint32_t rnr_peers;     /* peers with rnr set */
 	uint64_t last_reap, last_full_scan;
 	struct rd_stats st;
 };
@@ -372,6 +375,10 @@ static void rx_reset(struct rd_ep *ep, struct rd_peer *p)
 	p->rx_unacked = 0;
 	p->ack_dirty = 0;
 	p->ack_due = 0;
+	if (p->rnr) {
+		p->rnr = 0;
+		ep->rnr_peers--;
+	}
 }
 
 /* Ends the current send epoch: every datagram in flight is reported failed with err (none when
@@ -393,6 +400,7 @@ static void tx_reset(struct rd_ep *ep, struct rd_peer *p, int err)
 	p->sack_seen = 0;
 	p->rack_us = 0;
 	p->peer_wnd = UINT16_MAX;
+	p->peer_rnr = 0;
 }
 
 static void peer_release(struct rd_ep *ep, uint32_t i)
@@ -498,6 +506,8 @@ static void hdr_fill(const struct rd_ep *ep, const struct rd_peer *p, struct dg_
 	h->seq = htobe32(seq);
 	if (p->rx_valid) {
 		flags |= RD_FLAG_ACK;
+		if (p->rnr)
+			flags |= RD_FLAG_RNR;
 		h->ack_epoch = htobe32(p->rx_epoch);
 		h->ack = htobe32(p->rcv_nxt);
 		h->sack = htobe32(sack_bits(ep, p));
@@ -582,6 +592,8 @@ static uint32_t send_wnd(const struct rd_ep *ep, const struct rd_peer *p)
 		w = p->peer_wnd;
 	if (!p->synced && RD_INIT_WND < w)
 		w = RD_INIT_WND;
+	if (p->peer_rnr)
+		w = 0; /* the receiver has no buffer: only the probes of the timer go out */
 	return w;
 }
 
@@ -730,6 +742,15 @@ static void rx_ack(struct rd_ep *ep, struct rd_peer *p, const struct dg_rd_hdr *
 		return; /* about an epoch we ended */
 	ep->st.acks_rcvd++;
 	p->peer_wnd = wnd ? wnd : 1;
+	p->peer_rnr = (h->flags & RD_FLAG_RNR) != 0;
+	if (p->peer_rnr && p->tx_head != RD_NIL) {
+		/* Alive but not ready: a slow reader is not a dead peer. Keep probing at a bounded
+		 * interval without spending the retry budget. */
+		struct rd_txslot *t = &ep->tx[p->tx_head];
+		t->retries = 0;
+		if (t->backoff > 4)
+			t->backoff = 4;
+	}
 
 	if (seq_lt(ack, p->snd_una)) {
 		uint32_t hd = p->tx_head;
@@ -861,6 +882,67 @@ static void rx_buffer(struct rd_ep *ep, struct rd_peer *p, uint32_t seq, const u
 	ep->st.ooo_buffered++;
 }
 
+static void rnr_set(struct rd_ep *ep, struct rd_peer *p, uint8_t on)
+{
+	if (p->rnr == on)
+		return;
+	p->rnr = on;
+	if (on)
+		ep->rnr_peers++;
+	else
+		ep->rnr_peers--;
+}
+
+/* Delivers the buffered datagrams that are now in order, until deliver() refuses one.
+ * Returns how many went. */
+static uint32_t deliver_buffered(struct rd_ep *ep, struct rd_peer *p, uint32_t epoch)
+{
+	uint32_t n = 0;
+	/* deliver() may have sent (piggybacking acks) but cannot change the receive state */
+	while (p->rx_valid && p->rx_epoch == epoch && p->rx_head != RD_NIL &&
+	       ep->rx[p->rx_head].seq == p->rcv_nxt) {
+		uint32_t r = p->rx_head;
+		p->rcv_nxt++;
+		p->rx_unacked++;
+		p->ack_dirty = 1;
+		if (ep->ops.deliver(ep->arg, &p->addr, p->addrlen, rxbuf(ep, r), ep->rx[r].len) == -EAGAIN) {
+			p->rcv_nxt--;
+			p->rx_unacked--;
+			rnr_set(ep, p, 1);
+			break;
+		}
+		rnr_set(ep, p, 0);
+		p->rx_head = ep->rx[r].next;
+		if (p->rx_head == RD_NIL)
+			p->rx_tail = RD_NIL;
+		rx_release(ep, r);
+		n++;
+	}
+	return n;
+}
+
+void rd_kick(struct rd_ep *ep)
+{
+	if (!ep->rnr_peers)
+		return;
+	uint64_t now = rd_now(ep);
+	for (uint32_t i = 0; i < ep->cfg.max_peers && ep->rnr_peers; i++) {
+		struct rd_peer *p = &ep->peers[i];
+		if (!p->in_use || !p->rnr || !p->rx_valid)
+			continue;
+		p->pin++;
+		if (p->rx_head == RD_NIL || ep->rx[p->rx_head].seq != p->rcv_nxt) {
+			/* the refused datagram could not be kept: the sender's probe brings it back */
+			rnr_set(ep, p, 0);
+			send_ack(ep, p, now);
+		} else if (deliver_buffered(ep, p, p->rx_epoch) || !p->rnr) {
+			send_ack(ep, p, now);
+		}
+		p->pin--;
+	}
+	drain(ep);
+}
+
 /* Returns the peer's index (created and pinned here if it was unknown), or RD_NIL. */
 static uint32_t rx_data(struct rd_ep *ep, uint32_t i, const union dgv_sockaddr *from, socklen_t fromlen,
 			const struct dg_rd_hdr *h, const uint8_t *seg, size_t len, uint64_t now)
@@ -910,20 +992,18 @@ static uint32_t rx_data(struct rd_ep *ep, uint32_t i, const union dgv_sockaddr *
 	p->rcv_nxt++;
 	p->rx_unacked++;
 	p->ack_dirty = 1;
-	ep->ops.deliver(ep->arg, &p->addr, p->addrlen, seg, len);
-	/* deliver() may have sent (piggybacking acks) but cannot change the receive state */
-	while (p->rx_valid && p->rx_epoch == epoch && p->rx_head != RD_NIL &&
-	       ep->rx[p->rx_head].seq == p->rcv_nxt) {
-		uint32_t r = p->rx_head;
-		p->rx_head = ep->rx[r].next;
-		if (p->rx_head == RD_NIL)
-			p->rx_tail = RD_NIL;
-		p->rcv_nxt++;
-		p->rx_unacked++;
-		p->ack_dirty = 1;
-		ep->ops.deliver(ep->arg, &p->addr, p->addrlen, rxbuf(ep, r), ep->rx[r].len);
-		rx_release(ep, r);
+	if (ep->ops.deliver(ep->arg, &p->addr, p->addrlen, seg, len) == -EAGAIN) {
+		/* no receive buffer: keep it (if we can) and say "not ready" */
+		p->rcv_nxt--;
+		p->rx_unacked--;
+		rx_buffer(ep, p, seq, seg, len);
+		rnr_set(ep, p, 1);
+		send_ack(ep, p, now);
+		return i;
 	}
+	if (p->rnr)
+		rnr_set(ep, p, 0);
+	deliver_buffered(ep, p, epoch);
 	if (!p->ack_dirty)
 		return i; /* a reply from deliver() carried the ack */
 	if (filled_hole || p->rx_unacked >= 2) {
@@ -947,7 +1027,8 @@ int rd_input(struct rd_ep *ep, const union dgv_sockaddr *from, socklen_t fromlen
 		goto malformed;
 	memcpy(&h, buf, sizeof(h));
 	if (h.magic != RD_MAGIC || !h.flags ||
-	    (h.flags & ~(RD_FLAG_DATA | RD_FLAG_ACK | RD_FLAG_RST)))
+	    (h.flags & ~(RD_FLAG_DATA | RD_FLAG_ACK | RD_FLAG_RST | RD_FLAG_RNR)) ||
+	    ((h.flags & RD_FLAG_RNR) && !(h.flags & RD_FLAG_ACK)))
 		goto malformed;
 	if ((h.flags & RD_FLAG_DATA) ? len == DG_RD_HLEN : len != DG_RD_HLEN)
 		goto malformed;

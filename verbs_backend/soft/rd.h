@@ -28,9 +28,11 @@ struct rd_ops {
 	int (*xmit)(void *arg, const struct iovec *iov, int iovcnt, const union dgv_sockaddr *to,
 		    socklen_t tolen);
 	/* The next in-order DDP segment from a peer (RD header and CRC removed). seg is only valid
-	 * during the call. */
-	void (*deliver)(void *arg, const union dgv_sockaddr *from, socklen_t fromlen,
-			const uint8_t *seg, size_t len);
+	 * during the call. Returns 0 when consumed, -EAGAIN when the receiver has no buffer for it
+	 * (nothing was done): RD keeps it undelivered, tells the peer "not ready" and offers it
+	 * again after rd_kick(). */
+	int (*deliver)(void *arg, const union dgv_sockaddr *from, socklen_t fromlen,
+		       const uint8_t *seg, size_t len);
 	/* The datagram sent with this (non-zero) cookie, and everything before it to that peer,
 	 * has been acknowledged. */
 	void (*acked)(void *arg, uint64_t cookie);
@@ -78,6 +80,10 @@ bool rd_can_send(struct rd_ep *ep, const union dgv_sockaddr *to, socklen_t tolen
  */
 int rd_input(struct rd_ep *ep, const union dgv_sockaddr *from, socklen_t fromlen, uint8_t *buf,
 	     size_t len);
+
+/* The receiver gained buffers: offer the segments deliver() refused again. Cheap when none
+ * is waiting. */
+void rd_kick(struct rd_ep *ep);
 
 /* Runs retransmission, delayed-ack and peer-failure timers. now_us: CLOCK_MONOTONIC in µs.
  * Returns the µs until it next has something to do (UINT64_MAX: nothing pending). */
