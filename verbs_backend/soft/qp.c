@@ -438,8 +438,16 @@ static struct soft_slot *slot_find(struct soft_qp *qp, bool send_class, const un
 
 static void slot_expire(struct soft_qp *qp, struct soft_slot *s);
 
-/* A free slot, evicting the one closest to its deadline when all are busy. NULL when every
- * slot is referenced by an unpolled completion. */
+/* How long a partly received message may go without a new segment. RD delivers every segment
+ * or fails the peer, so its slots only expire when a peer vanished mid-message. */
+static inline uint64_t slot_idle_us(const struct soft_qp *qp)
+{
+	return qp->base.type == DGV_QPT_RD ? 30000000ull : qp->reasm_us;
+}
+
+/* A free slot; on UD, evicting the one closest to its deadline when all are busy. NULL when
+ * none is free (RD: the segment waits, "not ready") or every slot is referenced by an
+ * unpolled completion. */
 static struct soft_slot *slot_alloc(struct soft_qp *qp)
 {
 	struct soft_slot *victim = NULL;
@@ -451,7 +459,7 @@ static struct soft_slot *slot_alloc(struct soft_qp *qp)
 		    (!victim || s->deadline_us < victim->deadline_us))
 			victim = s;
 	}
-	if (!victim)
+	if (!victim || qp->base.type == DGV_QPT_RD)
 		return NULL;
 	slot_expire(qp, victim);
 	return slot_usable(victim) ? victim : NULL;
@@ -487,7 +495,7 @@ static int slot_init(struct soft_qp *qp, struct soft_slot *s, enum slot_kind kin
 	s->stag = g->stag;
 	s->base = g->to - g->mo;
 	s->solicited = g->opcode == RDMAP_SEND_SE || g->opcode == RDMAP_SEND_SE_INV;
-	s->deadline_us = dg_now_us() + qp->reasm_us;
+	s->deadline_us = dg_now_us() + slot_idle_us(qp);
 	qp->slots_active++;
 	return 0;
 }
@@ -507,7 +515,7 @@ static int slot_mark(struct soft_qp *qp, struct soft_slot *s, const struct dg_se
 	s->got_segs++;
 	s->got_bytes += g->plen;
 	if (s->kind != SLOT_READ)
-		s->deadline_us = dg_now_us() + qp->reasm_us;
+		s->deadline_us = dg_now_us() + slot_idle_us(qp);
 	return 1;
 }
 
@@ -723,8 +731,9 @@ static int rx_send(struct soft_qp *qp, const union dgv_sockaddr *from, socklen_t
 	return 0;
 }
 
-/* RDMA Write and Write-Record: check, place, and for Write-Record keep the validity map. */
-static void rx_tagged(struct soft_qp *qp, const union dgv_sockaddr *from, socklen_t fromlen,
+/* RDMA Write and Write-Record: check, place, and for Write-Record keep the validity map.
+ * Returns 0, or -EAGAIN on RD when no record slot is free (not consumed). */
+static int rx_tagged(struct soft_qp *qp, const union dgv_sockaddr *from, socklen_t fromlen,
 		      const struct dg_seg *g)
 {
 	struct dg_reject why;
@@ -733,13 +742,13 @@ static void rx_tagged(struct soft_qp *qp, const union dgv_sockaddr *from, sockle
 							DGV_ACCESS_REMOTE_WRITE, &why);
 		if (!mr) {
 			reject(qp, from, fromlen, g, &why, NULL);
-			return;
+			return 0;
 		}
 		memcpy((void *)(uintptr_t)g->to, g->payload, g->plen);
 		soft_mr_put(mr);
 	}
 	if (g->opcode == RDMAP_WRITE)
-		return;
+		return 0;
 	if (g->mo == 0 && g->plen == g->ml) {
 		struct dgv_range r = {0, g->ml};
 		struct dgv_wc wc = {.status = DGV_WC_SUCCESS, .opcode = DGV_WC_RECV_WRITE_RECORD,
@@ -750,14 +759,16 @@ static void rx_tagged(struct soft_qp *qp, const union dgv_sockaddr *from, sockle
 		qp->st.rx_msgs++;
 		if (soft_cq_push(qp->rcq, &wc, NULL, &r))
 			qp->st.cq_overflows++;
-		return;
+		return 0;
 	}
 	struct soft_slot *s = slot_find(qp, false, from, g->msn);
 	if (!s) {
 		s = slot_alloc(qp);
 		if (!s || slot_init(qp, s, SLOT_WREC, from, fromlen, g)) {
+			if (qp->base.type == DGV_QPT_RD)
+				return -EAGAIN; /* placed again when offered again: same bytes */
 			qp->st.cq_overflows++; /* no room to record: counted, data is placed */
-			return;
+			return 0;
 		}
 	}
 	int m = slot_mark(qp, s, g);
@@ -767,6 +778,7 @@ static void rx_tagged(struct soft_qp *qp, const union dgv_sockaddr *from, sockle
 		qp->st.malformed_drops++;
 	if (s->got_segs == s->nsegs)
 		wrec_complete(qp, s);
+	return 0;
 }
 
 static void rx_read_req(struct soft_qp *qp, const union dgv_sockaddr *from, socklen_t fromlen,
@@ -949,8 +961,7 @@ static int rx_segment(struct soft_qp *qp, const union dgv_sockaddr *from, sockle
 		return rx_send(qp, from, fromlen, &g);
 	case RDMAP_WRITE:
 	case RDMAP_WRITE_RECORD:
-		rx_tagged(qp, from, fromlen, &g);
-		break;
+		return rx_tagged(qp, from, fromlen, &g);
 	case RDMAP_READ_REQ:
 		rx_read_req(qp, from, fromlen, &g);
 		break;
@@ -1150,6 +1161,8 @@ int soft_qp_progress(struct soft_qp *qp, bool from_app, bool block)
 		return -EBUSY;
 	int n = rx_drain(qp, 256);
 	run_timers(qp, dg_now_us());
+	if (qp->rd)
+		rd_kick(qp->rd); /* a slot or receive freed since a segment was refused */
 	if (qp->sq_pump != qp->sq_tail || qp->ird_count)
 		pump(qp);
 	pthread_mutex_unlock(&qp->lock);
