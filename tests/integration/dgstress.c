@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "dgverbs.h"
@@ -183,6 +184,12 @@ static int server(void)
 		got++;
 		post_recv_slot((int)wc.wr_id);
 	}
+	/* Linger like TCP's TIME_WAIT: our last acks may have been lost, and the client's
+	 * retransmissions must still find us, or it would report the peer failed. */
+	for (uint64_t end = (uint64_t)time(NULL) + 2; (uint64_t)time(NULL) < end;) {
+		dgv_poll_cq(cq, 1, &wc);
+		dgv_cq_wait(cq, 100);
+	}
 	struct dgv_qp_stats st;
 	dgv_qp_stats(qp, &st);
 	printf("server: %d of %d messages, %" PRIu64 " bytes, %d bad; crc drops %" PRIu64
@@ -239,8 +246,10 @@ static int client(const char *host)
 			die("no send completion", ETIMEDOUT);
 		inflight--;
 		done++;
-		if (wc.status != DGV_WC_SUCCESS)
+		if (wc.status != DGV_WC_SUCCESS) {
+			fprintf(stderr, "dgstress: send %" PRIu64 " status %d\n", wc.wr_id, wc.status);
 			failed++;
+		}
 	}
 	struct dgv_qp_stats st;
 	dgv_qp_stats(qp, &st);
