@@ -101,6 +101,21 @@ static void setup(int bind_port)
 		die("reg_mr", rc);
 }
 
+static struct dgv_ah *the_ah;
+
+/* Releases everything, so the sanitizer build can hold us to no leaks. */
+static void teardown(void)
+{
+	if (the_ah)
+		dgv_destroy_ah(the_ah);
+	dgv_destroy_qp(qp);
+	dgv_dereg_mr(mr);
+	dgv_destroy_cq(cq);
+	dgv_dealloc_pd(pd);
+	dgv_close(ctx);
+	free(buf);
+}
+
 static int next_wc(struct dgv_wc *wc, int timeout_ms)
 {
 	for (;;) {
@@ -197,6 +212,7 @@ static int server(void)
 	       got, nmsgs, bytes, bad, st.crc_drops, st.fault_dropped, st.fault_duplicated,
 	       st.fault_reordered, st.dup_drops);
 	free(expect);
+	teardown();
 	if (bad || (qpt == DGV_QPT_RD && got != nmsgs))
 		return 1;
 	return got > 0 ? 0 : 1;
@@ -211,6 +227,7 @@ static struct dgv_ah *peer_ah(const char *host)
 	int rc = dgv_create_ah(pd, (struct sockaddr *)&a, sizeof a, &ah);
 	if (rc)
 		die("create_ah", rc);
+	the_ah = ah;
 	return ah;
 }
 
@@ -260,6 +277,7 @@ static int client(const char *host)
 		dgv_poll_cq(cq, 1, &wc);
 		usleep(2000);
 	}
+	teardown();
 	return failed ? 1 : 0;
 }
 
@@ -276,6 +294,7 @@ static int ops_server(void)
 	int rc = dgv_create_ah(pd, &wc.src.sa, wc.src_len, &ah);
 	if (rc)
 		die("create_ah", rc);
+	the_ah = ah;
 	struct hello *h = (struct hello *)(buf + (size_t)(RING + 1) * MAXMSG);
 	*h = (struct hello){(uint64_t)(uintptr_t)(buf + 2 * MAXMSG), mr->rkey, 0};
 	post(ah, DGV_WR_SEND, h, sizeof *h, 0, 0, 100);
@@ -304,6 +323,7 @@ static int ops_server(void)
 		errors++; /* the plain Write landed before the Send that follows it */
 	printf("ops server: write %s, write-record %s, send-se %s\n", errors ? "?" : "ok", "ok", "ok");
 	usleep(200000); /* serve the client's Read (the progress thread answers it) */
+	teardown();
 	return errors ? 1 : 0;
 }
 
@@ -352,6 +372,7 @@ static int ops_client(const char *host)
 		errors++;
 	printf("ops client: send ok, write ok, write-record ok, read %s, send-se ok\n",
 	       memcmp(back, w, 3000) ? "WRONG" : "ok");
+	teardown();
 	return errors ? 1 : 0;
 }
 

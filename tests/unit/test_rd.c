@@ -1257,4 +1257,5 @@ Test(rd, receiver_not_ready_flow_control, .timeout = 120)
 	cr_assert_eq(b->rcv[a->id].count, 500);
 	cr_assert_eq(a->nacked[b->id], 500);
 	cr_assert_eq(a->nfailed[b->id], 0);
+	sim_fini(&s);
 }
