@@ -5,6 +5,7 @@
  */
 #include <errno.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -119,7 +120,8 @@ int soft_cq_attach(struct soft_cq *cq, struct soft_qp *qp)
 		pthread_mutex_unlock(&cq->lock);
 		return -ENOSPC;
 	}
-	cq->qps[cq->nqps++] = qp;
+	__atomic_store_n(&cq->qps[cq->nqps], qp, __ATOMIC_SEQ_CST);
+	__atomic_store_n(&cq->nqps, cq->nqps + 1, __ATOMIC_SEQ_CST);
 	pthread_mutex_unlock(&cq->lock);
 	return 0;
 }
@@ -131,7 +133,10 @@ void soft_cq_detach(struct soft_cq *cq, struct soft_qp *qp)
 	pthread_mutex_lock(&cq->lock);
 	for (uint32_t i = 0; i < cq->nqps; i++)
 		if (cq->qps[i] == qp) {
-			cq->qps[i] = cq->qps[--cq->nqps];
+			uint32_t last = cq->nqps - 1;
+			__atomic_store_n(&cq->qps[i], cq->qps[last], __ATOMIC_SEQ_CST);
+			__atomic_store_n(&cq->qps[last], NULL, __ATOMIC_SEQ_CST);
+			__atomic_store_n(&cq->nqps, last, __ATOMIC_SEQ_CST);
 			break;
 		}
 	uint32_t kept = 0;
@@ -144,26 +149,27 @@ void soft_cq_detach(struct soft_cq *cq, struct soft_qp *qp)
 	}
 	cq->count = kept;
 	pthread_mutex_unlock(&cq->lock);
+	while (atomic_load(&cq->pollers))
+		sched_yield(); /* a poller may still hold the pointer it read before the unlink */
 }
 
-/* Runs progress on every QP feeding cq. Returns the number that did work. */
+/*
+ * Runs progress on every QP feeding cq. Returns the number that did work.
+ * Lock-free on purpose (this is the busy-poll loop): the pollers count is raised before the
+ * QP list is read, and soft_cq_detach() waits for it to drop after unlinking a QP, so no QP
+ * is freed under a poller. Both sides use sequentially consistent atomics.
+ */
 static int cq_progress(struct soft_cq *cq)
 {
-	struct soft_qp *snap[64];
-	uint32_t n;
-	pthread_mutex_lock(&cq->lock);
-	n = cq->nqps;
-	for (uint32_t i = 0; i < n; i++) {
-		snap[i] = cq->qps[i];
-		atomic_fetch_add(&snap[i]->refs, 1);
-	}
-	pthread_mutex_unlock(&cq->lock);
+	atomic_fetch_add(&cq->pollers, 1);
+	uint32_t n = __atomic_load_n(&cq->nqps, __ATOMIC_SEQ_CST);
 	int did = 0;
-	for (uint32_t i = 0; i < n; i++) {
-		if (soft_qp_progress(snap[i], true, false) > 0)
+	for (uint32_t i = 0; i < n && i < 64; i++) {
+		struct soft_qp *qp = __atomic_load_n(&cq->qps[i], __ATOMIC_SEQ_CST);
+		if (qp && soft_qp_progress(qp, true, false) > 0)
 			did++;
-		atomic_fetch_sub(&snap[i]->refs, 1);
 	}
+	atomic_fetch_sub(&cq->pollers, 1);
 	return did;
 }
 
@@ -191,8 +197,11 @@ static uint32_t bitmap_ranges(const struct soft_slot *s, struct dgv_range *out)
 int soft_poll_cq(struct dgv_cq *cqb, int n, struct dgv_wc *wc)
 {
 	struct soft_cq *cq = to_scq(cqb);
-	if (!cq->count)
+	if (!__atomic_load_n(&cq->count, __ATOMIC_ACQUIRE)) {
 		cq_progress(cq);
+		if (!__atomic_load_n(&cq->count, __ATOMIC_ACQUIRE))
+			return 0;
+	}
 	pthread_mutex_lock(&cq->lock);
 	int got = 0;
 	uint32_t used = 0;

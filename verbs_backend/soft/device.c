@@ -38,16 +38,27 @@ static void io_cb(struct ev_loop *loop, ev_io *w, int revents)
 	soft_qp_progress(qp, false, false);
 }
 
-/* Every millisecond: timers of every QP, and socket watching for the QPs nobody polls. */
+/* Timers of every QP, and socket watching for the QPs nobody polls. Runs every millisecond
+ * while the thread is responsible for a QP with timers pending, every 5 ms otherwise: a QP
+ * whose application polls runs its own timers, and a busy-polling application should not be
+ * preempted a thousand times a second for nothing. */
 static void tick_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
 	struct soft_ctx *ctx = w->data;
+	bool fast = false;
 	(void)revents;
-	uint64_t now = dg_now_us();
 	for (struct soft_qp *qp = ctx->qps; qp; qp = qp->next) {
+		/* The application counts its polls; reading no clock on its side keeps the polling
+		 * loop short. Quiet for SOFT_APP_IDLE_TICKS ticks means it went elsewhere. */
+		uint32_t polls = atomic_load_explicit(&qp->app_polls, memory_order_relaxed);
+		if (polls != qp->seen_polls) {
+			qp->seen_polls = polls;
+			qp->quiet_ticks = 0;
+		} else if (qp->quiet_ticks < SOFT_APP_IDLE_TICKS) {
+			qp->quiet_ticks++;
+		}
 		bool app_active = ctx->progress == DGV_PROGRESS_AUTO &&
-				  (atomic_load(&qp->app_waiting) ||
-				   now - atomic_load(&qp->app_ts) < SOFT_APP_IDLE_US);
+				  (atomic_load(&qp->app_waiting) || qp->quiet_ticks < SOFT_APP_IDLE_TICKS);
 		if (!app_active && !qp->io_on) {
 			ev_io_start(loop, &qp->io);
 			qp->io_on = true;
@@ -56,6 +67,13 @@ static void tick_cb(struct ev_loop *loop, ev_timer *w, int revents)
 			qp->io_on = false;
 		}
 		soft_qp_progress(qp, false, false);
+		if (!app_active && soft_qp_timers_pending(qp))
+			fast = true;
+	}
+	double want = fast ? 0.001 : 0.005;
+	if (w->repeat != want) {
+		w->repeat = want;
+		ev_timer_again(loop, w);
 	}
 }
 

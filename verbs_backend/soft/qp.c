@@ -44,6 +44,14 @@ static bool addr_eq(const union dgv_sockaddr *a, const union dgv_sockaddr *b)
 
 static inline bool msn_before(uint32_t a, uint32_t b) { return (int32_t)(a - b) < 0; }
 
+/* The clock for this progress pass, read at most once per pass. */
+static inline uint64_t qp_now(struct soft_qp *qp)
+{
+	if (!qp->now_us)
+		qp->now_us = dg_now_us();
+	return qp->now_us;
+}
+
 /* Fills iov with the pieces of the SGE list covering [off, off+len). Returns the count. */
 static int sge_iov(const struct dgv_sge *sge, uint32_t nsge, uint32_t off, uint32_t len,
 		   struct iovec *iov, int max)
@@ -278,6 +286,76 @@ static int ord_alloc(struct soft_qp *qp)
 	return -1;
 }
 
+#define TX_BATCH 32
+
+/*
+ * UD bulk path: segments of one message go out TX_BATCH at a time through sendmmsg (one system
+ * call instead of 32). Leaves w->sent at the first byte not handed to UDP. Returns 0 (all sent
+ * or the caller finishes the tail), -EAGAIN (socket full), or -errno after completing the WQE
+ * with an error.
+ */
+static int pump_ud_batched(struct soft_qp *qp, uint32_t idx, uint8_t op, bool tagged)
+{
+	struct soft_swqe *w = &qp->sq[idx];
+	union {
+		struct dg_tagged_hdr t;
+		struct dg_untagged_hdr u;
+	} h[TX_BATCH];
+	be32 crc[TX_BATCH];
+	struct iovec iov[TX_BATCH][SOFT_MAX_SGE + 2];
+	struct mmsghdr mm[TX_BATCH];
+	uint32_t off[TX_BATCH], plens[TX_BATCH];
+	while (w->len - w->sent > w->segsz) {
+		int n = 0;
+		uint32_t pos = w->sent;
+		/* the last segment is left to the caller, which completes the WQE */
+		while (n < TX_BATCH && w->len - pos > w->segsz) {
+			uint32_t plen = w->segsz;
+			int k = 0;
+			if (tagged) {
+				dg_put_tagged(&h[n].t, op, false, w->rkey, w->remote_addr + pos, w->msn, pos,
+					      w->len, (uint16_t)w->segsz);
+				iov[n][k++] = (struct iovec){&h[n], DG_TAGGED_HLEN};
+			} else {
+				dg_put_untagged(&h[n].u, op, false, DDP_QN_SEND, w->msn, pos, w->len,
+						(uint16_t)w->segsz, 0);
+				iov[n][k++] = (struct iovec){&h[n], DG_UNTAGGED_HLEN};
+			}
+			k += sge_iov(w->sge, w->num_sge, pos, plen, &iov[n][k], SOFT_MAX_SGE);
+			crc[n] = htobe32(dg_crc32c_iov(iov[n], k));
+			iov[n][k++] = (struct iovec){&crc[n], sizeof crc[n]};
+			mm[n].msg_hdr = (struct msghdr){.msg_name = &w->dst, .msg_namelen = w->dstlen,
+							.msg_iov = iov[n], .msg_iovlen = (size_t)k};
+			off[n] = pos;
+			plens[n] = plen;
+			pos += plen;
+			n++;
+		}
+		int sent = sendmmsg(qp->fd, mm, (unsigned)n, MSG_DONTWAIT | MSG_NOSIGNAL);
+		if (sent < 0) {
+			if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS || errno == EINTR) {
+				qp->pump_blocked = errno != EINTR;
+				return -EAGAIN;
+			}
+			int err = -errno;
+			DG_WARN("send to peer failed: %s", strerror(-err));
+			w->all_sent = true;
+			sq_complete(qp, idx, DGV_WC_GENERAL_ERR, w->sent);
+			return err;
+		}
+		for (int i = 0; i < sent; i++) {
+			qp->st.tx_datagrams++;
+			qp->st.tx_bytes += mm[i].msg_len;
+		}
+		w->sent = sent ? off[sent - 1] + plens[sent - 1] : w->sent;
+		if (sent < n) {
+			qp->pump_blocked = true;
+			return -EAGAIN;
+		}
+	}
+	return 0;
+}
+
 /* Transmits what it can of send WQE idx. Returns 0 when the WQE is fully handed down,
  * -EAGAIN when the LLP is full, or another -errno after completing the WQE with an error. */
 static int pump_swqe(struct soft_qp *qp, uint32_t idx)
@@ -296,6 +374,7 @@ static int pump_swqe(struct soft_qp *qp, uint32_t idx)
 				    qp->base.type == DGV_QPT_RD ? make_cookie(qp, idx) : 0);
 		if (rc)
 			return rc;
+		qp->ord_count++;
 		qp->ord[o] = (struct soft_ord){.used = true, .sq_idx = idx, .msn = w->msn,
 					       .stag = w->sge[0].lkey, .to = w->sge[0].addr, .len = w->len,
 					       .slot = -1, .peer = w->dst, .peerlen = w->dstlen};
@@ -308,7 +387,12 @@ static int pump_swqe(struct soft_qp *qp, uint32_t idx)
 	bool tagged = w->opcode == DGV_WR_WRITE || w->opcode == DGV_WR_WRITE_RECORD;
 	uint8_t op = w->opcode == DGV_WR_SEND ? RDMAP_SEND : w->opcode == DGV_WR_SEND_SE ? RDMAP_SEND_SE
 		     : w->opcode == DGV_WR_WRITE ? RDMAP_WRITE : RDMAP_WRITE_RECORD;
-	do {
+	if (qp->base.type == DGV_QPT_UD && !qp->ftx.active && w->len - w->sent > w->segsz) {
+		int rc = pump_ud_batched(qp, idx, op, tagged);
+		if (rc)
+			return rc;
+	}
+	while (w->sent < w->len || (w->len == 0 && !w->all_sent)) {
 		uint32_t plen = w->len - w->sent;
 		if (plen > w->segsz)
 			plen = w->segsz;
@@ -340,7 +424,9 @@ static int pump_swqe(struct soft_qp *qp, uint32_t idx)
 			return rc;
 		}
 		w->sent += plen;
-	} while (w->sent < w->len);
+		if (w->len == 0)
+			break;
+	}
 	w->all_sent = true;
 	/* UD completes on hand-off to UDP (paper 003 III.F); RD when acknowledged (rd acked()). */
 	if (qp->base.type == DGV_QPT_UD)
@@ -420,19 +506,30 @@ static bool slot_usable(struct soft_slot *s)
 	return s->kind == SLOT_FREE && !atomic_load_explicit(&s->in_cq, memory_order_acquire);
 }
 
+static inline bool slot_is(const struct soft_slot *s, bool send_class, const union dgv_sockaddr *src,
+			   uint32_t msn)
+{
+	if (s->kind == SLOT_FREE || s->kind == SLOT_READ || s->msn != msn)
+		return false;
+	bool sc = s->kind == SLOT_SEND || s->kind == SLOT_DISCARD;
+	return sc == send_class && addr_eq(&s->src, src);
+}
+
+/* The slot of (class, src, msn). Segments of one message come in runs, so the last hit is
+ * tried first. */
 static struct soft_slot *slot_find(struct soft_qp *qp, bool send_class, const union dgv_sockaddr *src,
 				   uint32_t msn)
 {
 	if (!qp->slots_active)
 		return NULL;
-	for (int i = 0; i < SOFT_REASM_SLOTS; i++) {
-		struct soft_slot *s = &qp->slots[i];
-		if (s->kind == SLOT_FREE || s->msn != msn)
-			continue;
-		bool sc = s->kind == SLOT_SEND || s->kind == SLOT_DISCARD;
-		if (sc == send_class && s->kind != SLOT_READ && addr_eq(&s->src, src))
-			return s;
-	}
+	struct soft_slot *h = &qp->slots[qp->slot_hint];
+	if (slot_is(h, send_class, src, msn))
+		return h;
+	for (uint32_t i = 0; i < SOFT_REASM_SLOTS; i++)
+		if (slot_is(&qp->slots[i], send_class, src, msn)) {
+			qp->slot_hint = i;
+			return &qp->slots[i];
+		}
 	return NULL;
 }
 
@@ -482,6 +579,7 @@ static int slot_init(struct soft_qp *qp, struct soft_slot *s, enum slot_kind kin
 		s->bitmap_cap = need;
 	}
 	memset(s->bitmap, 0, need);
+	qp->slot_hint = (uint32_t)(s - qp->slots);
 	s->kind = kind;
 	s->done = false;
 	s->src = *src;
@@ -495,7 +593,7 @@ static int slot_init(struct soft_qp *qp, struct soft_slot *s, enum slot_kind kin
 	s->stag = g->stag;
 	s->base = g->to - g->mo;
 	s->solicited = g->opcode == RDMAP_SEND_SE || g->opcode == RDMAP_SEND_SE_INV;
-	s->deadline_us = dg_now_us() + slot_idle_us(qp);
+	s->deadline_us = qp_now(qp) + slot_idle_us(qp);
 	qp->slots_active++;
 	return 0;
 }
@@ -515,7 +613,7 @@ static int slot_mark(struct soft_qp *qp, struct soft_slot *s, const struct dg_se
 	s->got_segs++;
 	s->got_bytes += g->plen;
 	if (s->kind != SLOT_READ)
-		s->deadline_us = dg_now_us() + slot_idle_us(qp);
+		s->deadline_us = qp_now(qp) + slot_idle_us(qp);
 	return 1;
 }
 
@@ -587,17 +685,21 @@ static void release_done_sends(struct soft_qp *qp, const union dgv_sockaddr *src
 	}
 }
 
+/* A complete record carries its one range inline, so its slot is free at once; only a partial
+ * record keeps the slot's bitmap until the application polls it (cq.c makes the ranges). */
 static void wrec_complete(struct soft_qp *qp, struct soft_slot *s)
 {
-	struct dgv_wc wc = {.status = s->got_segs == s->nsegs ? DGV_WC_SUCCESS : DGV_WC_PARTIAL,
+	bool whole = s->got_segs == s->nsegs;
+	struct dgv_wc wc = {.status = whole ? DGV_WC_SUCCESS : DGV_WC_PARTIAL,
 			    .opcode = DGV_WC_RECV_WRITE_RECORD, .byte_len = s->got_bytes, .msn = s->msn,
 			    .qp = &qp->base, .src = s->src, .src_len = s->srclen};
 	wc.record = (struct dgv_record){.stag = s->stag, .base = s->base, .length = s->ml,
-					.valid_bytes = s->got_bytes};
+					.valid_bytes = s->got_bytes, .nranges = whole && s->ml ? 1 : 0};
+	struct dgv_range whole_range = {0, s->ml};
 	qp->st.rx_msgs++;
 	s->kind = SLOT_FREE;
 	qp->slots_active--;
-	if (soft_cq_push(qp->rcq, &wc, s, NULL)) {
+	if (soft_cq_push(qp->rcq, &wc, whole ? NULL : s, whole ? &whole_range : NULL)) {
 		qp->st.cq_overflows++;
 		DG_WARN("receive completion queue full: a Write-Record record was lost");
 	}
@@ -841,6 +943,7 @@ static void ord_finish(struct soft_qp *qp, struct soft_ord *o, enum dgv_wc_statu
 		sq_complete(qp, o->sq_idx, st, bytes);
 	}
 	o->used = false;
+	qp->ord_count--;
 }
 
 static void rx_read_resp(struct soft_qp *qp, const union dgv_sockaddr *from, socklen_t fromlen,
@@ -897,6 +1000,8 @@ static void rx_read_resp(struct soft_qp *qp, const union dgv_sockaddr *from, soc
 	int m = slot_mark(qp, s, g);
 	if (m == 0)
 		qp->st.dup_drops++;
+	if (m == 1) /* the response is still coming: only a silence ends the Read */
+		o->deadline_us = qp_now(qp) + 4ull * qp->reasm_us;
 	if (s->got_segs == s->nsegs)
 		ord_finish(qp, o, DGV_WC_SUCCESS, s->ml);
 }
@@ -934,7 +1039,10 @@ static void rx_terminate(struct soft_qp *qp, const union dgv_sockaddr *from, con
 	if (op == RDMAP_READ_REQ) {
 		for (int i = 0; i < SOFT_MAX_ORD; i++)
 			if (qp->ord[i].used && qp->ord[i].msn == msn && addr_eq(&qp->ord[i].peer, from)) {
-				bool prot = why.etype == RDMAP_ETYPE_REMOTE_PROT || why.layer == TERM_LAYER_DDP;
+				/* protection: RDMAP remote protection or a DDP tagged-buffer error;
+				 * anything else (e.g. the responder's read queue full) is an operation error */
+				bool prot = (why.layer == TERM_LAYER_RDMAP && why.etype == RDMAP_ETYPE_REMOTE_PROT) ||
+					    (why.layer == TERM_LAYER_DDP && why.etype == DDP_ETYPE_TAGGED_BUF);
 				ord_finish(qp, &qp->ord[i], prot ? DGV_WC_REM_ACCESS_ERR : DGV_WC_REM_OP_ERR, 0);
 			}
 	}
@@ -1057,24 +1165,21 @@ static int rx_drain(struct soft_qp *qp, int budget)
 {
 	int total = 0;
 	while (total < budget) {
-		for (uint32_t i = 0; i < qp->rx_batch; i++) {
-			qp->rxiov[i] = (struct iovec){qp->rxbuf + (size_t)i * qp->rxbuf_size, qp->rxbuf_size};
-			qp->rxmsg[i].msg_hdr = (struct msghdr){.msg_name = &qp->rxaddr[i],
-							       .msg_namelen = sizeof qp->rxaddr[i],
-							       .msg_iov = &qp->rxiov[i], .msg_iovlen = 1};
-		}
+		/* the headers were built at creation; the kernel only rewrites namelen and flags */
 		int n = recvmmsg(qp->fd, qp->rxmsg, qp->rx_batch, MSG_DONTWAIT, NULL);
 		if (n <= 0)
 			break;
 		for (int i = 0; i < n; i++) {
 			size_t len = qp->rxmsg[i].msg_len;
 			if (qp->rxmsg[i].msg_hdr.msg_flags & MSG_TRUNC) {
+				qp->rxmsg[i].msg_hdr.msg_namelen = sizeof qp->rxaddr[i];
 				qp->st.rx_datagrams++;
 				qp->st.malformed_drops++;
 				DG_DBG("datagram larger than the segment size (%u): dropped", qp->rxbuf_size);
 				continue;
 			}
 			socklen_t al = qp->rxmsg[i].msg_hdr.msg_namelen;
+			qp->rxmsg[i].msg_hdr.msg_namelen = sizeof qp->rxaddr[i];
 			if (qp->frx.active) {
 				struct iovec v = {qp->rxiov[i].iov_base, len};
 				struct dg_pkt pkt = {&v, 1, len, &qp->rxaddr[i], al};
@@ -1096,16 +1201,20 @@ static void fault_flush_emit_tx(void *arg, const struct dg_pkt *pkt)
 	udp_emit(arg, pkt);
 }
 
-/* Timers: reassembly and read deadlines, RD, held faults. */
+/* Timers: reassembly and read deadlines, RD, held faults. Deadlines are tens of milliseconds,
+ * so the scans run at most every 500 µs, not on every poll. */
 static void run_timers(struct soft_qp *qp, uint64_t now)
 {
-	if (qp->slots_active)
+	bool scan = now - qp->last_scan_us >= 500;
+	if (scan)
+		qp->last_scan_us = now;
+	if (scan && qp->slots_active)
 		for (int i = 0; i < SOFT_REASM_SLOTS; i++) {
 			struct soft_slot *s = &qp->slots[i];
 			if (s->kind != SLOT_FREE && s->kind != SLOT_READ && s->deadline_us <= now)
 				slot_expire(qp, s);
 		}
-	if (qp->base.type == DGV_QPT_UD)
+	if (scan && qp->base.type == DGV_QPT_UD)
 		for (int i = 0; i < SOFT_MAX_ORD; i++)
 			if (qp->ord[i].used && qp->ord[i].deadline_us <= now) {
 				qp->st.reasm_timeouts++;
@@ -1146,6 +1255,12 @@ uint64_t soft_qp_next_timer_locked(struct soft_qp *qp, uint64_t now)
 	return rel;
 }
 
+bool soft_qp_timers_pending(struct soft_qp *qp)
+{
+	return qp->rd || qp->slots_active || qp->ord_count || qp->ird_count ||
+	       qp->ftx.nheld || qp->frx.nheld || qp->pump_blocked || qp->sq_pump != qp->sq_tail;
+}
+
 bool soft_qp_wants_pollout(struct soft_qp *qp)
 {
 	return __atomic_load_n(&qp->pump_blocked, __ATOMIC_RELAXED);
@@ -1154,13 +1269,18 @@ bool soft_qp_wants_pollout(struct soft_qp *qp)
 int soft_qp_progress(struct soft_qp *qp, bool from_app, bool block)
 {
 	if (from_app)
-		atomic_store_explicit(&qp->app_ts, dg_now_us(), memory_order_relaxed);
+		atomic_store_explicit(&qp->app_polls,
+				      atomic_load_explicit(&qp->app_polls, memory_order_relaxed) + 1,
+				      memory_order_relaxed);
 	if (block)
 		pthread_mutex_lock(&qp->lock);
 	else if (pthread_mutex_trylock(&qp->lock))
 		return -EBUSY;
+	qp->now_us = 0;
 	int n = rx_drain(qp, 256);
-	run_timers(qp, dg_now_us());
+	/* An idle UD QP has no timers: the busy-poll path then reads no clock at all. */
+	if (qp->rd || qp->slots_active || qp->ord_count || qp->ftx.nheld || qp->frx.nheld)
+		run_timers(qp, qp_now(qp));
 	if (qp->rd)
 		rd_kick(qp->rd); /* a slot or receive freed since a segment was refused */
 	if (qp->sq_pump != qp->sq_tail || qp->ird_count)
@@ -1287,6 +1407,12 @@ int soft_create_qp(struct dgv_pd *pdb, const struct dgv_qp_init_attr *a, struct 
 	if (!qp->sq || !qp->rq || !qp->rxbuf || !qp->rxmsg || !qp->rxiov || !qp->rxaddr) {
 		err = -ENOMEM;
 		goto fail;
+	}
+	for (uint32_t i = 0; i < qp->rx_batch; i++) {
+		qp->rxiov[i] = (struct iovec){qp->rxbuf + (size_t)i * qp->rxbuf_size, qp->rxbuf_size};
+		qp->rxmsg[i].msg_hdr = (struct msghdr){.msg_name = &qp->rxaddr[i],
+						       .msg_namelen = sizeof qp->rxaddr[i],
+						       .msg_iov = &qp->rxiov[i], .msg_iovlen = 1};
 	}
 	struct dgv_fault ftx, frx;
 	if (!a->fault_tx && (err = dg_fault_from_env("DGSHIM_FAULT_TX", &ftx)))

@@ -23,12 +23,12 @@
 #define SOFT_MR_SLOTS (1u << 14)
 #define SOFT_MR_INDEX(stag) (((stag) >> 8) & (SOFT_MR_SLOTS - 1))
 #define SOFT_MAX_SGE 8
-#define SOFT_REASM_SLOTS 16
+#define SOFT_REASM_SLOTS 64
 #define SOFT_MAX_ORD 16
-#define SOFT_MAX_IRD 16
+#define SOFT_MAX_IRD 64 /* > SOFT_MAX_ORD: one requester cannot overflow it */
 #define SOFT_ERRQ 64
 #define SOFT_RX_BATCH 16
-#define SOFT_APP_IDLE_US 2000 /* app silent this long: the libev thread watches the socket */
+#define SOFT_APP_IDLE_TICKS 2 /* app silent this many 1 ms ticks: the libev thread watches the socket */
 
 struct soft_qp;
 
@@ -76,6 +76,7 @@ struct soft_cq {
 	int efd;
 	atomic_int armed;         /* 1 any, 2 solicited only */
 	atomic_int waiters;       /* threads blocked in cq_wait */
+	atomic_int pollers;       /* threads inside cq_progress (detach waits for 0) */
 	struct soft_qp *qps[64];  /* QPs feeding this CQ (progress is driven from poll) */
 	uint32_t nqps;
 	struct dgv_range *scratch; /* ranges handed out by the last poll */
@@ -186,6 +187,10 @@ struct soft_qp {
 	uint32_t rq_cap, rq_head, rq_count;
 	struct soft_slot slots[SOFT_REASM_SLOTS];
 	uint32_t slots_active;
+	uint32_t slot_hint;     /* index of the slot used last */
+	uint64_t last_scan_us;  /* last deadline scan */
+	uint64_t now_us;        /* clock of the current progress pass, 0 until read (qp_now) */
+	uint32_t ord_count;     /* ORD entries in use */
 	struct soft_ord ord[SOFT_MAX_ORD];
 	struct soft_ird ird[SOFT_MAX_IRD];
 	uint32_t ird_count;
@@ -204,7 +209,9 @@ struct soft_qp {
 	struct iovec *rxiov;
 	union dgv_sockaddr *rxaddr;
 	/* progress coordination with the libev thread */
-	_Atomic uint64_t app_ts;    /* last progress made by an application call */
+	atomic_uint app_polls;      /* bumped by every application progress call */
+	uint32_t seen_polls;        /* loop thread: app_polls at its last tick */
+	uint32_t quiet_ticks;       /* loop thread: ticks since app_polls last moved */
 	atomic_int app_waiting;     /* application blocked in cq_wait on this QP's socket */
 	bool io_on;                 /* libev io watcher started (loop thread only) */
 	ev_io io;
@@ -260,6 +267,9 @@ int soft_qp_progress(struct soft_qp *qp, bool from_app, bool block);
 /* µs until the QP's next timer (UINT64_MAX: none); caller holds qp->lock. */
 uint64_t soft_qp_next_timer_locked(struct soft_qp *qp, uint64_t now);
 bool soft_qp_wants_pollout(struct soft_qp *qp);
+/* Something will need doing without new input (retransmission, deadline, queued send).
+ * Racy read without qp->lock: a hint for the progress thread's pace. */
+bool soft_qp_timers_pending(struct soft_qp *qp);
 
 /* device.c */
 void soft_ctx_add_qp(struct soft_ctx *ctx, struct soft_qp *qp);
