@@ -93,6 +93,7 @@ static struct {
 	int test;
 	int transport;
 	bool raw;
+	bool raw_connected; /* --raw-connected: connect() + send() */
 	bool sweep;
 	uint64_t size;
 	bool size_set;
@@ -111,7 +112,10 @@ static struct {
 
 static int test_kind(void) { return opt.test / 2; }
 static bool test_lat(void) { return opt.test % 2 == 0; }
-static const char *transport_name(void) { return opt.raw ? "raw-udp" : tr_names[opt.transport]; }
+static const char *transport_name(void)
+{
+	return opt.raw ? (opt.raw_connected ? "raw-udp-connected" : "raw-udp") : tr_names[opt.transport];
+}
 
 /* ---------------------------------------------------------------- errors */
 
@@ -214,6 +218,7 @@ static const char usage_text[] =
 "  -p, --port PORT       the server's port (default 18515): the control channel is TCP PORT,\n"
 "                        the server's data QP (or raw socket) is UDP PORT.\n"
 "      --raw-udp         baseline: the same traffic pattern over plain UDP sockets (below).\n"
+"      --raw-connected   the same over connected UDP sockets (below).\n"
 "  -P, --provider soft|ibverbs|auto   verbs provider (default auto: DGSHIM_PROVIDER or the\n"
 "                        best available).\n"
 "      --json            print one JSON object per size instead of the text table.\n"
@@ -255,8 +260,11 @@ static const char usage_text[] =
 "  valid[%] (wr_*) = valid bytes in the target's records / bytes sent.\n"
 "  MB = 10^6 bytes. On UD the text output also shows delivered/sent messages.\n"
 "\n"
-"--raw-udp: plain connected UDP sockets (SO_SNDBUF/SO_RCVBUF 4 MiB), no framing and no\n"
-"  verbs; -c and -P are ignored. A SIZE-byte message is ceil(SIZE/seg) datagrams; receivers\n"
+"--raw-udp: plain UDP sockets (SO_SNDBUF/SO_RCVBUF 4 MiB), no framing and no verbs; every\n"
+"  datagram is sent with sendto() to the peer's address, the pattern of a UD QP, which names\n"
+"  its destination (address handle) in every send. --raw-connected: the same over connect()ed\n"
+"  sockets and send(), which the kernel serves faster (cached route), a pattern a QP cannot\n"
+"  use since it receives from anyone. -c and -P are ignored. A SIZE-byte message is ceil(SIZE/seg) datagrams; receivers\n"
 "  count bytes. *_lat: ping-pong of SIZE-byte messages, half round trip (read_lat: a 16-byte\n"
 "  request answered by SIZE bytes, full round trip). *_bw: the client streams N messages to\n"
 "  the server (also for read_bw); valid[%] of wr_* = bytes received / bytes sent. Latency\n"
@@ -335,7 +343,7 @@ static bool parse_size(const char *s, uint64_t *out)
 
 static void parse_options(int argc, char **argv)
 {
-	enum { O_LOSS = 256, O_JSON, O_RAW, O_SEG };
+	enum { O_LOSS = 256, O_JSON, O_RAW, O_RAWC, O_SEG };
 	static const struct option longopts[] = {
 		{ "connection", required_argument, NULL, 'c' },
 		{ "test", required_argument, NULL, 't' },
@@ -346,6 +354,7 @@ static void parse_options(int argc, char **argv)
 		{ "json", no_argument, NULL, O_JSON },
 		{ "port", required_argument, NULL, 'p' },
 		{ "raw-udp", no_argument, NULL, O_RAW },
+		{ "raw-connected", no_argument, NULL, O_RAWC },
 		{ "seg", required_argument, NULL, O_SEG },
 		{ "provider", required_argument, NULL, 'P' },
 		{ "verbose", no_argument, NULL, 'v' },
@@ -436,6 +445,10 @@ static void parse_options(int argc, char **argv)
 			break;
 		case O_RAW:
 			opt.raw = true;
+			break;
+		case O_RAWC:
+			opt.raw = true;
+			opt.raw_connected = true;
 			break;
 		case O_SEG: {
 			uint64_t s;
@@ -976,7 +989,7 @@ static void hello_fill(struct ctl_msg *m)
 	memset(m, 0, sizeof *m);
 	m->v[0] = CTL_VERSION;
 	m->v[1] = (uint64_t)opt.test;
-	m->v[2] = opt.raw ? 0 : (uint64_t)opt.transport + 1;
+	m->v[2] = opt.raw ? (opt.raw_connected ? 4 : 0) : (uint64_t)opt.transport + 1;
 	m->v[3] = opt.seg_set ? opt.seg : 0;
 	m->v[4] = opt.loss_set ? (uint64_t)llround(opt.loss * 1e6) + 1 : 0;
 	m->v[5] = opt.sweep;
@@ -991,7 +1004,7 @@ static void describe(const struct ctl_msg *m, int i, char *buf, size_t n)
 		snprintf(buf, n, "-t %s", m->v[1] < (uint64_t)NTESTS ? test_names[m->v[1]] : "?");
 		break;
 	case 2:
-		snprintf(buf, n, "%s", m->v[2] == 0 ? "--raw-udp" :
+		snprintf(buf, n, "%s", m->v[2] == 0 ? "--raw-udp" : m->v[2] == 4 ? "--raw-connected" :
 			 m->v[2] <= 3 ? (const char *[]){ "-c UD", "-c RD", "-c RC" }[m->v[2] - 1] : "?");
 		break;
 	case 3:
@@ -2052,6 +2065,8 @@ static struct {
 	uint64_t rng;
 	uint64_t dropped;
 	int family;
+	union dgv_sockaddr peer; /* where sendto() goes (--raw-udp) */
+	socklen_t peerlen;
 } R;
 
 static bool raw_drop(void)
@@ -2111,7 +2126,9 @@ static void raw_setup(const union dgv_sockaddr *ctl_local, const union dgv_socka
 	ctl_send(CTL_SETUP, &m);
 	ctl_recv(CTL_SETUP, &m, CTL_TIMEOUT_MS, "its UDP address");
 	msg_get_addr(&m, ctl_peer, &peer, &plen);
-	if (connect(R.fd, &peer.sa, plen) < 0)
+	R.peer = peer;
+	R.peerlen = plen;
+	if (opt.raw_connected && connect(R.fd, &peer.sa, plen) < 0)
 		die(1, "connect UDP to %s: %s", sa_str(&peer, s1, sizeof s1), strerror(errno));
 	vlog("raw UDP %s -> %s, %u-byte datagrams, SO_RCVBUF %d", sa_str(&mine, s1, sizeof s1),
 	     sa_str(&peer, s2, sizeof s2), R.seg, got);
@@ -2125,7 +2142,8 @@ static bool raw_send_msg(uint64_t size, uint64_t deadline)
 
 	while (left) {
 		size_t len = left < R.seg ? (size_t)left : R.seg;
-		ssize_t r = send(R.fd, R.txbuf, len, MSG_DONTWAIT);
+		ssize_t r = opt.raw_connected ? send(R.fd, R.txbuf, len, MSG_DONTWAIT)
+					      : sendto(R.fd, R.txbuf, len, MSG_DONTWAIT, &R.peer.sa, R.peerlen);
 
 		if (r >= 0) {
 			left -= len;

@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include "dgverbs.h"
 
@@ -443,4 +445,42 @@ Test(rd, many_sends_lossy_in_order)
 {
 	struct dgv_fault f = {.loss_pct = 5, .reorder_pct = 5, .reorder_depth = 3, .dup_pct = 2, .seed = 9};
 	many_sends(DGV_QPT_RD, &f);
+}
+
+/* A QP on an adopted, connect()ed socket (the shim hands over VLC's): sends to the connected
+ * peer and to another address both arrive, and the QP does not close the program's fd. */
+Test(ud, adopted_connected_socket)
+{
+	setup_pair(DGV_QPT_UD, NULL, 0);
+	int fd = socket(AF_INET, SOCK_DGRAM, 0);
+	struct sockaddr_in lo = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	cr_assert_eq(bind(fd, (struct sockaddr *)&lo, sizeof lo), 0);
+	union dgv_sockaddr b;
+	socklen_t bl;
+	cr_assert_eq(dgv_qp_local_addr(B.qp, &b, &bl), 0);
+	cr_assert_eq(connect(fd, &b.sa, bl), 0);
+	static const struct dgv_fault none;
+	struct dgv_qp_init_attr a = {.qp_type = DGV_QPT_UD, .send_cq = A.cq, .recv_cq = A.cq,
+				     .use_adopt_fd = 1, .adopt_fd = fd, .fault_tx = &none, .fault_rx = &none};
+	struct dgv_qp *q;
+	cr_assert_eq(dgv_create_qp(pd, &a, &q), 0);
+	post_recv(&B, 0, 65536, 1);
+	fill(A.buf, 5000, 1);
+	struct dgv_sge sge = {(uint64_t)(uintptr_t)A.buf, 5000, A.mr->lkey};
+	struct dgv_send_wr wr = {.wr_id = 3, .sg_list = &sge, .num_sge = 1, .opcode = DGV_WR_SEND,
+				 .send_flags = DGV_SEND_SIGNALED, .ah = A.ah_peer};
+	cr_assert_eq(dgv_post_send(q, &wr, NULL), 0);
+	struct dgv_wc wc;
+	cr_assert(wait_wc(&B, &wc, 3000));
+	cr_assert_eq(wc.status, DGV_WC_SUCCESS);
+	cr_assert_eq(wc.byte_len, 5000);
+	cr_assert_eq(memcmp(A.buf, B.buf, 5000), 0);
+	union dgv_sockaddr me;
+	socklen_t ml = sizeof me;
+	getsockname(fd, &me.sa, &ml);
+	cr_assert_eq(wc.src.sin.sin_port, me.sin.sin_port, "source is the adopted socket");
+	cr_assert_eq(dgv_destroy_qp(q), 0);
+	cr_assert_eq(fcntl(fd, F_GETFD), 0, "the program's fd stays open");
+	close(fd);
+	teardown_pair();
 }

@@ -116,6 +116,8 @@ static void udp_emit(void *arg, const struct dg_pkt *pkt)
 	struct tx_ctx *t = arg;
 	struct msghdr mh = {.msg_name = (void *)pkt->addr, .msg_namelen = pkt->addrlen,
 			    .msg_iov = (struct iovec *)pkt->iov, .msg_iovlen = (size_t)pkt->iovcnt};
+	if (t->qp->has_peer && addr_eq(pkt->addr, &t->qp->peer))
+		mh.msg_name = NULL, mh.msg_namelen = 0; /* connected: the kernel's cached route */
 	ssize_t r;
 	do
 		r = sendmsg(t->qp->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
@@ -305,6 +307,7 @@ static int pump_ud_batched(struct soft_qp *qp, uint32_t idx, uint8_t op, bool ta
 	struct iovec iov[TX_BATCH][SOFT_MAX_SGE + 2];
 	struct mmsghdr mm[TX_BATCH];
 	uint32_t off[TX_BATCH], plens[TX_BATCH];
+	bool conn = qp->has_peer && addr_eq(&w->dst, &qp->peer);
 	while (w->len - w->sent > w->segsz) {
 		int n = 0;
 		uint32_t pos = w->sent;
@@ -324,7 +327,8 @@ static int pump_ud_batched(struct soft_qp *qp, uint32_t idx, uint8_t op, bool ta
 			k += sge_iov(w->sge, w->num_sge, pos, plen, &iov[n][k], SOFT_MAX_SGE);
 			crc[n] = htobe32(dg_crc32c_iov(iov[n], k));
 			iov[n][k++] = (struct iovec){&crc[n], sizeof crc[n]};
-			mm[n].msg_hdr = (struct msghdr){.msg_name = &w->dst, .msg_namelen = w->dstlen,
+			mm[n].msg_hdr = (struct msghdr){.msg_name = conn ? NULL : &w->dst,
+							.msg_namelen = conn ? 0 : w->dstlen,
 							.msg_iov = iov[n], .msg_iovlen = (size_t)k};
 			off[n] = pos;
 			plens[n] = plen;
@@ -1388,6 +1392,10 @@ int soft_create_qp(struct dgv_pd *pdb, const struct dgv_qp_init_attr *a, struct 
 		err = -errno;
 		goto fail;
 	}
+	/* An adopted socket may be connect()ed (VLC does): sends to that peer then go without an
+	 * address, on the kernel's cached route. */
+	socklen_t pl = sizeof qp->peer;
+	qp->has_peer = a->use_adopt_fd && getpeername(qp->fd, &qp->peer.sa, &pl) == 0;
 	qp->seg_size = a->seg_size ? a->seg_size : (family == AF_INET6 ? 1452 : 1472);
 	uint32_t min_seg = DG_RD_HLEN + DG_TAGGED_HLEN + DG_CRC_LEN + DG_MIN_SEGSZ;
 	if (qp->seg_size < min_seg || qp->seg_size > DG_MAX_DATAGRAM) {

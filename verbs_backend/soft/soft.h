@@ -174,6 +174,8 @@ struct soft_qp {
 	bool own_fd;
 	union dgv_sockaddr local;
 	socklen_t locallen;
+	union dgv_sockaddr peer;   /* the adopted socket's connect()ed peer, if has_peer */
+	bool has_peer;
 	uint32_t max_msg;
 	uint32_t seg_size;     /* UDP payload per datagram, everything included */
 	uint32_t reasm_us;
