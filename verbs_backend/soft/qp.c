@@ -1165,37 +1165,62 @@ static void rx_fault_emit(void *arg, const struct dg_pkt *pkt)
 }
 
 /* Drains the socket. Returns the number of datagrams read. */
+static void rx_one(struct soft_qp *qp, uint32_t i)
+{
+	size_t len = qp->rxmsg[i].msg_len;
+	socklen_t al = qp->rxmsg[i].msg_hdr.msg_namelen;
+	qp->rxmsg[i].msg_hdr.msg_namelen = sizeof qp->rxaddr[i];
+	if (qp->rxmsg[i].msg_hdr.msg_flags & MSG_TRUNC) {
+		qp->st.rx_datagrams++;
+		qp->st.malformed_drops++;
+		DG_DBG("datagram larger than the segment size (%u): dropped", qp->rxbuf_size);
+		return;
+	}
+	if (qp->frx.active) {
+		struct iovec v = {qp->rxiov[i].iov_base, len};
+		struct dg_pkt pkt = {&v, 1, len, &qp->rxaddr[i], al};
+		struct rx_emit_ctx c = {qp};
+		dg_fault_apply(&qp->frx, &pkt, rx_fault_emit, &c);
+	} else {
+		rx_datagram(qp, qp->rxiov[i].iov_base, len, &qp->rxaddr[i], al);
+	}
+}
+
+/*
+ * Drains the socket. Returns the number of datagrams read.
+ * Two modes: while datagrams come one at a time (ping-pong), one recvmsg per call and no second
+ * look (the caller polls again anyway), which keeps the latency path short; two reads in a row
+ * that found data mean a burst, served by recvmmsg batches until a batch finds only one.
+ * The message headers were built at creation; the kernel only rewrites namelen and flags.
+ */
 static int rx_drain(struct soft_qp *qp, int budget)
 {
+	if (qp->rx_vlen <= 1) {
+		ssize_t r = recvmsg(qp->fd, &qp->rxmsg[0].msg_hdr, MSG_DONTWAIT);
+		if (r < 0) {
+			qp->rx_streak = 0;
+			return 0;
+		}
+		qp->rxmsg[0].msg_len = (unsigned)r;
+		rx_one(qp, 0);
+		if (++qp->rx_streak >= 2)
+			qp->rx_vlen = qp->rx_batch;
+		return 1;
+	}
 	int total = 0;
 	while (total < budget) {
-		/* the headers were built at creation; the kernel only rewrites namelen and flags */
 		int n = recvmmsg(qp->fd, qp->rxmsg, qp->rx_batch, MSG_DONTWAIT, NULL);
 		if (n <= 0)
 			break;
-		for (int i = 0; i < n; i++) {
-			size_t len = qp->rxmsg[i].msg_len;
-			if (qp->rxmsg[i].msg_hdr.msg_flags & MSG_TRUNC) {
-				qp->rxmsg[i].msg_hdr.msg_namelen = sizeof qp->rxaddr[i];
-				qp->st.rx_datagrams++;
-				qp->st.malformed_drops++;
-				DG_DBG("datagram larger than the segment size (%u): dropped", qp->rxbuf_size);
-				continue;
-			}
-			socklen_t al = qp->rxmsg[i].msg_hdr.msg_namelen;
-			qp->rxmsg[i].msg_hdr.msg_namelen = sizeof qp->rxaddr[i];
-			if (qp->frx.active) {
-				struct iovec v = {qp->rxiov[i].iov_base, len};
-				struct dg_pkt pkt = {&v, 1, len, &qp->rxaddr[i], al};
-				struct rx_emit_ctx c = {qp};
-				dg_fault_apply(&qp->frx, &pkt, rx_fault_emit, &c);
-			} else {
-				rx_datagram(qp, qp->rxiov[i].iov_base, len, &qp->rxaddr[i], al);
-			}
-		}
+		for (int i = 0; i < n; i++)
+			rx_one(qp, (uint32_t)i);
 		total += n;
 		if ((uint32_t)n < qp->rx_batch)
 			break;
+	}
+	if (total <= 1) {
+		qp->rx_vlen = 1;
+		qp->rx_streak = 0;
 	}
 	return total;
 }

@@ -207,6 +207,8 @@ struct soft_qp {
 	/* receive buffers */
 	uint8_t *rxbuf;
 	uint32_t rxbuf_size, rx_batch;
+	uint32_t rx_vlen;      /* 1: one recvmsg per call; rx_batch: recvmmsg batches */
+	uint32_t rx_streak;    /* successful single reads in a row */
 	struct mmsghdr *rxmsg;
 	struct iovec *rxiov;
 	union dgv_sockaddr *rxaddr;
