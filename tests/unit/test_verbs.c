@@ -9,6 +9,7 @@
 #include <string.h>
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <unistd.h>
 
 #include "dgverbs.h"
@@ -482,5 +483,135 @@ Test(ud, adopted_connected_socket)
 	cr_assert_eq(dgv_destroy_qp(q), 0);
 	cr_assert_eq(fcntl(fd, F_GETFD), 0, "the program's fd stays open");
 	close(fd);
+	teardown_pair();
+}
+
+/* IPv6 queue pairs and address handles. */
+Test(ud, ipv6_send_and_write_record)
+{
+	cr_assert_eq(dgv_open(NULL, &ctx), 0);
+	cr_assert_eq(dgv_alloc_pd(ctx, &pd), 0);
+	struct side *s[2] = {&A, &B};
+	for (int i = 0; i < 2; i++) {
+		cr_assert_eq(dgv_create_cq(ctx, 64, &s[i]->cq), 0);
+		struct sockaddr_in6 lo = {.sin6_family = AF_INET6, .sin6_addr = IN6ADDR_LOOPBACK_INIT};
+		static const struct dgv_fault none;
+		struct dgv_qp_init_attr a = {.qp_type = DGV_QPT_UD, .send_cq = s[i]->cq, .recv_cq = s[i]->cq,
+					     .bind_addr = (struct sockaddr *)&lo, .bind_len = sizeof lo,
+					     .fault_tx = &none, .fault_rx = &none};
+		int rc = dgv_create_qp(pd, &a, &s[i]->qp);
+		if (rc == -EADDRNOTAVAIL || rc == -EAFNOSUPPORT)
+			cr_skip_test("no IPv6 loopback here");
+		cr_assert_eq(rc, 0);
+		s[i]->buf = aligned_alloc(4096, BUFSZ);
+		memset(s[i]->buf, 0, BUFSZ);
+		cr_assert_eq(dgv_reg_mr(pd, s[i]->buf, BUFSZ, DGV_ACCESS_LOCAL_WRITE | DGV_ACCESS_REMOTE_WRITE,
+					&s[i]->mr), 0);
+	}
+	link_sides();
+	post_recv(&B, 0, 65536, 1);
+	fill(A.buf, 20000, 4);
+	post_send(&A, DGV_WR_SEND, 0, 20000, 0, 0, 1);
+	struct dgv_wc wc;
+	cr_assert(wait_wc(&B, &wc, 3000));
+	cr_assert_eq(wc.status, DGV_WC_SUCCESS);
+	cr_assert_eq(wc.src.sa.sa_family, AF_INET6);
+	cr_assert_eq(wc.src_len, sizeof(struct sockaddr_in6));
+	cr_assert_eq(memcmp(A.buf, B.buf, 20000), 0);
+	post_send(&A, DGV_WR_WRITE_RECORD, 0, 5000, (uint64_t)(uintptr_t)(B.buf + 100000), B.mr->rkey, 2);
+	do
+		cr_assert(wait_wc(&B, &wc, 3000));
+	while (wc.opcode != DGV_WC_RECV_WRITE_RECORD);
+	cr_assert_eq(wc.record.valid_bytes, 5000);
+	teardown_pair();
+}
+
+/* The CQ's fd: armed, it turns readable when a completion arrives; poll(2) can wait on it. */
+Test(verbs, cq_fd_readable_after_notify)
+{
+	setup_pair(DGV_QPT_UD, NULL, 0);
+	post_recv(&B, 0, 4096, 1);
+	cr_assert_eq(dgv_req_notify_cq(B.cq, 0), 0);
+	struct pollfd p = {.fd = dgv_cq_fd(B.cq), .events = POLLIN};
+	cr_assert_eq(poll(&p, 1, 0), 0, "not readable before anything arrived");
+	fill(A.buf, 100, 1);
+	post_send(&A, DGV_WR_SEND, 0, 100, 0, 0, 1);
+	/* nobody polls B: the progress thread must receive it and raise the fd */
+	cr_assert_eq(poll(&p, 1, 3000), 1, "the fd became readable");
+	cr_assert_eq(dgv_cq_ack_event(B.cq), 0);
+	struct dgv_wc wc;
+	cr_assert_eq(dgv_poll_cq(B.cq, 1, &wc), 1);
+	cr_assert_eq(wc.opcode, DGV_WC_RECV);
+	cr_assert_eq(dgv_cq_wait(B.cq, 20), -ETIMEDOUT, "a blocking wait times out when nothing comes");
+	teardown_pair();
+}
+
+/* Asynchronous progress: the target application never calls in, yet one-sided Write-Records
+ * are placed and RD acknowledgements flow, so the source's work completes. */
+Test(rd, async_progress_without_target_polling)
+{
+	setup_pair(DGV_QPT_RD, NULL, 0);
+	uint32_t len = 300000;
+	fill(A.buf, len, 8);
+	post_send(&A, DGV_WR_WRITE_RECORD, 0, len, (uint64_t)(uintptr_t)B.buf, B.mr->rkey, 1);
+	struct dgv_wc wc;
+	cr_assert(wait_wc(&A, &wc, 5000), "the source completes: the target's thread acked");
+	cr_assert_eq(wc.status, DGV_WC_SUCCESS);
+	cr_assert_eq(memcmp(A.buf, B.buf, len), 0, "placed while the target application slept");
+	teardown_pair();
+}
+
+/* A silent RD peer: error completion within the retry budget, not a hang. */
+Test(rd, silent_peer_fails_the_send)
+{
+	cr_assert_eq(dgv_open(NULL, &ctx), 0);
+	cr_assert_eq(dgv_alloc_pd(ctx, &pd), 0);
+	cr_assert_eq(dgv_create_cq(ctx, 64, &A.cq), 0);
+	static const struct dgv_fault none;
+	struct sockaddr_in lo = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	struct dgv_qp_init_attr a = {.qp_type = DGV_QPT_RD, .send_cq = A.cq, .recv_cq = A.cq,
+				     .bind_addr = (struct sockaddr *)&lo, .bind_len = sizeof lo,
+				     .fault_tx = &none, .fault_rx = &none, .rd_max_retries = 3};
+	cr_assert_eq(dgv_create_qp(pd, &a, &A.qp), 0);
+	A.buf = aligned_alloc(4096, 4096);
+	cr_assert_eq(dgv_reg_mr(pd, A.buf, 4096, DGV_ACCESS_LOCAL_WRITE, &A.mr), 0);
+	/* a bound socket that never answers */
+	int mute = socket(AF_INET, SOCK_DGRAM, 0);
+	cr_assert_eq(bind(mute, (struct sockaddr *)&lo, sizeof lo), 0);
+	union dgv_sockaddr m;
+	socklen_t ml = sizeof m;
+	getsockname(mute, &m.sa, &ml);
+	cr_assert_eq(dgv_create_ah(pd, &m.sa, ml, &A.ah_peer), 0);
+	post_send(&A, DGV_WR_SEND, 0, 100, 0, 0, 1);
+	struct dgv_wc wc;
+	cr_assert(wait_wc(&A, &wc, 10000), "no hang");
+	cr_assert_eq(wc.status, DGV_WC_RETRY_EXC_ERR);
+	struct dgv_qp_stats st;
+	dgv_qp_stats(A.qp, &st);
+	cr_assert_eq(st.rd_retransmits, 3);
+	close(mute);
+	dgv_destroy_ah(A.ah_peer);
+	dgv_destroy_qp(A.qp);
+	dgv_destroy_cq(A.cq);
+	dgv_dereg_mr(A.mr);
+	free(A.buf);
+	dgv_dealloc_pd(pd);
+	dgv_close(ctx);
+}
+
+/* Destroying a QP flushes what it still holds. */
+Test(ud, destroy_flushes_receives)
+{
+	setup_pair(DGV_QPT_UD, NULL, 0);
+	post_recv(&B, 0, 4096, 11);
+	post_recv(&B, 4096, 4096, 12);
+	cr_assert_eq(dgv_destroy_qp(B.qp), 0);
+	struct dgv_wc wc[4];
+	cr_assert_eq(dgv_poll_cq(B.cq, 4, wc), 2);
+	cr_assert_eq(wc[0].status, DGV_WC_WR_FLUSH_ERR);
+	cr_assert_eq(wc[0].wr_id, 11);
+	cr_assert_eq(wc[1].wr_id, 12);
+	struct dgv_qp_init_attr a = {.qp_type = DGV_QPT_UD, .send_cq = B.cq, .recv_cq = B.cq};
+	cr_assert_eq(dgv_create_qp(pd, &a, &B.qp), 0); /* teardown destroys this one */
 	teardown_pair();
 }
