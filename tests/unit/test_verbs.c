@@ -169,7 +169,7 @@ static void write_record_case(enum dgv_qp_type t, uint32_t len)
 }
 
 Test(ud, write_record_single) { write_record_case(DGV_QPT_UD, 1000); }
-Test(ud, write_record_multi) { write_record_case(DGV_QPT_UD, 3u << 20); }
+Test(ud, write_record_multi) { write_record_case(DGV_QPT_UD, 1u << 20); }
 Test(rd, write_record_multi) { write_record_case(DGV_QPT_RD, 1u << 20); }
 
 static void write_read_case(enum dgv_qp_type t, uint32_t len)
