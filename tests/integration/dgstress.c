@@ -231,6 +231,20 @@ static struct dgv_ah *peer_ah(const char *host)
 	return ah;
 }
 
+/* Waits for one send completion and counts it. */
+static void reap_send(int *inflight, int *done, int *failed)
+{
+	struct dgv_wc wc;
+	if (!next_wc(&wc, 60000))
+		die("no send completion", ETIMEDOUT);
+	(*inflight)--;
+	(*done)++;
+	if (wc.status != DGV_WC_SUCCESS) {
+		fprintf(stderr, "dgstress: send %" PRIu64 " status %d\n", wc.wr_id, wc.status);
+		(*failed)++;
+	}
+}
+
 static int client(const char *host)
 {
 	setup(0);
@@ -240,16 +254,8 @@ static int client(const char *host)
 	for (int i = 0; i < nmsgs; i++) {
 		uint8_t *p = buf + (size_t)(i % RING) * MAXMSG;
 		/* never overwrite a buffer still in flight: at most RING outstanding */
-		while (inflight >= RING) {
-			if (!next_wc(&wc, 60000))
-				die("no send completion", ETIMEDOUT);
-			inflight--;
-			done++;
-			if (wc.status != DGV_WC_SUCCESS) {
-				fprintf(stderr, "dgstress: send %" PRIu64 " status %d\n", wc.wr_id, wc.status);
-				failed++;
-			}
-		}
+		while (inflight >= RING)
+			reap_send(&inflight, &done, &failed);
 		uint32_t len = msg_size(i);
 		msg_fill(p, len, i);
 		post(ah, DGV_WR_SEND, p, len, 0, 0, (uint64_t)i);
@@ -258,16 +264,8 @@ static int client(const char *host)
 		if (qpt == DGV_QPT_UD && (i % 8) == 7)
 			usleep(2000);
 	}
-	while (inflight > 0) {
-		if (!next_wc(&wc, 60000))
-			die("no send completion", ETIMEDOUT);
-		inflight--;
-		done++;
-		if (wc.status != DGV_WC_SUCCESS) {
-			fprintf(stderr, "dgstress: send %" PRIu64 " status %d\n", wc.wr_id, wc.status);
-			failed++;
-		}
-	}
+	while (inflight > 0)
+		reap_send(&inflight, &done, &failed);
 	struct dgv_qp_stats st;
 	dgv_qp_stats(qp, &st);
 	printf("client: %d sent, %d failed; datagrams %" PRIu64 ", retransmits %" PRIu64 "\n", done, failed,
