@@ -159,6 +159,10 @@ struct dgv_qp_init_attr {
 	uint32_t reasm_timeout_us;
 	/* RD: give up on a silent peer after this many retransmissions of one datagram; 0: 12. */
 	uint32_t rd_max_retries;
+	/* RD: datagrams in flight (and buffered out of order), shared by all peers of the QP;
+	 * 0: 256, capped at 4 MiB worth of segments. Each costs one segment of memory twice:
+	 * programs with thousands of RD QPs want a small window. */
+	uint32_t rd_window;
 	/* NULL: read DGSHIM_FAULT_TX / DGSHIM_FAULT_RX from the environment. */
 	const struct dgv_fault *fault_tx;
 	const struct dgv_fault *fault_rx;

@@ -1456,8 +1456,15 @@ int soft_create_qp(struct dgv_pd *pdb, const struct dgv_qp_init_attr *a, struct 
 	    (err = dg_fault_init(&qp->frx, a->fault_rx ? a->fault_rx : &frx, qp->rxbuf_size)))
 		goto fail;
 	if (a->qp_type == DGV_QPT_RD) {
-		struct rd_cfg rc = {.max_dgram = qp->seg_size - DG_RD_HLEN - DG_CRC_LEN,
-				    .max_retries = a->rd_max_retries};
+		/* The window is also the size of the retransmission and reordering pools, which
+		 * dominate an RD QP's memory: at most 4 MiB of each, whatever the segment size. */
+		uint32_t dgram = qp->seg_size - DG_RD_HLEN - DG_CRC_LEN;
+		uint32_t wnd = a->rd_window ? a->rd_window : 256;
+		uint32_t cap = (4u << 20) / dgram;
+		if (wnd > cap)
+			wnd = cap < 16 ? 16 : cap;
+		struct rd_cfg rc = {.max_dgram = dgram, .max_retries = a->rd_max_retries,
+				    .tx_slots = wnd, .rx_slots = wnd, .max_wnd = wnd};
 		if ((err = rd_create(&rc, &qp_rd_ops, qp, &qp->rd)))
 			goto fail;
 	}

@@ -118,6 +118,7 @@ struct rd_ep {
 	uint32_t *bucket;
 	uint32_t bucket_mask;
 	uint32_t peer_free;
+	uint32_t peer_high;     /* peers[peer_high..] never used: taken in order, untouched memory */
 	uint32_t act_head, act_tail;
 
 	uint64_t hash_seed, rng;
@@ -428,7 +429,7 @@ static bool peer_reapable(const struct rd_peer *p, uint64_t now)
 static uint32_t reap_idle(struct rd_ep *ep, uint64_t now, bool one_only)
 {
 	uint32_t n = 0;
-	for (uint32_t i = 0; i < ep->cfg.max_peers; i++) {
+	for (uint32_t i = 0; i < ep->peer_high; i++) {
 		if (!peer_reapable(&ep->peers[i], now))
 			continue;
 		DG_DBG("rd: reaping idle peer %u", i);
@@ -444,15 +445,19 @@ static uint32_t reap_idle(struct rd_ep *ep, uint64_t now, bool one_only)
 static uint32_t peer_new(struct rd_ep *ep, const union dgv_sockaddr *a, socklen_t alen, uint64_t now)
 {
 	/* a full table of busy peers would otherwise be scanned for every unknown datagram */
-	if (ep->peer_free == RD_NIL && since(now, ep->last_full_scan) >= RD_REAP_SCAN_US) {
+	if (ep->peer_free == RD_NIL && ep->peer_high == ep->cfg.max_peers &&
+	    since(now, ep->last_full_scan) >= RD_REAP_SCAN_US) {
 		ep->last_full_scan = now;
 		reap_idle(ep, now, true);
 	}
 	uint32_t i = ep->peer_free;
-	if (i == RD_NIL)
+	if (i != RD_NIL)
+		ep->peer_free = ep->peers[i].hnext;
+	else if (ep->peer_high < ep->cfg.max_peers)
+		i = ep->peer_high++; /* the table is only touched as far as it was ever used */
+	else
 		return RD_NIL;
 	struct rd_peer *p = &ep->peers[i];
-	ep->peer_free = p->hnext;
 	memset(p, 0, sizeof(*p));
 	p->addr = *a;
 	p->addrlen = alen;
@@ -926,7 +931,7 @@ void rd_kick(struct rd_ep *ep)
 	if (!ep->rnr_peers)
 		return;
 	uint64_t now = rd_now(ep);
-	for (uint32_t i = 0; i < ep->cfg.max_peers && ep->rnr_peers; i++) {
+	for (uint32_t i = 0; i < ep->peer_high && ep->rnr_peers; i++) {
 		struct rd_peer *p = &ep->peers[i];
 		if (!p->in_use || !p->rnr || !p->rx_valid)
 			continue;
@@ -1213,10 +1218,6 @@ int rd_create(const struct rd_cfg *cfg, const struct rd_ops *ops, void *arg, str
 		tx_release(ep, k);
 	for (uint32_t k = c.rx_slots; k-- > 0;)
 		rx_release(ep, k);
-	for (uint32_t k = c.max_peers; k-- > 0;) {
-		ep->peers[k].hnext = ep->peer_free;
-		ep->peer_free = k;
-	}
 	memset(ep->bucket, 0xff, nb * sizeof(*ep->bucket));
 	ep->done_head = ep->done_tail = RD_NIL;
 	ep->act_head = ep->act_tail = RD_NIL;
