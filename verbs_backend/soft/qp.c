@@ -119,9 +119,22 @@ static void udp_emit(void *arg, const struct dg_pkt *pkt)
 	if (t->qp->has_peer && addr_eq(pkt->addr, &t->qp->peer))
 		mh.msg_name = NULL, mh.msg_namelen = 0; /* connected: the kernel's cached route */
 	ssize_t r;
-	do
-		r = sendmsg(t->qp->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
-	while (r < 0 && errno == EINTR);
+	if (pkt->len <= 512 && pkt->iovcnt > 1) {
+		/* small: one copy is cheaper than the kernel importing an iovec */
+		uint8_t flat[512];
+		size_t off = 0;
+		for (int i = 0; i < pkt->iovcnt; i++) {
+			memcpy(flat + off, pkt->iov[i].iov_base, pkt->iov[i].iov_len);
+			off += pkt->iov[i].iov_len;
+		}
+		do
+			r = sendto(t->qp->fd, flat, off, MSG_DONTWAIT | MSG_NOSIGNAL, mh.msg_name, mh.msg_namelen);
+		while (r < 0 && errno == EINTR);
+	} else {
+		do
+			r = sendmsg(t->qp->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+		while (r < 0 && errno == EINTR);
+	}
 	if (r < 0) {
 		t->err = -errno;
 		return;
@@ -1196,12 +1209,18 @@ static void rx_one(struct soft_qp *qp, uint32_t i)
 static int rx_drain(struct soft_qp *qp, int budget)
 {
 	if (qp->rx_vlen <= 1) {
-		ssize_t r = recvmsg(qp->fd, &qp->rxmsg[0].msg_hdr, MSG_DONTWAIT);
+		/* recvfrom: no message header for the kernel to import; MSG_TRUNC returns the real
+		 * length, so an oversized datagram is still recognised */
+		socklen_t al = sizeof qp->rxaddr[0];
+		ssize_t r = recvfrom(qp->fd, qp->rxbuf, qp->rxbuf_size, MSG_DONTWAIT | MSG_TRUNC,
+				     &qp->rxaddr[0].sa, &al);
 		if (r < 0) {
 			qp->rx_streak = 0;
 			return 0;
 		}
 		qp->rxmsg[0].msg_len = (unsigned)r;
+		qp->rxmsg[0].msg_hdr.msg_namelen = al;
+		qp->rxmsg[0].msg_hdr.msg_flags = (size_t)r > qp->rxbuf_size ? MSG_TRUNC : 0;
 		rx_one(qp, 0);
 		if (++qp->rx_streak >= 2)
 			qp->rx_vlen = qp->rx_batch;
