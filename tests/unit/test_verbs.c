@@ -673,3 +673,27 @@ static void max_message(enum dgv_qp_type t)
 
 Test(ud, max_message_16mib, .timeout = 60) { max_message(DGV_QPT_UD); }
 Test(rd, max_message_16mib, .timeout = 60) { max_message(DGV_QPT_RD); }
+
+/* A receive whose region was deregistered after the post: completes with a local protection
+ * error and the memory is not written. */
+Test(ud, receive_into_deregistered_region_refused)
+{
+	setup_pair(DGV_QPT_UD, NULL, 0);
+	static uint8_t mem[4096];
+	memset(mem, 0, sizeof mem);
+	struct dgv_mr *m2;
+	cr_assert_eq(dgv_reg_mr(pd, mem, sizeof mem, DGV_ACCESS_LOCAL_WRITE, &m2), 0);
+	struct dgv_sge sge = {(uint64_t)(uintptr_t)mem, sizeof mem, m2->lkey};
+	struct dgv_recv_wr wr = {.wr_id = 5, .sg_list = &sge, .num_sge = 1};
+	cr_assert_eq(dgv_post_recv(B.qp, &wr, NULL), 0);
+	cr_assert_eq(dgv_dereg_mr(m2), 0);
+	fill(A.buf, 100, 3);
+	post_send(&A, DGV_WR_SEND, 0, 100, 0, 0, 1);
+	struct dgv_wc wc;
+	cr_assert(wait_wc(&B, &wc, 3000));
+	cr_assert_eq(wc.wr_id, 5);
+	cr_assert_eq(wc.status, DGV_WC_LOC_PROT_ERR);
+	for (size_t i = 0; i < sizeof mem; i++)
+		cr_assert_eq(mem[i], 0);
+	teardown_pair();
+}

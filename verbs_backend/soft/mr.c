@@ -141,22 +141,38 @@ fail:
 	return NULL;
 }
 
+static bool local_ok(const struct soft_mr *mr, struct soft_pd *pd, const struct dgv_sge *sge,
+		     bool need_write)
+{
+	uint64_t start = (uint64_t)(uintptr_t)mr->pub.addr;
+	return to_spd(mr->pub.pd) == pd && (!need_write || (mr->pub.access & DGV_ACCESS_LOCAL_WRITE)) &&
+	       sge->addr >= start && sge->length <= mr->pub.length &&
+	       sge->addr - start <= mr->pub.length - sge->length;
+}
+
+/* At post time: a check, not a hold (no atomics on the send path). The receive path holds the
+ * region again while it writes (soft_mr_get_local), so a region deregistered after the post is
+ * never written. */
 int soft_mr_check_local(struct soft_ctx *ctx, struct soft_pd *pd, const struct dgv_sge *sge,
 			bool need_write)
 {
 	if (sge->length == 0)
 		return 0;
-	struct soft_mr *mr = mr_hold(ctx, sge->lkey);
-	if (!mr)
+	struct soft_mr *mr = atomic_load_explicit(&ctx->mrs[SOFT_MR_INDEX(sge->lkey)], memory_order_acquire);
+	if (!mr || !sge->lkey || atomic_load_explicit(&mr->stag, memory_order_relaxed) != sge->lkey)
 		return -EFAULT;
-	int rc = 0;
-	uint64_t start = (uint64_t)(uintptr_t)mr->pub.addr;
-	if (to_spd(mr->pub.pd) != pd || (need_write && !(mr->pub.access & DGV_ACCESS_LOCAL_WRITE)) ||
-	    sge->addr < start || sge->length > mr->pub.length ||
-	    sge->addr - start > mr->pub.length - sge->length)
-		rc = -EFAULT;
-	soft_mr_put(mr);
-	return rc;
+	return local_ok(mr, pd, sge, need_write) ? 0 : -EFAULT;
+}
+
+struct soft_mr *soft_mr_get_local(struct soft_ctx *ctx, struct soft_pd *pd, const struct dgv_sge *sge,
+				  bool need_write)
+{
+	struct soft_mr *mr = mr_hold(ctx, sge->lkey);
+	if (mr && !local_ok(mr, pd, sge, need_write)) {
+		soft_mr_put(mr);
+		return NULL;
+	}
+	return mr;
 }
 
 void soft_mr_table_fini(struct soft_ctx *ctx)

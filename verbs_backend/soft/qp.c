@@ -76,15 +76,29 @@ static int sge_iov(const struct dgv_sge *sge, uint32_t nsge, uint32_t off, uint3
 	return n;
 }
 
-/* Copies len bytes into the receive WQE's buffers at message offset off. */
-static void sge_copy_in(const struct soft_rwqe *w, uint32_t off, const uint8_t *src, uint32_t len)
+/* Copies len bytes into the receive WQE's buffers at message offset off, holding each region
+ * while it writes. Returns 0, or -EFAULT if a region was deregistered since the post (nothing
+ * more is written). */
+static int sge_copy_in(struct soft_qp *qp, const struct soft_rwqe *w, uint32_t off, const uint8_t *src,
+		       uint32_t len)
 {
-	struct iovec iov[SOFT_MAX_SGE];
-	int n = sge_iov(w->sge, w->num_sge, off, len, iov, SOFT_MAX_SGE);
-	for (int i = 0; i < n; i++) {
-		memcpy(iov[i].iov_base, src, iov[i].iov_len);
-		src += iov[i].iov_len;
+	for (uint32_t i = 0; i < w->num_sge && len; i++) {
+		const struct dgv_sge *g = &w->sge[i];
+		if (off >= g->length) {
+			off -= g->length;
+			continue;
+		}
+		uint32_t take = g->length - off < len ? g->length - off : len;
+		struct soft_mr *mr = soft_mr_get_local(qp->ctx, qp->pd, g, true);
+		if (!mr)
+			return -EFAULT;
+		memcpy((void *)(uintptr_t)(g->addr + off), src, take);
+		soft_mr_put(mr);
+		src += take;
+		len -= take;
+		off = 0;
 	}
+	return 0;
 }
 
 static void errq_add(struct soft_qp *qp, const struct dg_reject *why, bool remote, uint8_t opcode,
@@ -784,7 +798,10 @@ static int rx_send(struct soft_qp *qp, const union dgv_sockaddr *from, socklen_t
 			recv_complete(qp, &w, DGV_WC_LOC_LEN_ERR, g->ml, g->msn, from, fromlen, se);
 			return 0;
 		}
-		sge_copy_in(&w, 0, g->payload, g->plen);
+		if (sge_copy_in(qp, &w, 0, g->payload, g->plen)) {
+			recv_complete(qp, &w, DGV_WC_LOC_PROT_ERR, 0, g->msn, from, fromlen, se);
+			return 0;
+		}
 		if (!rd && older_send_active(qp, from, g->msn)) {
 			struct soft_slot *s = slot_alloc(qp);
 			if (s && slot_init(qp, s, SLOT_SEND, from, fromlen, g) == 0) {
@@ -835,8 +852,10 @@ static int rx_send(struct soft_qp *qp, const union dgv_sockaddr *from, socklen_t
 			qp->st.malformed_drops++;
 		return 0;
 	}
-	if (s->kind == SLOT_SEND)
-		sge_copy_in(&s->wqe, g->mo, g->payload, g->plen);
+	if (s->kind == SLOT_SEND && sge_copy_in(qp, &s->wqe, g->mo, g->payload, g->plen)) {
+		recv_complete(qp, &s->wqe, DGV_WC_LOC_PROT_ERR, 0, g->msn, from, fromlen, false);
+		s->kind = SLOT_DISCARD; /* the rest of the message goes nowhere */
+	}
 	if (s->got_segs < s->nsegs)
 		return 0;
 	if (s->kind == SLOT_DISCARD) {
@@ -985,7 +1004,8 @@ static void rx_read_resp(struct soft_qp *qp, const union dgv_sockaddr *from, soc
 	}
 	if (g->plen) {
 		struct dgv_sge sge = {g->to, g->plen, g->stag};
-		if (soft_mr_check_local(qp->ctx, qp->pd, &sge, true)) {
+		struct soft_mr *mr = soft_mr_get_local(qp->ctx, qp->pd, &sge, true);
+		if (!mr) {
 			struct dg_reject why = {TERM_LAYER_DDP, DDP_ETYPE_TAGGED_BUF, DDP_ECODE_T_INVALID_STAG,
 						"read sink no longer registered"};
 			errq_add(qp, &why, false, g->opcode, g->msn, g->stag, g->to, g->plen, from);
@@ -993,6 +1013,7 @@ static void rx_read_resp(struct soft_qp *qp, const union dgv_sockaddr *from, soc
 			return;
 		}
 		memcpy((void *)(uintptr_t)g->to, g->payload, g->plen);
+		soft_mr_put(mr);
 	}
 	if (qp->base.type == DGV_QPT_RD) {
 		o->got += g->plen;

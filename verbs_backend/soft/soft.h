@@ -239,6 +239,9 @@ struct soft_mr *soft_mr_get_remote(struct soft_ctx *ctx, struct soft_pd *pd, uin
 /* Checks a local SGE (lkey, bounds, and local write when need_write). Returns 0 or -EFAULT. */
 int soft_mr_check_local(struct soft_ctx *ctx, struct soft_pd *pd, const struct dgv_sge *sge,
 			bool need_write);
+/* The MR of a local SGE, held (put it after the access), or NULL if it is no longer valid. */
+struct soft_mr *soft_mr_get_local(struct soft_ctx *ctx, struct soft_pd *pd, const struct dgv_sge *sge,
+				  bool need_write);
 static inline void soft_mr_put(struct soft_mr *mr) { atomic_fetch_sub(&mr->users, 1); }
 void soft_mr_table_fini(struct soft_ctx *ctx);
 
