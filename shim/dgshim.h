@@ -1,0 +1,31 @@
+/*
+ * dgshim.h - the public interface of libdgshim.so for programs that want to choose, per socket,
+ * whether and how it is carried over datagram-iWARP (paper 001 section 3.1: IWARP_MODE).
+ * Unmodified programs need none of this: rules (DGSHIM_CONF) and the environment decide for them.
+ *
+ *   int mode = IWARP_MODE_UD;
+ *   setsockopt(fd, SOL_IWARP, IWARP_MODE, &mode, sizeof mode);
+ *
+ * Without the shim loaded these calls fail with ENOPROTOOPT, so a program can tell.
+ */
+#ifndef DGSHIM_H
+#define DGSHIM_H
+
+/* Socket option level: outside every level the kernel uses (SOL_* are small numbers). */
+#define SOL_IWARP 0x1d9a
+
+/* int: one of the IWARP_MODE_* values. May change between datagrams. */
+#define IWARP_MODE 1
+/* int: payloads of at least this many bytes are sent from the program's own (registered)
+ * buffer; smaller ones are copied through pre-registered buffers. */
+#define IWARP_ZCOPY_THRESHOLD 2
+
+enum iwarp_mode {
+	IWARP_MODE_OFF = 0, /* the operating system carries the socket, untouched */
+	IWARP_MODE_UD = 1,  /* unreliable datagram-iWARP (UDP sockets) */
+	IWARP_MODE_RD = 2,  /* reliable datagram-iWARP: in order, exactly once per source (UDP) */
+	IWARP_MODE_RC = 3,  /* reliable connection, iWARP over TCP (stream sockets) */
+	IWARP_MODE_AUTO = 4 /* the rules and the peer decide (the default) */
+};
+
+#endif
