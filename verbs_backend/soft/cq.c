@@ -21,11 +21,11 @@ int soft_create_cq(struct dgv_context *ctx, int cqe, struct dgv_cq **out)
 		return -ENOMEM;
 	cq->base.ctx = ctx;
 	cq->cap = (uint32_t)cqe;
-	cq->ring = calloc(cq->cap, sizeof *cq->ring);
+	cq->ring = dg_pages_alloc((size_t)cq->cap * sizeof *cq->ring);
 	cq->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	if (!cq->ring || cq->efd < 0) {
 		int err = cq->efd < 0 ? -errno : -ENOMEM;
-		free(cq->ring);
+		dg_pages_free(cq->ring, (size_t)cq->cap * sizeof *cq->ring);
 		if (cq->efd >= 0)
 			close(cq->efd);
 		free(cq);
@@ -45,7 +45,7 @@ int soft_destroy_cq(struct dgv_cq *cqb)
 	if (busy)
 		return -EBUSY;
 	close(cq->efd);
-	free(cq->ring);
+	dg_pages_free(cq->ring, (size_t)cq->cap * sizeof *cq->ring);
 	free(cq->scratch);
 	pthread_mutex_destroy(&cq->lock);
 	free(cq);

@@ -11,6 +11,7 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 
 #include "log.h"
@@ -108,6 +109,24 @@ static struct soft_mr *mr_hold(struct soft_ctx *ctx, uint32_t stag)
 		return NULL;
 	}
 	return mr;
+}
+
+void *dg_pages_alloc(size_t size)
+{
+	if (size < 16384)
+		return calloc(1, size ? size : 1);
+	void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	return p == MAP_FAILED ? NULL : p;
+}
+
+void dg_pages_free(void *p, size_t size)
+{
+	if (!p)
+		return;
+	if (size < 16384)
+		free(p);
+	else
+		munmap(p, size);
 }
 
 struct soft_mr *soft_mr_get_remote(struct soft_ctx *ctx, struct soft_pd *pd, uint32_t stag,

@@ -1388,9 +1388,9 @@ static void qp_free(struct soft_qp *qp)
 		free(qp->slots[i].bitmap);
 	if (qp->own_fd && qp->fd >= 0)
 		close(qp->fd);
-	free(qp->sq);
-	free(qp->rq);
-	free(qp->rxbuf);
+	dg_pages_free(qp->sq, (size_t)qp->sq_cap * sizeof *qp->sq);
+	dg_pages_free(qp->rq, (size_t)qp->rq_cap * sizeof *qp->rq);
+	dg_pages_free(qp->rxbuf, (size_t)qp->rxbuf_size * qp->rx_batch);
 	free(qp->rxmsg);
 	free(qp->rxiov);
 	free(qp->rxaddr);
@@ -1469,11 +1469,11 @@ int soft_create_qp(struct dgv_pd *pdb, const struct dgv_qp_init_attr *a, struct 
 	}
 	qp->sq_cap = a->max_send_wr ? a->max_send_wr : DEFAULT_WR;
 	qp->rq_cap = a->max_recv_wr ? a->max_recv_wr : DEFAULT_WR;
-	qp->sq = calloc(qp->sq_cap, sizeof *qp->sq);
-	qp->rq = calloc(qp->rq_cap, sizeof *qp->rq);
+	qp->sq = dg_pages_alloc((size_t)qp->sq_cap * sizeof *qp->sq);
+	qp->rq = dg_pages_alloc((size_t)qp->rq_cap * sizeof *qp->rq);
 	qp->rxbuf_size = qp->seg_size < 2048 ? 2048 : qp->seg_size;
 	qp->rx_batch = qp->rxbuf_size <= 4096 ? SOFT_RX_BATCH : 4;
-	qp->rxbuf = malloc((size_t)qp->rxbuf_size * qp->rx_batch);
+	qp->rxbuf = dg_pages_alloc((size_t)qp->rxbuf_size * qp->rx_batch);
 	qp->rxmsg = calloc(qp->rx_batch, sizeof *qp->rxmsg);
 	qp->rxiov = calloc(qp->rx_batch, sizeof *qp->rxiov);
 	qp->rxaddr = calloc(qp->rx_batch, sizeof *qp->rxaddr);

@@ -229,6 +229,13 @@ static inline struct soft_cq *to_scq(struct dgv_cq *c) { return (struct soft_cq 
 static inline struct soft_qp *to_sqp(struct dgv_qp *q) { return (struct soft_qp *)q; }
 static inline struct soft_mr *to_smr(struct dgv_mr *m) { return (struct soft_mr *)m; }
 
+/* Zeroed memory for rings and buffers. Large ones come straight from mmap, so the pages a QP
+ * never uses (most of a 256-entry ring for a socket that sends a few datagrams, the receive
+ * batch of a QP that never sees a burst) cost no memory: thousands of QPs stay cheap.
+ * dg_pages_free needs the size given to dg_pages_alloc. */
+void *dg_pages_alloc(size_t size);
+void dg_pages_free(void *p, size_t size);
+
 /* mr.c */
 int soft_reg_mr(struct dgv_pd *pd, void *addr, size_t len, unsigned access, struct dgv_mr **out);
 int soft_dereg_mr(struct dgv_mr *mr);
