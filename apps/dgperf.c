@@ -1345,6 +1345,8 @@ static const char *wc_opcode_str(enum dgv_wc_opcode o)
 	case DGV_WC_READ: return "READ";
 	case DGV_WC_RECV: return "RECV";
 	case DGV_WC_RECV_WRITE_RECORD: return "RECV_WRITE_RECORD";
+	case DGV_WC_RECV_PLAIN: return "RECV_PLAIN";
+	case DGV_WC_SEND_PLAIN: return "SEND_PLAIN";
 	}
 	return "?";
 }

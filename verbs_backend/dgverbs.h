@@ -163,6 +163,10 @@ struct dgv_qp_init_attr {
 	 * 0: 256, capped at 4 MiB worth of segments. Each costs one segment of memory twice:
 	 * programs with thousands of RD QPs want a small window. */
 	uint32_t rd_window;
+	/* Hand datagrams that are not datagram-iWARP up as DGV_WC_RECV_PLAIN receives instead of
+	 * dropping them (for a socket shared with peers that speak plain UDP). A datagram whose
+	 * header looks like ours but whose CRC is wrong is still dropped as corrupted. */
+	int pass_plain;
 	/* NULL: read DGSHIM_FAULT_TX / DGSHIM_FAULT_RX from the environment. */
 	const struct dgv_fault *fault_tx;
 	const struct dgv_fault *fault_rx;
@@ -189,6 +193,7 @@ enum dgv_wr_opcode {
 	DGV_WR_WRITE,         /* RDMA Write: placed at the target, no target completion */
 	DGV_WR_WRITE_RECORD,  /* RDMA Write-Record: placed, then a record completion at the target */
 	DGV_WR_READ,          /* RDMA Read */
+	DGV_WR_SEND_PLAIN,    /* the payload as one plain UDP datagram, no framing (interop) */
 };
 
 enum dgv_send_flags {
@@ -240,6 +245,8 @@ enum dgv_wc_opcode {
 	DGV_WC_READ,
 	DGV_WC_RECV,              /* a Send matched a posted receive */
 	DGV_WC_RECV_WRITE_RECORD, /* a Write-Record arrived: see record (no receive consumed) */
+	DGV_WC_RECV_PLAIN,        /* pass_plain: a plain UDP datagram, copied whole */
+	DGV_WC_SEND_PLAIN,
 };
 
 enum dgv_wc_flags {
@@ -310,6 +317,7 @@ struct dgv_qp_stats {
 	uint64_t tx_datagrams, tx_bytes;     /* datagrams handed to the LLP, bytes on the wire */
 	uint64_t rx_datagrams, rx_bytes;
 	uint64_t tx_msgs, rx_msgs;           /* completed messages */
+	uint64_t tx_plain, rx_plain;         /* plain (unframed) datagrams sent and passed up */
 	uint64_t crc_drops;                  /* bad CRC: dropped, never placed */
 	uint64_t malformed_drops;            /* truncated, bad version, unknown opcode, absurd length */
 	uint64_t placement_rejects;          /* STag/PD/rights/bounds failures */

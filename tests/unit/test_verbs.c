@@ -13,6 +13,8 @@
 #include <unistd.h>
 
 #include "dgverbs.h"
+#include "frame.h"
+#include "wire.h"
 
 struct side {
 	struct dgv_cq *cq;
@@ -695,5 +697,108 @@ Test(ud, receive_into_deregistered_region_refused)
 	cr_assert_eq(wc.status, DGV_WC_LOC_PROT_ERR);
 	for (size_t i = 0; i < sizeof mem; i++)
 		cr_assert_eq(mem[i], 0);
+	teardown_pair();
+}
+
+/* pass_plain: a plain UDP peer's datagrams reach the QP's receives untouched, a corrupted
+ * datagram-iWARP one is still dropped, and SEND_PLAIN reaches the plain peer as its bytes. */
+static void plain_case(enum dgv_qp_type t)
+{
+	cr_assert_eq(dgv_open(NULL, &ctx), 0);
+	cr_assert_eq(dgv_alloc_pd(ctx, &pd), 0);
+	cr_assert_eq(dgv_create_cq(ctx, 64, &B.cq), 0);
+	struct sockaddr_in lo = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	static const struct dgv_fault none;
+	struct dgv_qp_init_attr a = {.qp_type = t, .send_cq = B.cq, .recv_cq = B.cq,
+				     .bind_addr = (struct sockaddr *)&lo, .bind_len = sizeof lo,
+				     .fault_tx = &none, .fault_rx = &none, .pass_plain = 1};
+	cr_assert_eq(dgv_create_qp(pd, &a, &B.qp), 0);
+	B.buf = aligned_alloc(4096, 65536);
+	memset(B.buf, 0, 65536);
+	cr_assert_eq(dgv_reg_mr(pd, B.buf, 65536, DGV_ACCESS_LOCAL_WRITE, &B.mr), 0);
+	int plain = socket(AF_INET, SOCK_DGRAM, 0);
+	cr_assert_eq(bind(plain, (struct sockaddr *)&lo, sizeof lo), 0);
+	union dgv_sockaddr qa, pa;
+	socklen_t ql, pl = sizeof pa;
+	dgv_qp_local_addr(B.qp, &qa, &ql);
+	getsockname(plain, &pa.sa, &pl);
+	post_recv(&B, 0, 2048, 1);
+	post_recv(&B, 2048, 2048, 2);
+	/* RTP-like, text-like and binary plain datagrams */
+	const char *msgs[] = {"\x80\x60\x12\x34 rtp-ish payload", "INVITE sip:bob@example SIP/2.0", "\x47\x40\x11"};
+	for (int i = 0; i < 2; i++)
+		cr_assert_eq(sendto(plain, msgs[i], strlen(msgs[i]), 0, &qa.sa, ql), (ssize_t)strlen(msgs[i]));
+	struct dgv_wc wc;
+	for (int i = 0; i < 2; i++) {
+		cr_assert(wait_wc(&B, &wc, 3000));
+		cr_assert_eq(wc.opcode, DGV_WC_RECV_PLAIN);
+		cr_assert_eq(wc.status, DGV_WC_SUCCESS);
+		cr_assert_eq(wc.byte_len, strlen(msgs[i]));
+		cr_assert_eq(memcmp(B.buf + wc.wr_id * 2048 - 2048, msgs[i], wc.byte_len), 0);
+		cr_assert_eq(wc.src.sin.sin_port, pa.sin.sin_port);
+	}
+	/* a datagram-iWARP header with a broken CRC is corruption, not plain data */
+	uint8_t d[64] = {0};
+	if (t == DGV_QPT_RD) {
+		d[0] = RD_MAGIC;
+	} else {
+		struct dg_untagged_hdr h;
+		dg_put_untagged(&h, RDMAP_SEND, true, DDP_QN_SEND, 0, 0, 30, 0, 0);
+		memcpy(d, &h, sizeof h);
+	}
+	post_recv(&B, 4096, 2048, 3);
+	cr_assert_eq(sendto(plain, d, sizeof d, 0, &qa.sa, ql), (ssize_t)sizeof d);
+	cr_assert_eq(sendto(plain, msgs[2], 3, 0, &qa.sa, ql), 3);
+	cr_assert(wait_wc(&B, &wc, 3000));
+	cr_assert_eq(wc.opcode, DGV_WC_RECV_PLAIN);
+	cr_assert_eq(wc.byte_len, 3, "the corrupted one was not handed up");
+	struct dgv_qp_stats st;
+	dgv_qp_stats(B.qp, &st);
+	cr_assert_eq(st.crc_drops, 1);
+	cr_assert_eq(st.rx_plain, 3);
+	/* SEND_PLAIN: exactly the bytes, no framing */
+	memcpy(B.buf + 8192, "plain reply", 11);
+	struct dgv_ah *ah;
+	cr_assert_eq(dgv_create_ah(pd, &pa.sa, pl, &ah), 0);
+	struct dgv_sge sge = {(uint64_t)(uintptr_t)(B.buf + 8192), 11, B.mr->lkey};
+	struct dgv_send_wr wr = {.wr_id = 9, .sg_list = &sge, .num_sge = 1, .opcode = DGV_WR_SEND_PLAIN,
+				 .send_flags = DGV_SEND_SIGNALED, .ah = ah};
+	cr_assert_eq(dgv_post_send(B.qp, &wr, NULL), 0);
+	char got[64];
+	ssize_t n = recv(plain, got, sizeof got, 0);
+	cr_assert_eq(n, 11);
+	cr_assert_eq(memcmp(got, "plain reply", 11), 0);
+	cr_assert(wait_wc(&B, &wc, 3000));
+	cr_assert_eq(wc.opcode, DGV_WC_SEND_PLAIN);
+	cr_assert_eq(wc.status, DGV_WC_SUCCESS);
+	close(plain);
+	dgv_destroy_ah(ah);
+	dgv_destroy_qp(B.qp);
+	dgv_destroy_cq(B.cq);
+	dgv_dereg_mr(B.mr);
+	free(B.buf);
+	dgv_dealloc_pd(pd);
+	dgv_close(ctx);
+}
+
+Test(ud, pass_plain_interop) { plain_case(DGV_QPT_UD); }
+Test(rd, pass_plain_interop) { plain_case(DGV_QPT_RD); }
+
+/* Without pass_plain, plain datagrams never reach a receive (they are not ours). */
+Test(ud, plain_dropped_without_pass_plain)
+{
+	setup_pair(DGV_QPT_UD, NULL, 0);
+	post_recv(&B, 0, 2048, 1);
+	int plain = socket(AF_INET, SOCK_DGRAM, 0);
+	union dgv_sockaddr qa;
+	socklen_t ql;
+	dgv_qp_local_addr(B.qp, &qa, &ql);
+	cr_assert_eq(sendto(plain, "hello", 5, 0, &qa.sa, ql), 5);
+	struct dgv_wc wc;
+	cr_assert_eq(wait_wc(&B, &wc, 100), 0);
+	struct dgv_qp_stats st;
+	dgv_qp_stats(B.qp, &st);
+	cr_assert_eq(st.crc_drops, 1);
+	close(plain);
 	teardown_pair();
 }

@@ -267,7 +267,7 @@ static void sq_complete(struct soft_qp *qp, uint32_t idx, enum dgv_wc_status sta
 		static const enum dgv_wc_opcode map[] = {
 			[DGV_WR_SEND] = DGV_WC_SEND, [DGV_WR_SEND_SE] = DGV_WC_SEND,
 			[DGV_WR_WRITE] = DGV_WC_WRITE, [DGV_WR_WRITE_RECORD] = DGV_WC_WRITE_RECORD,
-			[DGV_WR_READ] = DGV_WC_READ};
+			[DGV_WR_READ] = DGV_WC_READ, [DGV_WR_SEND_PLAIN] = DGV_WC_SEND_PLAIN};
 		struct dgv_wc wc = {.wr_id = w->wr_id, .status = status, .opcode = map[w->opcode],
 				    .byte_len = bytes, .msn = w->msn, .qp = &qp->base};
 		if (soft_cq_push(qp->scq, &wc, NULL, NULL))
@@ -414,6 +414,21 @@ static int pump_swqe(struct soft_qp *qp, uint32_t idx)
 		w->read_ord = true;
 		w->all_sent = true;
 		return 0;
+	}
+	if (w->opcode == DGV_WR_SEND_PLAIN) {
+		/* bypasses DDP (and RD): the bytes go out as the program gave them */
+		struct iovec pl[SOFT_MAX_SGE];
+		int npl = sge_iov(w->sge, w->num_sge, 0, w->len, pl, SOFT_MAX_SGE);
+		int rc = udp_xmit(qp, pl, npl, &w->dst, w->dstlen);
+		if (rc == -EAGAIN) {
+			qp->pump_blocked = true;
+			return rc;
+		}
+		w->all_sent = true;
+		if (rc == 0)
+			qp->st.tx_plain++;
+		sq_complete(qp, idx, rc ? DGV_WC_GENERAL_ERR : DGV_WC_SUCCESS, rc ? 0 : w->len);
+		return rc;
 	}
 	bool tagged = w->opcode == DGV_WR_WRITE || w->opcode == DGV_WR_WRITE_RECORD;
 	uint8_t op = w->opcode == DGV_WR_SEND ? RDMAP_SEND : w->opcode == DGV_WR_SEND_SE ? RDMAP_SEND_SE
@@ -1166,13 +1181,55 @@ static const struct rd_ops qp_rd_ops = {
 };
 
 /* One datagram from UDP (after receive-edge faults). */
+/* True when buf starts like one of our datagrams: a CRC failure then means corruption, not a
+ * plain datagram. Common plain protocols fail this at once (RTP's first byte 0x80 has DV=0,
+ * MPEG-TS 0x47 and ASCII text set DDP reserved bits). */
+static bool looks_framed(const struct soft_qp *qp, const uint8_t *buf, size_t len)
+{
+	if (qp->base.type == DGV_QPT_RD)
+		return len >= DG_RD_HLEN + DG_CRC_LEN && buf[0] == RD_MAGIC;
+	if (len < DG_UNTAGGED_HLEN + DG_CRC_LEN)
+		return false;
+	uint16_t ctrl = (uint16_t)(buf[0] << 8 | buf[1]);
+	return (ctrl & (DDP_CTRL_RSVD | DDP_CTRL_DV_MASK | RDMAP_CTRL_RV_MASK | RDMAP_CTRL_RSVD)) ==
+		       (DDP_CTRL_DV_1 | RDMAP_CTRL_RV_1) &&
+	       (ctrl & RDMAP_CTRL_OPCODE) <= RDMAP_OPCODE_MAX;
+}
+
+/* A plain datagram on a pass_plain QP: copied whole into the next posted receive. */
+static void rx_plain(struct soft_qp *qp, const uint8_t *buf, size_t len, const union dgv_sockaddr *from,
+		     socklen_t fromlen)
+{
+	struct soft_rwqe w;
+	if (!rq_pop(qp, &w)) {
+		qp->st.no_wqe_drops++; /* as a full socket buffer would */
+		return;
+	}
+	if (len > w.len) {
+		recv_complete(qp, &w, DGV_WC_LOC_LEN_ERR, (uint32_t)len, 0, from, fromlen, false);
+		return;
+	}
+	if (sge_copy_in(qp, &w, 0, buf, (uint32_t)len)) {
+		recv_complete(qp, &w, DGV_WC_LOC_PROT_ERR, 0, 0, from, fromlen, false);
+		return;
+	}
+	qp->st.rx_plain++;
+	struct dgv_wc wc = {.wr_id = w.wr_id, .status = DGV_WC_SUCCESS, .opcode = DGV_WC_RECV_PLAIN,
+			    .byte_len = (uint32_t)len, .qp = &qp->base, .src = *from, .src_len = fromlen};
+	if (soft_cq_push(qp->rcq, &wc, NULL, NULL))
+		qp->st.cq_overflows++;
+}
+
 static void rx_datagram(struct soft_qp *qp, uint8_t *buf, size_t len, const union dgv_sockaddr *from,
 			socklen_t fromlen)
 {
 	qp->st.rx_datagrams++;
 	qp->st.rx_bytes += len;
 	if (len < DG_CRC_LEN + 2 || !dg_crc_check(buf, len)) {
-		qp->st.crc_drops++;
+		if (qp->pass_plain && !looks_framed(qp, buf, len))
+			rx_plain(qp, buf, len, from, fromlen);
+		else
+			qp->st.crc_drops++;
 		return;
 	}
 	len -= DG_CRC_LEN;
@@ -1419,6 +1476,7 @@ int soft_create_qp(struct dgv_pd *pdb, const struct dgv_qp_init_attr *a, struct 
 	qp->max_msg = a->max_msg_size ? a->max_msg_size : DEFAULT_MAX_MSG;
 	qp->max_sge = a->max_sge ? a->max_sge : 4;
 	qp->reasm_us = a->reasm_timeout_us ? a->reasm_timeout_us : DEFAULT_REASM_US;
+	qp->pass_plain = a->pass_plain != 0;
 	int family = a->bind_addr ? a->bind_addr->sa_family : (a->bind_family ? a->bind_family : AF_INET);
 	if (a->use_adopt_fd) {
 		union dgv_sockaddr la;
@@ -1572,7 +1630,7 @@ int soft_qp_local_addr(struct dgv_qp *qpb, union dgv_sockaddr *out, socklen_t *l
  * for errors that refuse the post. */
 static int check_send_wr(struct soft_qp *qp, const struct dgv_send_wr *wr, uint64_t *total)
 {
-	if ((unsigned)wr->opcode > DGV_WR_READ || wr->num_sge < 0 || (uint32_t)wr->num_sge > qp->max_sge)
+	if ((unsigned)wr->opcode > DGV_WR_SEND_PLAIN || wr->num_sge < 0 || (uint32_t)wr->num_sge > qp->max_sge)
 		return -EINVAL;
 	if (!wr->ah || wr->ah->ctx != qp->base.ctx)
 		return -EINVAL;
@@ -1583,7 +1641,7 @@ static int check_send_wr(struct soft_qp *qp, const struct dgv_send_wr *wr, uint6
 	uint64_t t = 0;
 	for (int i = 0; i < wr->num_sge; i++)
 		t += wr->sg_list[i].length;
-	if (t > qp->max_msg)
+	if (t > qp->max_msg || (wr->opcode == DGV_WR_SEND_PLAIN && t > DG_MAX_DATAGRAM))
 		return -EMSGSIZE;
 	*total = t;
 	for (int i = 0; i < wr->num_sge; i++)
@@ -1630,6 +1688,8 @@ int soft_post_send(struct dgv_qp *qpb, struct dgv_send_wr *wr, struct dgv_send_w
 		case DGV_WR_WRITE:
 		case DGV_WR_WRITE_RECORD:
 			w->msn = qp->msn_wrec++;
+			break;
+		case DGV_WR_SEND_PLAIN:
 			break;
 		}
 		qp->sq_tail++;

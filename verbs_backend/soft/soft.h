@@ -180,6 +180,7 @@ struct soft_qp {
 	uint32_t seg_size;     /* UDP payload per datagram, everything included */
 	uint32_t reasm_us;
 	uint32_t max_sge;
+	bool pass_plain;       /* hand non-datagram-iWARP datagrams up (dgv_qp_init_attr) */
 	/* send queue */
 	struct soft_swqe *sq;
 	uint32_t sq_cap, sq_head, sq_pump, sq_tail; /* head: oldest not done; pump: next to send */
