@@ -29,21 +29,48 @@ static struct dgv_pd *pd;
 static struct side A, B;
 #define BUFSZ (4u << 20)
 
+/* One side: a CQ, a QP made from *a (CQs filled in; no faults and IPv4 loopback unless a says
+ * otherwise) and a zeroed, fully accessible buffer of bufsz bytes. Returns dgv_create_qp's
+ * result; on failure nothing else was made. */
+static int side_open(struct side *s, struct dgv_qp_init_attr *a, size_t bufsz)
+{
+	static const struct dgv_fault none;
+	static struct sockaddr_in lo = {.sin_family = AF_INET};
+	lo.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	cr_assert_eq(dgv_create_cq(ctx, 4096, &s->cq), 0);
+	a->send_cq = a->recv_cq = s->cq;
+	if (!a->bind_addr) {
+		a->bind_addr = (struct sockaddr *)&lo;
+		a->bind_len = sizeof lo;
+	}
+	if (!a->fault_tx)
+		a->fault_tx = &none;
+	if (!a->fault_rx)
+		a->fault_rx = &none;
+	int rc = dgv_create_qp(pd, a, &s->qp);
+	if (rc) {
+		dgv_destroy_cq(s->cq);
+		return rc;
+	}
+	s->buf = aligned_alloc(4096, bufsz);
+	memset(s->buf, 0, bufsz);
+	cr_assert_eq(dgv_reg_mr(pd, s->buf, bufsz,
+				DGV_ACCESS_LOCAL_WRITE | DGV_ACCESS_REMOTE_WRITE | DGV_ACCESS_REMOTE_READ, &s->mr), 0);
+	s->ah_peer = NULL;
+	return 0;
+}
+
 static void side_init(struct side *s, enum dgv_qp_type t, const struct dgv_fault *frx, uint32_t seg)
 {
-	cr_assert_eq(dgv_create_cq(ctx, 4096, &s->cq), 0);
-	struct sockaddr_in lo = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	static const struct dgv_fault none;
-	struct dgv_qp_init_attr a = {.qp_type = t, .send_cq = s->cq, .recv_cq = s->cq,
-				     .max_send_wr = 1024, .max_recv_wr = 1024, .seg_size = seg,
-				     .bind_addr = (struct sockaddr *)&lo, .bind_len = sizeof lo,
-				     .fault_tx = &none, .fault_rx = frx ? frx : &none,
-				     .reasm_timeout_us = 20000};
-	cr_assert_eq(dgv_create_qp(pd, &a, &s->qp), 0);
-	s->buf = aligned_alloc(4096, BUFSZ);
-	memset(s->buf, 0, BUFSZ);
-	cr_assert_eq(dgv_reg_mr(pd, s->buf, BUFSZ,
-				DGV_ACCESS_LOCAL_WRITE | DGV_ACCESS_REMOTE_WRITE | DGV_ACCESS_REMOTE_READ, &s->mr), 0);
+	struct dgv_qp_init_attr a = {.qp_type = t, .max_send_wr = 1024, .max_recv_wr = 1024,
+				     .seg_size = seg, .fault_rx = frx, .reasm_timeout_us = 20000};
+	cr_assert_eq(side_open(s, &a, BUFSZ), 0);
+}
+
+static void open_ctx(void)
+{
+	cr_assert_eq(dgv_open(NULL, &ctx), 0);
+	cr_assert_eq(dgv_alloc_pd(ctx, &pd), 0);
 }
 
 static void link_sides(void)
@@ -58,8 +85,7 @@ static void link_sides(void)
 
 static void setup_pair(enum dgv_qp_type t, const struct dgv_fault *frx, uint32_t seg)
 {
-	cr_assert_eq(dgv_open(NULL, &ctx), 0);
-	cr_assert_eq(dgv_alloc_pd(ctx, &pd), 0);
+	open_ctx();
 	side_init(&A, t, frx, seg);
 	side_init(&B, t, frx, seg);
 	link_sides();
@@ -67,7 +93,8 @@ static void setup_pair(enum dgv_qp_type t, const struct dgv_fault *frx, uint32_t
 
 static void side_fini(struct side *s)
 {
-	dgv_destroy_ah(s->ah_peer);
+	if (s->ah_peer)
+		dgv_destroy_ah(s->ah_peer);
 	dgv_destroy_qp(s->qp);
 	dgv_destroy_cq(s->cq);
 	dgv_dereg_mr(s->mr);
@@ -491,24 +518,16 @@ Test(ud, adopted_connected_socket)
 /* IPv6 queue pairs and address handles. */
 Test(ud, ipv6_send_and_write_record)
 {
-	cr_assert_eq(dgv_open(NULL, &ctx), 0);
-	cr_assert_eq(dgv_alloc_pd(ctx, &pd), 0);
+	open_ctx();
 	struct side *s[2] = {&A, &B};
 	for (int i = 0; i < 2; i++) {
-		cr_assert_eq(dgv_create_cq(ctx, 64, &s[i]->cq), 0);
 		struct sockaddr_in6 lo = {.sin6_family = AF_INET6, .sin6_addr = IN6ADDR_LOOPBACK_INIT};
-		static const struct dgv_fault none;
-		struct dgv_qp_init_attr a = {.qp_type = DGV_QPT_UD, .send_cq = s[i]->cq, .recv_cq = s[i]->cq,
-					     .bind_addr = (struct sockaddr *)&lo, .bind_len = sizeof lo,
-					     .fault_tx = &none, .fault_rx = &none};
-		int rc = dgv_create_qp(pd, &a, &s[i]->qp);
+		struct dgv_qp_init_attr a = {.qp_type = DGV_QPT_UD, .bind_addr = (struct sockaddr *)&lo,
+					     .bind_len = sizeof lo};
+		int rc = side_open(s[i], &a, BUFSZ);
 		if (rc == -EADDRNOTAVAIL || rc == -EAFNOSUPPORT)
 			cr_skip_test("no IPv6 loopback here");
 		cr_assert_eq(rc, 0);
-		s[i]->buf = aligned_alloc(4096, BUFSZ);
-		memset(s[i]->buf, 0, BUFSZ);
-		cr_assert_eq(dgv_reg_mr(pd, s[i]->buf, BUFSZ, DGV_ACCESS_LOCAL_WRITE | DGV_ACCESS_REMOTE_WRITE,
-					&s[i]->mr), 0);
 	}
 	link_sides();
 	post_recv(&B, 0, 65536, 1);
@@ -621,23 +640,12 @@ Test(ud, destroy_flushes_receives)
 /* The largest message: 16 MiB as one Write-Record on UD and RD, and as one Send on RD. */
 static void max_message(enum dgv_qp_type t)
 {
-	cr_assert_eq(dgv_open(NULL, &ctx), 0);
-	cr_assert_eq(dgv_alloc_pd(ctx, &pd), 0);
+	open_ctx();
 	const uint32_t len = 16u << 20;
 	struct side *s[2] = {&A, &B};
 	for (int i = 0; i < 2; i++) {
-		cr_assert_eq(dgv_create_cq(ctx, 64, &s[i]->cq), 0);
-		struct sockaddr_in lo = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-		static const struct dgv_fault none;
-		struct dgv_qp_init_attr a = {.qp_type = t, .send_cq = s[i]->cq, .recv_cq = s[i]->cq,
-					     .bind_addr = (struct sockaddr *)&lo, .bind_len = sizeof lo,
-					     .fault_tx = &none, .fault_rx = &none, .seg_size = 65000,
-					     .reasm_timeout_us = 200000};
-		cr_assert_eq(dgv_create_qp(pd, &a, &s[i]->qp), 0);
-		s[i]->buf = aligned_alloc(4096, len);
-		memset(s[i]->buf, 0, len);
-		cr_assert_eq(dgv_reg_mr(pd, s[i]->buf, len, DGV_ACCESS_LOCAL_WRITE | DGV_ACCESS_REMOTE_WRITE,
-					&s[i]->mr), 0);
+		struct dgv_qp_init_attr a = {.qp_type = t, .seg_size = 65000, .reasm_timeout_us = 200000};
+		cr_assert_eq(side_open(s[i], &a, len), 0);
 	}
 	link_sides();
 	fill(A.buf, len, 21);
@@ -704,18 +712,10 @@ Test(ud, receive_into_deregistered_region_refused)
  * datagram-iWARP one is still dropped, and SEND_PLAIN reaches the plain peer as its bytes. */
 static void plain_case(enum dgv_qp_type t)
 {
-	cr_assert_eq(dgv_open(NULL, &ctx), 0);
-	cr_assert_eq(dgv_alloc_pd(ctx, &pd), 0);
-	cr_assert_eq(dgv_create_cq(ctx, 64, &B.cq), 0);
+	open_ctx();
 	struct sockaddr_in lo = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	static const struct dgv_fault none;
-	struct dgv_qp_init_attr a = {.qp_type = t, .send_cq = B.cq, .recv_cq = B.cq,
-				     .bind_addr = (struct sockaddr *)&lo, .bind_len = sizeof lo,
-				     .fault_tx = &none, .fault_rx = &none, .pass_plain = 1};
-	cr_assert_eq(dgv_create_qp(pd, &a, &B.qp), 0);
-	B.buf = aligned_alloc(4096, 65536);
-	memset(B.buf, 0, 65536);
-	cr_assert_eq(dgv_reg_mr(pd, B.buf, 65536, DGV_ACCESS_LOCAL_WRITE, &B.mr), 0);
+	struct dgv_qp_init_attr a = {.qp_type = t, .pass_plain = 1};
+	cr_assert_eq(side_open(&B, &a, 65536), 0);
 	int plain = socket(AF_INET, SOCK_DGRAM, 0);
 	cr_assert_eq(bind(plain, (struct sockaddr *)&lo, sizeof lo), 0);
 	union dgv_sockaddr qa, pa;
@@ -773,10 +773,7 @@ static void plain_case(enum dgv_qp_type t)
 	cr_assert_eq(wc.status, DGV_WC_SUCCESS);
 	close(plain);
 	dgv_destroy_ah(ah);
-	dgv_destroy_qp(B.qp);
-	dgv_destroy_cq(B.cq);
-	dgv_dereg_mr(B.mr);
-	free(B.buf);
+	side_fini(&B);
 	dgv_dealloc_pd(pd);
 	dgv_close(ctx);
 }
