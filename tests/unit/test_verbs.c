@@ -799,3 +799,38 @@ Test(ud, plain_dropped_without_pass_plain)
 	close(plain);
 	teardown_pair();
 }
+
+/* DGSHIM_FAULT_RX / _TX configure QPs that were given no fault settings; a bad value is refused. */
+Test(verbs, fault_injection_from_environment)
+{
+	open_ctx();
+	setenv("DGSHIM_FAULT_RX", "loss=100,seed=1", 1);
+	struct dgv_qp_init_attr a = {.qp_type = DGV_QPT_UD};
+	struct dgv_fault none = {0};
+	a.fault_tx = &none;
+	a.fault_rx = NULL; /* side_open would default it: set up B by hand */
+	cr_assert_eq(dgv_create_cq(ctx, 64, &B.cq), 0);
+	a.send_cq = a.recv_cq = B.cq;
+	cr_assert_eq(dgv_create_qp(pd, &a, &B.qp), 0);
+	B.buf = aligned_alloc(4096, 4096);
+	cr_assert_eq(dgv_reg_mr(pd, B.buf, 4096, DGV_ACCESS_LOCAL_WRITE, &B.mr), 0);
+	B.ah_peer = NULL;
+	unsetenv("DGSHIM_FAULT_RX");
+	struct dgv_qp_init_attr sa = {.qp_type = DGV_QPT_UD};
+	cr_assert_eq(side_open(&A, &sa, 65536), 0);
+	link_sides();
+	post_recv(&B, 0, 4096, 1);
+	for (int i = 0; i < 20; i++)
+		post_send(&A, DGV_WR_SEND, 0, 100, 0, 0, (uint64_t)i);
+	struct dgv_wc wc;
+	cr_assert_eq(wait_wc(&B, &wc, 200), 0, "every datagram dropped at B's receive edge");
+	struct dgv_qp_stats st;
+	dgv_qp_stats(B.qp, &st);
+	cr_assert_eq(st.fault_dropped, 20);
+	setenv("DGSHIM_FAULT_TX", "loss=1,nonsense", 1);
+	struct dgv_qp *bad;
+	struct dgv_qp_init_attr b = {.qp_type = DGV_QPT_UD, .send_cq = B.cq, .recv_cq = B.cq};
+	cr_assert_eq(dgv_create_qp(pd, &b, &bad), -EINVAL);
+	unsetenv("DGSHIM_FAULT_TX");
+	teardown_pair();
+}
