@@ -108,6 +108,11 @@ int soft_cq_push(struct soft_cq *cq, const struct dgv_wc *wc, struct soft_slot *
 	return 0;
 }
 
+bool soft_cq_full(struct soft_cq *cq)
+{
+	return __atomic_load_n(&cq->count, __ATOMIC_ACQUIRE) >= cq->cap;
+}
+
 int soft_cq_attach(struct soft_cq *cq, struct soft_qp *qp)
 {
 	pthread_mutex_lock(&cq->lock);

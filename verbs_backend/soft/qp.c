@@ -801,6 +801,8 @@ static int rx_send(struct soft_qp *qp, const union dgv_sockaddr *from, socklen_t
 {
 	bool se = g->opcode == RDMAP_SEND_SE || g->opcode == RDMAP_SEND_SE_INV;
 	bool rd = qp->base.type == DGV_QPT_RD;
+	if (rd && soft_cq_full(qp->rcq))
+		return -EAGAIN; /* reliable: wait for the application to poll rather than lose it */
 	if (g->mo == 0 && g->plen == g->ml) {
 		struct soft_rwqe w;
 		if (!rq_pop(qp, &w)) {
@@ -902,6 +904,8 @@ static int rx_tagged(struct soft_qp *qp, const union dgv_sockaddr *from, socklen
 	}
 	if (g->opcode == RDMAP_WRITE)
 		return 0;
+	if (qp->base.type == DGV_QPT_RD && soft_cq_full(qp->rcq))
+		return -EAGAIN; /* placed again when offered again: same bytes */
 	if (g->mo == 0 && g->plen == g->ml) {
 		struct dgv_range r = {0, g->ml};
 		struct dgv_wc wc = {.status = DGV_WC_SUCCESS, .opcode = DGV_WC_RECV_WRITE_RECORD,

@@ -265,6 +265,8 @@ int soft_cq_wait(struct dgv_cq *cq, int timeout_ms);
 int soft_cq_push(struct soft_cq *cq, const struct dgv_wc *wc, struct soft_slot *slot,
 		 const struct dgv_range *range);
 int soft_cq_attach(struct soft_cq *cq, struct soft_qp *qp);
+/* No room for another completion now (a hint without the lock: polls only make room). */
+bool soft_cq_full(struct soft_cq *cq);
 void soft_cq_detach(struct soft_cq *cq, struct soft_qp *qp);
 
 /* qp.c */
