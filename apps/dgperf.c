@@ -341,6 +341,16 @@ static bool parse_size(const char *s, uint64_t *out)
 	return true;
 }
 
+
+/* Index of s in names[0..n), compared with or without case; -1 when absent. */
+static int name_index(const char *s, const char *const *names, int n, bool nocase)
+{
+	for (int i = 0; i < n; i++)
+		if (nocase ? !strcasecmp(s, names[i]) : !strcmp(s, names[i]))
+			return i;
+	return -1;
+}
+
 static void parse_options(int argc, char **argv)
 {
 	enum { O_LOSS = 256, O_JSON, O_RAW, O_RAWC, O_SEG };
@@ -366,23 +376,20 @@ static void parse_options(int argc, char **argv)
 	opterr = 0;
 	while ((c = getopt_long(argc, argv, ":c:t:s:an:p:P:vh", longopts, NULL)) != -1) {
 		switch (c) {
-		case 'c':
-			if (!strcasecmp(optarg, "UD"))
-				opt.transport = TR_UD;
-			else if (!strcasecmp(optarg, "RD"))
-				opt.transport = TR_RD;
-			else if (!strcasecmp(optarg, "RC"))
-				opt.transport = TR_RC;
-			else
-				usage_error("invalid -c value '%s': expected UD, RD or RC", optarg);
-			break;
-		case 't': {
-			int i;
+		case 'c': {
+			static const char *const names[] = { "UD", "RD", "RC" };
+			static const int values[] = { TR_UD, TR_RD, TR_RC };
+			int i = name_index(optarg, names, 3, true);
 
-			for (i = 0; i < NTESTS; i++)
-				if (!strcmp(optarg, test_names[i]))
-					break;
-			if (i == NTESTS)
+			if (i < 0)
+				usage_error("invalid -c value '%s': expected UD, RD or RC", optarg);
+			opt.transport = values[i];
+			break;
+		}
+		case 't': {
+			int i = name_index(optarg, test_names, NTESTS, false);
+
+			if (i < 0)
 				usage_error("invalid -t value '%s': expected send_lat, send_bw, wr_lat, wr_bw, "
 					    "write_lat, write_bw, read_lat or read_bw", optarg);
 			opt.test = i;
@@ -411,16 +418,17 @@ static void parse_options(int argc, char **argv)
 			opt.port = (unsigned)p;
 			break;
 		}
-		case 'P':
-			if (!strcmp(optarg, "soft"))
-				opt.provider = DGV_PROV_SOFT;
-			else if (!strcmp(optarg, "ibverbs"))
-				opt.provider = DGV_PROV_IBVERBS;
-			else if (!strcmp(optarg, "auto"))
-				opt.provider = DGV_PROV_AUTO;
-			else
+		case 'P': {
+			static const char *const names[] = { "soft", "ibverbs", "auto" };
+			static const enum dgv_provider_kind values[] = { DGV_PROV_SOFT, DGV_PROV_IBVERBS,
+									 DGV_PROV_AUTO };
+			int i = name_index(optarg, names, 3, false);
+
+			if (i < 0)
 				usage_error("invalid -P value '%s': expected soft, ibverbs or auto", optarg);
+			opt.provider = values[i];
 			break;
+		}
 		case 'v':
 			opt.verbose++;
 			break;

@@ -218,13 +218,21 @@ int dg_seg_parse(const uint8_t *buf, size_t len, uint32_t max_msg, struct dg_seg
 	return 0;
 }
 
+/* The 16-bit DDP/RDMAP control field, network order (RFC 5041 4.2/4.3, RFC 5040 4.2). */
+static be16 ctrl_make(bool tagged, uint8_t opcode, bool last)
+{
+	uint16_t ctrl = DDP_CTRL_DV_1 | RDMAP_CTRL_RV_1 | (opcode & RDMAP_CTRL_OPCODE);
+	if (tagged)
+		ctrl |= DDP_CTRL_TAGGED;
+	if (last)
+		ctrl |= DDP_CTRL_LAST;
+	return htobe16(ctrl);
+}
+
 void dg_put_tagged(struct dg_tagged_hdr *h, uint8_t opcode, bool last, uint32_t stag, uint64_t to,
 		   uint32_t msn, uint32_t mo, uint32_t ml, uint16_t segsz)
 {
-	uint16_t ctrl = DDP_CTRL_TAGGED | DDP_CTRL_DV_1 | RDMAP_CTRL_RV_1 | (opcode & RDMAP_CTRL_OPCODE);
-	if (last)
-		ctrl |= DDP_CTRL_LAST;
-	h->ctrl = htobe16(ctrl);
+	h->ctrl = ctrl_make(true, opcode, last);
 	h->stag = htobe32(stag);
 	h->to = htobe64(to);
 	h->msn = htobe32(msn);
@@ -237,10 +245,7 @@ void dg_put_tagged(struct dg_tagged_hdr *h, uint8_t opcode, bool last, uint32_t 
 void dg_put_untagged(struct dg_untagged_hdr *h, uint8_t opcode, bool last, uint32_t qn,
 		     uint32_t msn, uint32_t mo, uint32_t ml, uint16_t segsz, uint32_t inv_stag)
 {
-	uint16_t ctrl = DDP_CTRL_DV_1 | RDMAP_CTRL_RV_1 | (opcode & RDMAP_CTRL_OPCODE);
-	if (last)
-		ctrl |= DDP_CTRL_LAST;
-	h->ctrl = htobe16(ctrl);
+	h->ctrl = ctrl_make(false, opcode, last);
 	h->inv_stag = htobe32(inv_stag);
 	h->qn = htobe32(qn);
 	h->msn = htobe32(msn);
