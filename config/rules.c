@@ -864,7 +864,7 @@ int dg_rules_build(const struct dg_rules_config *cfg, struct dg_rules **out)
 	int fb = (int)cfg->fallback;
 	r->fallback[P_UDP] = (uint8_t)(dg_mode_fits(IPPROTO_UDP, fb) ? fb : IWARP_MODE_AUTO);
 	r->fallback[P_TCP] = (uint8_t)(dg_mode_fits(IPPROTO_TCP, fb) ? fb : IWARP_MODE_AUTO);
-	DG_INFO("rules: %u in effect for program '%s' (rules file %s%s), default udp=%s tcp=%s", r->n,
+	DG_DBG("rules: %u in effect for program '%s' (rules file %s%s), default udp=%s tcp=%s", r->n,
 		r->program, cfg->path ? cfg->path : "none", cfg->path && !found ? ", absent" : "",
 		mode_names[r->fallback[P_UDP]], mode_names[r->fallback[P_TCP]]);
 	return give(r, out, 0);

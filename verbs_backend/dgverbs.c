@@ -98,6 +98,11 @@ int dgv_destroy_cq(struct dgv_cq *cq) { return cq ? cq->ctx->ops->destroy_cq(cq)
 int dgv_cq_fd(struct dgv_cq *cq) { return cq ? cq->ctx->ops->cq_fd(cq) : -EINVAL; }
 int dgv_req_notify_cq(struct dgv_cq *cq, int so) { return cq ? cq->ctx->ops->req_notify_cq(cq, so) : -EINVAL; }
 int dgv_cq_ack_event(struct dgv_cq *cq) { return cq ? cq->ctx->ops->cq_ack_event(cq) : -EINVAL; }
+int dgv_cq_notify_background(struct dgv_cq *cq, int on)
+{
+	return cq ? cq->ctx->ops->cq_notify_background(cq, on) : -EINVAL;
+}
+int dgv_cq_ready(struct dgv_cq *cq) { return cq ? cq->ctx->ops->cq_ready(cq) : -EINVAL; }
 
 int dgv_poll_cq(struct dgv_cq *cq, int n, struct dgv_wc *wc)
 {

@@ -96,6 +96,13 @@ int dgv_cq_fd(struct dgv_cq *cq);
 int dgv_req_notify_cq(struct dgv_cq *cq, int solicited_only);
 /* Consumes the fd's pending event (call after it polled readable). */
 int dgv_cq_ack_event(struct dgv_cq *cq);
+/* on != 0: every completion the provider makes on its own (its progress thread, while the
+ * program is not polling) also makes the fd readable, armed or not. For a program waiting on
+ * many CQs at once (epoll), which cannot afford to arm each one before every wait; its own
+ * polling sees the completions it makes. */
+int dgv_cq_notify_background(struct dgv_cq *cq, int on);
+/* Completions ready to poll now (>= 0), without driving progress; lock-free, never blocks. */
+int dgv_cq_ready(struct dgv_cq *cq);
 
 /* ---------------------------------------------------------------- addresses */
 
@@ -165,8 +172,14 @@ struct dgv_qp_init_attr {
 	uint32_t rd_window;
 	/* Hand datagrams that are not datagram-iWARP up as DGV_WC_RECV_PLAIN receives instead of
 	 * dropping them (for a socket shared with peers that speak plain UDP). A datagram whose
-	 * header looks like ours but whose CRC is wrong is still dropped as corrupted. */
+	 * header looks like ours but whose CRC is wrong is still dropped as corrupted. Receive
+	 * buffers are then 64 KiB so that no plain datagram is ever truncated. */
 	int pass_plain;
+	/* UD: while no receive is posted, leave datagrams in the kernel socket buffer instead of
+	 * reading them and dropping what finds no receive: the socket then queues and drops
+	 * exactly as it would without us (the shim sets this; its receives are reposted as the
+	 * program reads). */
+	int rx_hold;
 	/* NULL: read DGSHIM_FAULT_TX / DGSHIM_FAULT_RX from the environment. */
 	const struct dgv_fault *fault_tx;
 	const struct dgv_fault *fault_rx;

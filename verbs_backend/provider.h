@@ -41,6 +41,8 @@ struct dgv_ops {
 	int (*cq_fd)(struct dgv_cq *cq);
 	int (*req_notify_cq)(struct dgv_cq *cq, int solicited_only);
 	int (*cq_ack_event)(struct dgv_cq *cq);
+	int (*cq_notify_background)(struct dgv_cq *cq, int on);
+	int (*cq_ready)(struct dgv_cq *cq);
 	int (*poll_cq)(struct dgv_cq *cq, int n, struct dgv_wc *wc);
 	int (*cq_wait)(struct dgv_cq *cq, int timeout_ms);
 	int (*create_ah)(struct dgv_pd *pd, const struct sockaddr *addr, socklen_t len, struct dgv_ah **out);

@@ -77,6 +77,19 @@ int soft_cq_ack_event(struct dgv_cq *cqb)
 	return r == sizeof v ? 0 : (errno == EAGAIN ? 0 : -errno);
 }
 
+__thread bool soft_in_progress_thread __attribute__((tls_model("initial-exec")));
+
+int soft_cq_notify_background(struct dgv_cq *cqb, int on)
+{
+	atomic_store(&to_scq(cqb)->bg_notify, on != 0);
+	return 0;
+}
+
+int soft_cq_ready(struct dgv_cq *cqb)
+{
+	return (int)__atomic_load_n(&to_scq(cqb)->count, __ATOMIC_ACQUIRE);
+}
+
 int soft_cq_push(struct soft_cq *cq, const struct dgv_wc *wc, struct soft_slot *slot,
 		 const struct dgv_range *range)
 {
@@ -94,7 +107,8 @@ int soft_cq_push(struct soft_cq *cq, const struct dgv_wc *wc, struct soft_slot *
 		e->range = *range;
 	cq->count++;
 	int armed = atomic_load(&cq->armed);
-	bool wake = atomic_load(&cq->waiters) > 0;
+	bool wake = atomic_load(&cq->waiters) > 0 ||
+		    (soft_in_progress_thread && atomic_load(&cq->bg_notify));
 	if (armed == 1 || (armed == 2 && ((wc->flags & DGV_WC_SOLICITED) || wc->status != DGV_WC_SUCCESS))) {
 		atomic_store(&cq->armed, 0);
 		wake = true;

@@ -36,6 +36,12 @@ static void io_cb(struct ev_loop *loop, ev_io *w, int revents)
 	(void)loop;
 	(void)revents;
 	soft_qp_progress(qp, false, false);
+	if (qp->rx_hold && !__atomic_load_n(&qp->rq_count, __ATOMIC_RELAXED)) {
+		/* held datagrams keep the socket readable: watching it now would spin; the tick
+		 * starts watching again */
+		ev_io_stop(loop, w);
+		qp->io_on = false;
+	}
 }
 
 /* Timers of every QP, and socket watching for the QPs nobody polls. Runs every millisecond
@@ -59,10 +65,11 @@ static void tick_cb(struct ev_loop *loop, ev_timer *w, int revents)
 		}
 		bool app_active = ctx->progress == DGV_PROGRESS_AUTO &&
 				  (atomic_load(&qp->app_waiting) || qp->quiet_ticks < SOFT_APP_IDLE_TICKS);
-		if (!app_active && !qp->io_on) {
+		bool held = qp->rx_hold && !__atomic_load_n(&qp->rq_count, __ATOMIC_RELAXED);
+		if (!app_active && !held && !qp->io_on) {
 			ev_io_start(loop, &qp->io);
 			qp->io_on = true;
-		} else if (app_active && qp->io_on) {
+		} else if ((app_active || held) && qp->io_on) {
 			ev_io_stop(loop, &qp->io);
 			qp->io_on = false;
 		}
@@ -92,6 +99,7 @@ static void *progress_thread(void *arg)
 	/* The host program's signals belong to its own threads. */
 	sigfillset(&all);
 	pthread_sigmask(SIG_BLOCK, &all, NULL);
+	soft_in_progress_thread = true;
 	pthread_mutex_lock(&ctx->loop_lock);
 	ev_run(ctx->loop, 0);
 	pthread_mutex_unlock(&ctx->loop_lock);
@@ -200,6 +208,8 @@ static const struct dgv_ops soft_ops = {
 	.cq_fd = soft_cq_fd,
 	.req_notify_cq = soft_req_notify_cq,
 	.cq_ack_event = soft_cq_ack_event,
+	.cq_notify_background = soft_cq_notify_background,
+	.cq_ready = soft_cq_ready,
 	.poll_cq = soft_poll_cq,
 	.cq_wait = soft_cq_wait,
 	.create_ah = soft_create_ah,

@@ -1290,6 +1290,8 @@ static void rx_one(struct soft_qp *qp, uint32_t i)
  */
 static int rx_drain(struct soft_qp *qp, int budget)
 {
+	if (qp->rx_hold && !qp->rq_count)
+		return 0; /* the kernel keeps them until a receive is posted */
 	if (qp->rx_vlen <= 1) {
 		/* recvfrom: no message header for the kernel to import; MSG_TRUNC returns the real
 		 * length, so an oversized datagram is still recognised */
@@ -1481,6 +1483,7 @@ int soft_create_qp(struct dgv_pd *pdb, const struct dgv_qp_init_attr *a, struct 
 	qp->max_sge = a->max_sge ? a->max_sge : 4;
 	qp->reasm_us = a->reasm_timeout_us ? a->reasm_timeout_us : DEFAULT_REASM_US;
 	qp->pass_plain = a->pass_plain != 0;
+	qp->rx_hold = a->rx_hold && a->qp_type == DGV_QPT_UD;
 	int family = a->bind_addr ? a->bind_addr->sa_family : (a->bind_family ? a->bind_family : AF_INET);
 	if (a->use_adopt_fd) {
 		union dgv_sockaddr la;
@@ -1533,7 +1536,8 @@ int soft_create_qp(struct dgv_pd *pdb, const struct dgv_qp_init_attr *a, struct 
 	qp->rq_cap = a->max_recv_wr ? a->max_recv_wr : DEFAULT_WR;
 	qp->sq = dg_pages_alloc((size_t)qp->sq_cap * sizeof *qp->sq);
 	qp->rq = dg_pages_alloc((size_t)qp->rq_cap * sizeof *qp->rq);
-	qp->rxbuf_size = qp->seg_size < 2048 ? 2048 : qp->seg_size;
+	/* pass_plain: a plain datagram may be as large as UDP allows, and must not be cut */
+	qp->rxbuf_size = qp->pass_plain ? 65536 : qp->seg_size < 2048 ? 2048 : qp->seg_size;
 	qp->rx_batch = qp->rxbuf_size <= 4096 ? SOFT_RX_BATCH : 4;
 	qp->rxbuf = dg_pages_alloc((size_t)qp->rxbuf_size * qp->rx_batch);
 	qp->rxmsg = calloc(qp->rx_batch, sizeof *qp->rxmsg);

@@ -76,6 +76,7 @@ struct soft_cq {
 	int efd;
 	atomic_int armed;         /* 1 any, 2 solicited only */
 	atomic_int waiters;       /* threads blocked in cq_wait */
+	atomic_bool bg_notify;    /* dgv_cq_notify_background */
 	atomic_int pollers;       /* threads inside cq_progress (detach waits for 0) */
 	struct soft_qp *qps[64];  /* QPs feeding this CQ (progress is driven from poll) */
 	uint32_t nqps;
@@ -180,6 +181,7 @@ struct soft_qp {
 	uint32_t seg_size;     /* UDP payload per datagram, everything included */
 	uint32_t reasm_us;
 	uint32_t max_sge;
+	bool rx_hold;          /* UD: do not drain the socket while no receive is posted */
 	bool pass_plain;       /* hand non-datagram-iWARP datagrams up (dgv_qp_init_attr) */
 	/* send queue */
 	struct soft_swqe *sq;
@@ -259,6 +261,10 @@ int soft_destroy_cq(struct dgv_cq *cq);
 int soft_cq_fd(struct dgv_cq *cq);
 int soft_req_notify_cq(struct dgv_cq *cq, int solicited_only);
 int soft_cq_ack_event(struct dgv_cq *cq);
+int soft_cq_notify_background(struct dgv_cq *cq, int on);
+int soft_cq_ready(struct dgv_cq *cq);
+/* True in the provider's own progress thread. */
+extern __thread bool soft_in_progress_thread;
 int soft_poll_cq(struct dgv_cq *cq, int n, struct dgv_wc *wc);
 int soft_cq_wait(struct dgv_cq *cq, int timeout_ms);
 /* Adds a completion. Caller holds the producing QP's lock. Returns 0 or -ENOSPC (overflow). */

@@ -1,0 +1,462 @@
+/*
+ * data.c - the data path of a taken socket: send (plain, copied, zero-copy) and receive.
+ * Everything here runs under the socket's own lock, never a process-wide one, and does not
+ * allocate: slots, pending entries and the registration cache are the socket's.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "sock.h"
+
+#define WR_TX (1ull << 32)
+#define WR_ZC (2ull << 32)
+
+static size_t iov_total(const struct iovec *iov, int n)
+{
+	size_t t = 0;
+	for (int i = 0; i < n; i++)
+		t += iov[i].iov_len;
+	return t;
+}
+
+static int svc_of(const struct sock *s)
+{
+	return s->qp_type == DGV_QPT_RD ? IWARP_MODE_RD : IWARP_MODE_UD;
+}
+
+/* Moves finished work from the CQ into the pending list and the free lists. Needs s->lock. */
+void consume_cq(struct sock *s)
+{
+	if (!s->cq)
+		return;
+	struct dgv_wc wc[16];
+	int n;
+	while ((n = dgv_poll_cq(s->cq, 16, wc)) > 0) {
+		for (int i = 0; i < n; i++) {
+			struct dgv_wc *w = &wc[i];
+			uint64_t tag = w->wr_id & ~0xffffffffull;
+			uint32_t idx = (uint32_t)w->wr_id;
+			if (w->opcode == DGV_WC_RECV || w->opcode == DGV_WC_RECV_PLAIN) {
+				if (idx >= SHIM_RX_SLOTS)
+					continue;
+				if (w->status != DGV_WC_SUCCESS) {
+					if (w->status != DGV_WC_WR_FLUSH_ERR)
+						s->st->lost++;
+					s->rx_free[s->rx_free_n++] = (uint16_t)idx;
+					continue;
+				}
+				bool framed = w->opcode == DGV_WC_RECV;
+				struct pend *p = &s->pend[(s->pend_head + s->pend_n++) % SHIM_RX_SLOTS];
+				p->slot = idx, p->len = w->byte_len, p->framed = framed;
+				p->src = w->src, p->srclen = w->src_len;
+				if (framed)
+					s->st->rx_framed++, s->st->rx_framed_bytes += w->byte_len;
+				else
+					s->st->rx_plain++, s->st->rx_plain_bytes += w->byte_len;
+				peer_heard(&w->src, w->src_len, framed, svc_of(s));
+			} else if (tag == WR_ZC) {
+				s->zc_done++;
+				if (w->status != DGV_WC_SUCCESS)
+					s->st->lost++;
+			} else if (tag == WR_TX && idx < SHIM_TX_SLOTS) {
+				if (w->status == DGV_WC_RETRY_EXC_ERR || w->status == DGV_WC_REM_OP_ERR) {
+					/* the RD peer stopped answering: what it did not acknowledge goes
+					 * plain, so nothing is lost to a peer that is no longer ours */
+					peer_failed(&s->txd[idx].to, s->txd[idx].tolen);
+					ssize_t r = real.sendto(s->qfd, s->tx_area + (size_t)idx * SHIM_SLOT,
+								s->txd[idx].len, MSG_DONTWAIT | MSG_NOSIGNAL,
+								&s->txd[idx].to.sa, s->txd[idx].tolen);
+					DG_WARN("RD peer silent (%s): datagram resent plain (%s)",
+						w->status == DGV_WC_RETRY_EXC_ERR ? "retries exhausted" : "reset",
+						r < 0 ? strerror(errno) : "sent");
+					if (r >= 0)
+						s->st->tx_plain++, s->st->tx_plain_bytes += (uint64_t)r;
+					else
+						s->st->lost++;
+				} else if (w->status != DGV_WC_SUCCESS && w->status != DGV_WC_WR_FLUSH_ERR) {
+					s->st->lost++;
+				}
+				s->tx_free[s->tx_free_n++] = (uint16_t)idx;
+			}
+		}
+		if (n < 16)
+			break;
+	}
+}
+
+/* Reposts free receive slots. Needs s->lock. */
+static void repost(struct sock *s)
+{
+	while (s->qp && s->rx_free_n) {
+		uint32_t slot = s->rx_free[--s->rx_free_n];
+		struct dgv_sge sge = {(uint64_t)(uintptr_t)(s->rx_area + (size_t)slot * SHIM_SLOT),
+				      SHIM_SLOT, s->rx_mr->lkey};
+		struct dgv_recv_wr wr = {.wr_id = slot, .sg_list = &sge, .num_sge = 1}, *bad;
+		if (dgv_post_recv(s->qp, &wr, &bad)) {
+			s->rx_free[s->rx_free_n++] = (uint16_t)slot;
+			break;
+		}
+	}
+}
+
+/* Waits for the socket to have something for `events` (POLLIN: a completion or a datagram
+ * to process; POLLOUT: room in the kernel socket), up to timeout_ms (< 0: forever).
+ * Called with s->lock held, returns with it held. Returns 0, -EAGAIN on timeout, -EINTR. */
+static int wait_sock(struct sock *s, short events, int *timeout_ms)
+{
+	int cqfd = dgv_cq_fd(s->cq);
+	dgv_req_notify_cq(s->cq, 0);
+	int qfd = s->qfd;
+	pthread_mutex_unlock(&s->lock);
+	struct pollfd p[2] = {{.fd = qfd, .events = events}, {.fd = cqfd, .events = POLLIN}};
+	uint64_t t0 = *timeout_ms > 0 ? shim_now_us() : 0;
+	/* bounded naps: the provider's thread runs the timers of a QP nobody polls, but a
+	 * sleeper also looks again now and then */
+	int ms = *timeout_ms < 0 || *timeout_ms > 200 ? 200 : *timeout_ms;
+	int r = real.poll(p, 2, ms);
+	int err = errno;
+	pthread_mutex_lock(&s->lock);
+	if (unlikely(s->gen != G.gen))
+		sock_reset_after_fork(s);
+	if (r < 0 && err == EINTR)
+		return -EINTR;
+	if (r > 0 && (p[1].revents & POLLIN) && s->cq)
+		dgv_cq_ack_event(s->cq);
+	if (*timeout_ms > 0) {
+		uint64_t spent = (shim_now_us() - t0) / 1000;
+		*timeout_ms = spent >= (uint64_t)*timeout_ms ? 0 : *timeout_ms - (int)spent;
+		if (*timeout_ms == 0)
+			return -EAGAIN;
+	}
+	return 0;
+}
+
+/* ------------------------------------------------------------------ receive */
+
+static ssize_t recv_plain_os(int fd, const struct iovec *iov, int iovcnt, int flags,
+			     struct sockaddr *src, socklen_t *srclen, int *mflags)
+{
+	struct msghdr m = {.msg_name = src, .msg_namelen = src && srclen ? *srclen : 0,
+			   .msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)iovcnt};
+	ssize_t r = real.recvmsg(fd, &m, flags);
+	if (r < 0)
+		return -errno;
+	if (src && srclen)
+		*srclen = m.msg_namelen;
+	*mflags = m.msg_flags;
+	return r;
+}
+
+ssize_t sock_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt, int flags,
+		  struct sockaddr *src, socklen_t *srclen, int *mflags)
+{
+	pthread_mutex_lock(&s->lock);
+	if (unlikely(s->gen != G.gen))
+		sock_reset_after_fork(s);
+	if (!s->qp && (s->mode == IWARP_MODE_OFF || s->broken || qp_setup(s, fd))) {
+		pthread_mutex_unlock(&s->lock);
+		return recv_plain_os(fd, iov, iovcnt, flags, src, srclen, mflags);
+	}
+	bool nb = s->user_nonblock || (flags & MSG_DONTWAIT);
+	int timeout = nb ? 0 : s->rcvtimeo_ms > 0 ? s->rcvtimeo_ms : -1;
+	ssize_t rc;
+	for (;;) {
+		if (!s->pend_n)
+			consume_cq(s);
+		if (s->pend_n)
+			break;
+		if (s->shut_rd) {
+			rc = 0;
+			goto out;
+		}
+		if (nb) {
+			rc = -EAGAIN;
+			goto out;
+		}
+		int w = wait_sock(s, POLLIN, &timeout);
+		if (w) {
+			rc = w;
+			goto out;
+		}
+		if (!s->qp) { /* torn down under us (mode change failed): the OS has it now */
+			pthread_mutex_unlock(&s->lock);
+			return recv_plain_os(fd, iov, iovcnt, flags, src, srclen, mflags);
+		}
+	}
+	struct pend *p = &s->pend[s->pend_head];
+	const uint8_t *data = s->rx_area + (size_t)p->slot * SHIM_SLOT;
+	size_t off = 0;
+	for (int i = 0; i < iovcnt && off < p->len; i++) {
+		size_t c = iov[i].iov_len < p->len - off ? iov[i].iov_len : p->len - off;
+		if (c)
+			memcpy(iov[i].iov_base, data + off, c);
+		off += c;
+	}
+	*mflags = off < p->len ? MSG_TRUNC : 0;
+	if (src && srclen) {
+		socklen_t c = *srclen < p->srclen ? *srclen : p->srclen;
+		memcpy(src, &p->src, c);
+		*srclen = p->srclen;
+	}
+	rc = (flags & MSG_TRUNC) ? (ssize_t)p->len : (ssize_t)off;
+	if (!(flags & MSG_PEEK)) {
+		s->rx_free[s->rx_free_n++] = (uint16_t)p->slot;
+		s->pend_head = (s->pend_head + 1) % SHIM_RX_SLOTS;
+		s->pend_n--;
+		repost(s);
+	}
+	if ((++s->ops & 255) == 0)
+		stats_pull(s);
+out:
+	pthread_mutex_unlock(&s->lock);
+	return rc;
+}
+
+int sock_fionread(struct sock *s, int *out)
+{
+	pthread_mutex_lock(&s->lock);
+	if (!s->qp) {
+		pthread_mutex_unlock(&s->lock);
+		return -ENOSYS; /* the OS carries it: the caller asks the kernel */
+	}
+	consume_cq(s);
+	*out = s->pend_n ? (int)s->pend[s->pend_head].len : 0;
+	pthread_mutex_unlock(&s->lock);
+	return 0;
+}
+
+/* ------------------------------------------------------------------ readiness */
+
+int sock_poll_in(struct sock *s, int fd)
+{
+	pthread_mutex_lock(&s->lock);
+	if (unlikely(s->gen != G.gen))
+		sock_reset_after_fork(s);
+	int r;
+	if (!s->qp && (s->mode == IWARP_MODE_OFF || s->broken || qp_setup(s, fd))) {
+		r = -1; /* the kernel's readiness is the truth */
+	} else {
+		consume_cq(s);
+		r = s->pend_n || s->shut_rd ? POLLIN : 0;
+	}
+	pthread_mutex_unlock(&s->lock);
+	return r;
+}
+
+int sock_wait_fds(struct sock *s, int *qfd, int *cqfd)
+{
+	pthread_mutex_lock(&s->lock);
+	int r = -1;
+	if (s->qp) {
+		*qfd = s->qfd;
+		*cqfd = dgv_cq_fd(s->cq);
+		dgv_req_notify_cq(s->cq, 0);
+		r = 0;
+	}
+	pthread_mutex_unlock(&s->lock);
+	return r;
+}
+
+void sock_cq_ack(struct sock *s)
+{
+	pthread_mutex_lock(&s->lock);
+	if (s->cq)
+		dgv_cq_ack_event(s->cq);
+	pthread_mutex_unlock(&s->lock);
+}
+
+void sock_ep_link(struct sock *s, struct ep *ep, int on)
+{
+	pthread_mutex_lock(&s->lock);
+	int i;
+	for (i = 0; i < s->neps && s->eps[i] != ep; i++)
+		;
+	if (on && i == s->neps && s->neps < SHIM_MAX_EPS)
+		s->eps[s->neps++] = ep;
+	else if (!on && i < s->neps)
+		s->eps[i] = s->eps[--s->neps];
+	pthread_mutex_unlock(&s->lock);
+}
+
+/* ------------------------------------------------------------------ send */
+
+static bool is_group(const union dgv_sockaddr *a)
+{
+	if (a->sa.sa_family == AF_INET) {
+		uint32_t ip = ntohl(a->sin.sin_addr.s_addr);
+		return IN_MULTICAST(ip) || ip == INADDR_BROADCAST;
+	}
+	if (a->sa.sa_family == AF_INET6) {
+		if (IN6_IS_ADDR_MULTICAST(&a->sin6.sin6_addr))
+			return true;
+		if (IN6_IS_ADDR_V4MAPPED(&a->sin6.sin6_addr)) {
+			uint32_t ip;
+			memcpy(&ip, &a->sin6.sin6_addr.s6_addr[12], 4);
+			ip = ntohl(ip);
+			return IN_MULTICAST(ip) || ip == INADDR_BROADCAST;
+		}
+	}
+	return false;
+}
+
+/* Plain UDP through the kernel, blocking as the program asked. Called without s->lock. */
+static ssize_t send_plain(struct sock *s, int fd, const struct iovec *iov, int iovcnt, int flags,
+			  const struct sockaddr *dest, socklen_t destlen, bool nb)
+{
+	struct msghdr m = {.msg_name = (void *)dest, .msg_namelen = dest ? destlen : 0,
+			   .msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)iovcnt};
+	for (;;) {
+		ssize_t r = real.sendmsg(fd, &m, flags | MSG_DONTWAIT);
+		if (r >= 0) {
+			pthread_mutex_lock(&s->lock);
+			s->st->tx_plain++, s->st->tx_plain_bytes += (uint64_t)r;
+			pthread_mutex_unlock(&s->lock);
+			return r;
+		}
+		if ((errno != EAGAIN && errno != EWOULDBLOCK) || nb)
+			return -errno;
+		struct pollfd p = {.fd = fd, .events = POLLOUT};
+		if (real.poll(&p, 1, s->sndtimeo_ms > 0 ? s->sndtimeo_ms : -1) == 0)
+			return -EAGAIN;
+	}
+}
+
+/* The registration covering [p, p+len) from the socket's cache, registering (64 KiB-aligned,
+ * so neighbouring buffers share it) on a miss. Needs s->lock. NULL on failure. */
+static struct dgv_mr *zc_lookup(struct sock *s, const void *p, size_t len)
+{
+	uintptr_t a = (uintptr_t)p, e = a + len;
+	struct zc_ent *victim = &s->zc[0];
+	for (int i = 0; i < SHIM_ZC_CACHE; i++) {
+		struct zc_ent *z = &s->zc[i];
+		if (z->mr && z->start <= a && e <= z->end) {
+			z->used = ++s->ops;
+			return z->mr;
+		}
+		if (!z->mr || z->used < victim->used)
+			victim = z;
+	}
+	uintptr_t start = a & ~(uintptr_t)0xffff, end = (e + 0xffff) & ~(uintptr_t)0xffff;
+	if (victim->mr)
+		dgv_dereg_mr(victim->mr), victim->mr = NULL;
+	/* the soft provider reads through the mapping at send time; a region that stops being
+	 * mapped is never read again once evicted (ibverbs pins: see docs/shim.md) */
+	if (dgv_reg_mr(G.pd, (void *)start, end - start, 0, &victim->mr) &&
+	    dgv_reg_mr(G.pd, (void *)a, len, 0, &victim->mr))
+		return NULL;
+	victim->start = (uintptr_t)victim->mr->addr;
+	victim->end = victim->start + victim->mr->length;
+	victim->used = ++s->ops;
+	return victim->mr;
+}
+
+void zc_cache_clear(struct sock *s)
+{
+	for (int i = 0; i < SHIM_ZC_CACHE; i++)
+		if (s->zc[i].mr)
+			dgv_dereg_mr(s->zc[i].mr), s->zc[i].mr = NULL;
+}
+
+ssize_t sock_send(struct sock *s, int fd, const struct iovec *iov, int iovcnt, int flags,
+		  const struct sockaddr *dest, socklen_t destlen)
+{
+	size_t total = iov_total(iov, iovcnt);
+	pthread_mutex_lock(&s->lock);
+	if (unlikely(s->gen != G.gen))
+		sock_reset_after_fork(s);
+	bool nb = s->user_nonblock || (flags & MSG_DONTWAIT);
+	const union dgv_sockaddr *to = (const union dgv_sockaddr *)dest;
+	socklen_t tolen = destlen;
+	if (!dest && s->connected)
+		to = &s->peer, tolen = s->peerlen;
+	struct dgv_ah *ah = NULL;
+	if (to && tolen >= sizeof(struct sockaddr_in) && total <= SHIM_MAX_DGRAM && !s->shut_wr &&
+	    s->mode != IWARP_MODE_OFF && !s->broken && !is_group(to) &&
+	    (s->qp || qp_setup(s, fd) == 0) && to->sa.sa_family == s->family)
+		ah = peer_route(to, tolen, svc_of(s));
+	if (!ah) {
+		pthread_mutex_unlock(&s->lock);
+		return send_plain(s, fd, iov, iovcnt, flags & ~MSG_DONTWAIT, dest, destlen, nb);
+	}
+	int timeout = nb ? 0 : s->sndtimeo_ms > 0 ? s->sndtimeo_ms : -1;
+	ssize_t rc;
+	if (s->qp_type == DGV_QPT_UD && iovcnt == 1 && total >= (size_t)s->zcopy && total > 0) {
+		/* zero-copy: the provider reads the program's buffer; UD hands it to the kernel
+		 * during the post, so the wait below is normally already over */
+		struct dgv_mr *mr = zc_lookup(s, iov[0].iov_base, total);
+		if (mr) {
+			struct dgv_sge sge = {(uint64_t)(uintptr_t)iov[0].iov_base, (uint32_t)total, mr->lkey};
+			uint64_t seq = ++s->zc_seq;
+			struct dgv_send_wr wr = {.wr_id = WR_ZC | (uint32_t)seq, .sg_list = &sge, .num_sge = 1,
+						 .opcode = DGV_WR_SEND, .send_flags = DGV_SEND_SIGNALED, .ah = ah},
+					   *bad;
+			int pr = dgv_post_send(s->qp, &wr, &bad);
+			if (pr == 0) {
+				int t = -1; /* the buffer is the program's: it cannot go back half sent */
+				while (s->zc_done < seq) {
+					consume_cq(s);
+					if (s->zc_done < seq && wait_sock(s, POLLOUT, &t) == -EINTR)
+						continue;
+				}
+				s->st->tx_framed++, s->st->tx_framed_bytes += total, s->st->tx_zcopy++;
+				rc = (ssize_t)total;
+				goto out;
+			}
+			s->zc_seq--;
+		}
+	}
+	for (;;) {
+		if (!s->tx_free_n)
+			consume_cq(s);
+		if (s->tx_free_n)
+			break;
+		if (nb) {
+			rc = -EAGAIN;
+			goto out;
+		}
+		int w = wait_sock(s, POLLOUT, &timeout);
+		if (w) {
+			rc = w;
+			goto out;
+		}
+		if (!s->qp) {
+			pthread_mutex_unlock(&s->lock);
+			return send_plain(s, fd, iov, iovcnt, flags & ~MSG_DONTWAIT, dest, destlen, nb);
+		}
+	}
+	uint32_t slot = s->tx_free[--s->tx_free_n];
+	uint8_t *b = s->tx_area + (size_t)slot * SHIM_SLOT;
+	size_t off = 0;
+	for (int i = 0; i < iovcnt; i++) {
+		if (iov[i].iov_len)
+			memcpy(b + off, iov[i].iov_base, iov[i].iov_len);
+		off += iov[i].iov_len;
+	}
+	memcpy(&s->txd[slot].to, to, tolen < sizeof s->txd[slot].to ? tolen : sizeof s->txd[slot].to);
+	s->txd[slot].tolen = tolen;
+	s->txd[slot].len = (uint32_t)total;
+	struct dgv_sge sge = {(uint64_t)(uintptr_t)b, (uint32_t)total, s->tx_mr->lkey};
+	struct dgv_send_wr wr = {.wr_id = WR_TX | slot, .sg_list = &sge, .num_sge = 1,
+				 .opcode = DGV_WR_SEND, .send_flags = DGV_SEND_SIGNALED, .ah = ah},
+			   *bad;
+	int pr = dgv_post_send(s->qp, &wr, &bad);
+	if (pr) {
+		s->tx_free[s->tx_free_n++] = (uint16_t)slot;
+		rc = pr == -ENOMEM ? -ENOBUFS : pr;
+		goto out;
+	}
+	s->st->tx_framed++, s->st->tx_framed_bytes += total;
+	rc = (ssize_t)total;
+	/* UD completes during the post: reclaim at once so the warm slot is reused */
+	if (s->qp_type == DGV_QPT_UD)
+		consume_cq(s);
+out:
+	if ((++s->ops & 255) == 0)
+		stats_pull(s);
+	pthread_mutex_unlock(&s->lock);
+	return rc;
+}

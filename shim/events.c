@@ -1,0 +1,527 @@
+/*
+ * events.c - poll, select and epoll over taken sockets.
+ *
+ * A taken socket is readable when a datagram is ready for the program, which the kernel cannot
+ * know: a datagram in its buffer may be an acknowledgement or one segment of a message, and the
+ * provider's thread may have drained the buffer into the CQ already. So for each taken socket
+ * the wait covers the kernel socket (something to process) and the CQ's descriptor (something
+ * processed in the background); what they report is checked against the socket's queue before
+ * the program hears of it, and a wait that only saw work, not data, waits again.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "log.h"
+#include "sock.h"
+
+static int remaining(uint64_t deadline, int timeout_ms)
+{
+	if (timeout_ms < 0)
+		return -1;
+	uint64_t now = shim_now_us();
+	return now >= deadline ? 0 : (int)((deadline - now + 999) / 1000);
+}
+
+/* ------------------------------------------------------------------ poll */
+
+#define POLL_STACK 64
+
+int ev_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
+{
+	nfds_t ntaken = 0;
+	for (nfds_t i = 0; i < n; i++)
+		if (fd_sock(fds[i].fd))
+			ntaken++;
+	if (!ntaken) {
+		if (mask) {
+			struct timespec ts = {timeout_ms / 1000, (long)(timeout_ms % 1000) * 1000000};
+			return real.ppoll(fds, n, timeout_ms < 0 ? NULL : &ts, mask);
+		}
+		return real.poll(fds, n, timeout_ms);
+	}
+	struct pollfd stack[POLL_STACK];
+	int8_t sready[POLL_STACK];
+	nfds_t cap = n + ntaken;
+	struct pollfd *p = cap <= POLL_STACK ? stack : malloc(cap * sizeof *p);
+	int8_t *ready = cap <= POLL_STACK ? sready : malloc(n);
+	if (!p || !ready) {
+		if (p != stack)
+			free(p);
+		if (ready != sready)
+			free(ready);
+		errno = ENOMEM;
+		return -1;
+	}
+	uint64_t deadline = timeout_ms > 0 ? shim_now_us() + (uint64_t)timeout_ms * 1000 : 0;
+	int t = timeout_ms, rc;
+	for (;;) {
+		nfds_t m = n;
+		bool any_ready = false;
+		shim_depth++;
+		for (nfds_t i = 0; i < n; i++) {
+			p[i] = fds[i];
+			ready[i] = -1;
+			struct sock *s = fds[i].fd >= 0 ? fd_sock(fds[i].fd) : NULL;
+			if (!s || !(fds[i].events & POLLIN))
+				continue;
+			int in = sock_poll_in(s, fds[i].fd);
+			if (in < 0)
+				continue; /* the OS carries it: its readiness is the truth */
+			ready[i] = (int8_t)(in > 0);
+			if (in > 0) {
+				any_ready = true;
+				continue;
+			}
+			int qfd, cqfd;
+			if (sock_wait_fds(s, &qfd, &cqfd) == 0)
+				p[m++] = (struct pollfd){.fd = cqfd, .events = POLLIN};
+		}
+		shim_depth--;
+		int wt = any_ready ? 0 : t;
+		int r;
+		if (mask) {
+			struct timespec ts = {wt / 1000, (long)(wt % 1000) * 1000000};
+			r = real.ppoll(p, m, wt < 0 ? NULL : &ts, mask);
+		} else {
+			r = real.poll(p, m, wt);
+		}
+		if (r < 0) {
+			rc = -1;
+			break;
+		}
+		int count = 0;
+		shim_depth++;
+		for (nfds_t i = 0; i < n; i++) {
+			short rev = p[i].revents;
+			if (ready[i] >= 0) {
+				rev &= (short)~POLLIN;
+				bool in = ready[i] > 0;
+				if (!in && r > 0) {
+					struct sock *s = fd_sock(fds[i].fd);
+					in = s && sock_poll_in(s, fds[i].fd) > 0;
+				}
+				if (in)
+					rev |= POLLIN;
+			}
+			fds[i].revents = rev;
+			if (rev)
+				count++;
+		}
+		for (nfds_t j = n; j < m; j++)
+			if (p[j].revents & POLLIN) {
+				uint64_t v;
+				ssize_t rr = real.read(p[j].fd, &v, sizeof v); /* ack the CQ's event */
+				(void)rr;
+			}
+		shim_depth--;
+		t = remaining(deadline, timeout_ms);
+		if (count || t == 0) {
+			rc = count;
+			break;
+		}
+	}
+	if (p != stack)
+		free(p);
+	if (ready != sready)
+		free(ready);
+	return rc;
+}
+
+int ev_select(int nfds, fd_set *r, fd_set *w, fd_set *x, const struct timespec *ts,
+	      const sigset_t *mask)
+{
+	if (nfds < 0 || nfds > FD_SETSIZE) {
+		errno = EINVAL;
+		return -1;
+	}
+	bool any = false;
+	for (int fd = 0; fd < nfds && !any; fd++)
+		if (((r && FD_ISSET(fd, r)) || (w && FD_ISSET(fd, w)) || (x && FD_ISSET(fd, x))) && fd_sock(fd))
+			any = true;
+	if (!any) {
+		if (mask || ts) {
+			return real.pselect(nfds, r, w, x, ts, mask);
+		}
+		return real.select(nfds, r, w, x, NULL);
+	}
+	struct pollfd p[FD_SETSIZE];
+	int n = 0;
+	for (int fd = 0; fd < nfds; fd++) {
+		short ev = 0;
+		if (r && FD_ISSET(fd, r))
+			ev |= POLLIN;
+		if (w && FD_ISSET(fd, w))
+			ev |= POLLOUT;
+		if (x && FD_ISSET(fd, x))
+			ev |= POLLPRI;
+		if (ev)
+			p[n++] = (struct pollfd){.fd = fd, .events = ev};
+	}
+	int ms = -1;
+	if (ts) {
+		long long v = (long long)ts->tv_sec * 1000 + (ts->tv_nsec + 999999) / 1000000;
+		ms = v > INT32_MAX ? INT32_MAX : (int)v;
+	}
+	int rc = ev_poll(p, (nfds_t)n, ms, mask);
+	if (rc < 0)
+		return rc;
+	for (int i = 0; i < n; i++)
+		if (p[i].revents & POLLNVAL) {
+			errno = EBADF;
+			return -1;
+		}
+	if (r)
+		FD_ZERO(r);
+	if (w)
+		FD_ZERO(w);
+	if (x)
+		FD_ZERO(x);
+	int count = 0;
+	for (int i = 0; i < n; i++) {
+		short rev = p[i].revents;
+		if (r && (p[i].events & POLLIN) && (rev & (POLLIN | POLLHUP | POLLERR)))
+			FD_SET(p[i].fd, r), count++;
+		if (w && (p[i].events & POLLOUT) && (rev & (POLLOUT | POLLERR)))
+			FD_SET(p[i].fd, w), count++;
+		if (x && (p[i].events & POLLPRI) && (rev & POLLPRI))
+			FD_SET(p[i].fd, x), count++;
+	}
+	return count;
+}
+
+/* ------------------------------------------------------------------ epoll */
+
+/*
+ * Every registration on an epoll instance the shim created goes through it: the kernel holds
+ * (generation, index) in the event data, the program's own data lives here, so events of
+ * taken sockets can be checked and those of other descriptors translated back. Entries live
+ * in chunks that never move, so epoll_wait reads them without the instance's lock.
+ */
+#define REG_CHUNK 1024
+#define REG_CHUNKS 256
+
+struct reg {
+	_Atomic uint32_t gen; /* odd: in use */
+	int fd;
+	struct sock *s;       /* NULL: not taken, plain translation */
+	uint32_t events;      /* as the program asked */
+	uint64_t data;
+	int cqfd;             /* registered too, or -1 */
+	uint32_t round;       /* last epoll_wait that reported it (dedupe) */
+};
+
+struct ep {
+	struct ent ent;
+	pthread_mutex_t lock;
+	struct reg *chunk[REG_CHUNKS];
+	uint32_t nregs;       /* indices handed out */
+	uint32_t *free_idx;
+	uint32_t nfree, free_cap;
+	_Atomic int ntaken;   /* registrations of taken sockets */
+	_Atomic uint32_t round;
+};
+
+static inline struct reg *reg_at(struct ep *ep, uint32_t i)
+{
+	struct reg *c = ep->chunk[i / REG_CHUNK];
+	return c ? &c[i % REG_CHUNK] : NULL;
+}
+
+void ev_epoll_created(int epfd)
+{
+	struct ep *ep = calloc(1, sizeof *ep);
+	if (!ep)
+		return;
+	ep->ent.kind = ENT_EPOLL;
+	pthread_mutex_init(&ep->lock, NULL);
+	struct ent *old = fd_set_ent(epfd, &ep->ent);
+	if (old && old->kind == ENT_SOCK)
+		sock_put((struct sock *)old);
+}
+
+static void ep_free(struct ep *ep)
+{
+	for (int i = 0; i < REG_CHUNKS; i++)
+		free(ep->chunk[i]);
+	free(ep->free_idx);
+	pthread_mutex_destroy(&ep->lock);
+	free(ep);
+}
+
+void ev_epoll_closing(int epfd)
+{
+	struct ent *e = fd_set_ent(epfd, NULL);
+	if (!e || e->kind != ENT_EPOLL)
+		return;
+	struct ep *ep = (struct ep *)e;
+	/* unlink from the sockets it watched */
+	for (uint32_t i = 0; i < ep->nregs; i++) {
+		struct reg *r = reg_at(ep, i);
+		if (r && (atomic_load(&r->gen) & 1) && r->s)
+			sock_ep_link(r->s, ep, 0);
+	}
+	/* a concurrent epoll_wait on a closing instance is the program's race; the memory is
+	 * kept for one more instance lifetime would be safer, but the kernel makes that wait
+	 * return EBADF before it reads our entries */
+	ep_free(ep);
+}
+
+static struct reg *reg_find(struct ep *ep, int fd, uint32_t *idx)
+{
+	for (uint32_t i = 0; i < ep->nregs; i++) {
+		struct reg *r = reg_at(ep, i);
+		if (r && (atomic_load(&r->gen) & 1) && r->fd == fd) {
+			*idx = i;
+			return r;
+		}
+	}
+	return NULL;
+}
+
+static struct reg *reg_new(struct ep *ep, uint32_t *idx)
+{
+	uint32_t i;
+	if (ep->nfree) {
+		i = ep->free_idx[--ep->nfree];
+	} else {
+		if (ep->nregs >= REG_CHUNK * REG_CHUNKS)
+			return NULL;
+		i = ep->nregs;
+		if (!ep->chunk[i / REG_CHUNK] && !(ep->chunk[i / REG_CHUNK] = calloc(REG_CHUNK, sizeof(struct reg))))
+			return NULL;
+		ep->nregs++;
+	}
+	*idx = i;
+	return reg_at(ep, i);
+}
+
+static void reg_release(struct ep *ep, struct reg *r, uint32_t i)
+{
+	atomic_fetch_add(&r->gen, 1); /* even: free; stale kernel events no longer match */
+	if (r->s)
+		atomic_fetch_sub(&ep->ntaken, 1);
+	r->s = NULL;
+	if (ep->nfree == ep->free_cap) {
+		uint32_t nc = ep->free_cap ? ep->free_cap * 2 : 64;
+		uint32_t *nf = realloc(ep->free_idx, nc * sizeof *nf);
+		if (!nf)
+			return; /* the index is lost, not reused */
+		ep->free_idx = nf, ep->free_cap = nc;
+	}
+	ep->free_idx[ep->nfree++] = i;
+}
+
+static inline uint64_t tag(struct reg *r, uint32_t i, bool cq)
+{
+	return (uint64_t)atomic_load(&r->gen) << 32 | (uint64_t)i << 1 | cq;
+}
+
+/* Kernel events for a registration: the socket's own events; EPOLLIN of a taken socket is
+ * checked before the program sees it. */
+static uint32_t kernel_events(const struct reg *r)
+{
+	return r->events;
+}
+
+int ev_epoll_ctl(struct ep *ep, int epfd, int op, int fd, struct epoll_event *ev)
+{
+	if (op != EPOLL_CTL_DEL && !ev)
+		return -EFAULT;
+	if (fd == epfd)
+		return -EINVAL;
+	pthread_mutex_lock(&ep->lock);
+	int rc = 0;
+	uint32_t idx;
+	struct reg *r = reg_find(ep, fd, &idx);
+	switch (op) {
+	case EPOLL_CTL_ADD: {
+		if (r) {
+			rc = -EEXIST;
+			break;
+		}
+		if (!(r = reg_new(ep, &idx))) {
+			rc = -ENOMEM;
+			break;
+		}
+		r->fd = fd, r->events = ev->events, r->data = ev->data.u64, r->cqfd = -1, r->s = NULL;
+		r->round = 0;
+		atomic_fetch_add(&r->gen, 1); /* odd: in use */
+		struct epoll_event kev = {.events = kernel_events(r), .data.u64 = tag(r, idx, false)};
+		if (real.epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &kev) < 0) {
+			rc = -errno;
+			r->s = NULL;
+			reg_release(ep, r, idx);
+			break;
+		}
+		struct sock *s = fd_sock(fd);
+		int qfd, cqfd;
+		if (s && sock_poll_in(s, fd) >= 0 && sock_wait_fds(s, &qfd, &cqfd) == 0) {
+			struct epoll_event cev = {.events = EPOLLIN | (ev->events & EPOLLET),
+						  .data.u64 = tag(r, idx, true)};
+			if (real.epoll_ctl(epfd, EPOLL_CTL_ADD, cqfd, &cev) == 0)
+				r->cqfd = cqfd;
+			r->s = s;
+			atomic_fetch_add(&ep->ntaken, 1);
+			sock_ep_link(s, ep, 1);
+		}
+		break;
+	}
+	case EPOLL_CTL_MOD: {
+		if (!r) {
+			rc = -ENOENT;
+			break;
+		}
+		r->events = ev->events, r->data = ev->data.u64;
+		struct epoll_event kev = {.events = kernel_events(r), .data.u64 = tag(r, idx, false)};
+		if (real.epoll_ctl(epfd, EPOLL_CTL_MOD, fd, &kev) < 0)
+			rc = -errno;
+		if (r->cqfd >= 0) {
+			struct epoll_event cev = {.events = EPOLLIN | (ev->events & EPOLLET),
+						  .data.u64 = tag(r, idx, true)};
+			real.epoll_ctl(epfd, EPOLL_CTL_MOD, r->cqfd, &cev);
+		}
+		break;
+	}
+	case EPOLL_CTL_DEL:
+		if (!r) {
+			/* maybe registered before the shim knew the epoll: the kernel decides */
+			rc = real.epoll_ctl(epfd, op, fd, ev) < 0 ? -errno : 0;
+			break;
+		}
+		if (real.epoll_ctl(epfd, EPOLL_CTL_DEL, fd, ev) < 0)
+			rc = -errno;
+		if (r->cqfd >= 0)
+			real.epoll_ctl(epfd, EPOLL_CTL_DEL, r->cqfd, NULL);
+		if (r->s)
+			sock_ep_link(r->s, ep, 0);
+		reg_release(ep, r, idx);
+		break;
+	default:
+		rc = -EINVAL;
+	}
+	pthread_mutex_unlock(&ep->lock);
+	return rc;
+}
+
+void ev_sock_gone(struct sock *s, struct ep **eps, int n)
+{
+	/* The kernel drops the socket from its epoll sets when the last descriptor closes (the
+	 * QP's duplicate goes with the socket); drop our registrations and the CQ's. */
+	for (int k = 0; k < n; k++) {
+		struct ep *ep = eps[k];
+		pthread_mutex_lock(&ep->lock);
+		for (uint32_t i = 0; i < ep->nregs; i++) {
+			struct reg *r = reg_at(ep, i);
+			if (r && (atomic_load(&r->gen) & 1) && r->s == s)
+				reg_release(ep, r, i);
+		}
+		pthread_mutex_unlock(&ep->lock);
+	}
+}
+
+void ev_after_fork(void) {}
+
+/* Is a datagram ready on a level-triggered registration, without a system call? */
+static bool cheap_ready(struct sock *s)
+{
+	if (__atomic_load_n(&s->pend_n, __ATOMIC_RELAXED))
+		return true;
+	struct dgv_cq *cq = __atomic_load_n(&s->cq, __ATOMIC_ACQUIRE);
+	return cq && dgv_cq_ready(cq) > 0;
+}
+
+#define EV_STACK 256
+
+int ev_epoll_wait(struct ep *ep, int epfd, struct epoll_event *evs, int max, int timeout_ms,
+		  const sigset_t *mask)
+{
+	if (max <= 0 || max > INT32_MAX / (int)sizeof(struct epoll_event)) {
+		errno = EINVAL;
+		return -1;
+	}
+	struct epoll_event stack[EV_STACK];
+	struct epoll_event *k = max <= EV_STACK ? stack : malloc((size_t)max * sizeof *k);
+	if (!k) {
+		errno = ENOMEM;
+		return -1;
+	}
+	uint64_t deadline = timeout_ms > 0 ? shim_now_us() + (uint64_t)timeout_ms * 1000 : 0;
+	int t = timeout_ms, out = 0;
+	for (;;) {
+		uint32_t round = atomic_fetch_add(&ep->round, 1) + 1;
+		out = 0;
+		if (atomic_load(&ep->ntaken)) {
+			/* level-triggered: data still queued from an earlier burst is readiness the
+			 * kernel no longer shows */
+			uint32_t nr = __atomic_load_n(&ep->nregs, __ATOMIC_ACQUIRE);
+			for (uint32_t i = 0; i < nr && out < max; i++) {
+				struct reg *r = reg_at(ep, i);
+				if (!r || !(atomic_load(&r->gen) & 1) || !r->s)
+					continue;
+				uint32_t e = r->events;
+				if ((e & (EPOLLET | EPOLLONESHOT)) || !(e & EPOLLIN) || !cheap_ready(r->s))
+					continue;
+				r->round = round;
+				evs[out++] = (struct epoll_event){.events = EPOLLIN, .data.u64 = r->data};
+			}
+		}
+		int wt = out ? 0 : t;
+		int kmax = max - out > 0 ? max - out : 1;
+		int n = mask ? real.epoll_pwait(epfd, k, kmax, wt, mask) : real.epoll_wait(epfd, k, kmax, wt);
+		if (n < 0) {
+			if (out)
+				break; /* report what we have; the error will come again */
+			if (k != stack)
+				free(k);
+			return -1;
+		}
+		shim_depth++;
+		for (int j = 0; j < n && out < max; j++) {
+			uint64_t d = k[j].data.u64;
+			uint32_t i = (uint32_t)(d & 0xffffffffu) >> 1;
+			bool cq = d & 1;
+			struct reg *r = reg_at(ep, i);
+			if (!r || atomic_load(&r->gen) != (uint32_t)(d >> 32))
+				continue; /* a registration removed since */
+			uint32_t e = k[j].events;
+			if (r->s) {
+				if (cq)
+					sock_cq_ack(r->s);
+				if ((e & EPOLLIN) || cq) {
+					e &= ~EPOLLIN;
+					if ((r->events & EPOLLIN) && sock_poll_in(r->s, r->fd) > 0)
+						e |= EPOLLIN;
+				}
+				if (cq)
+					e &= EPOLLIN;
+				e &= r->events | EPOLLERR | EPOLLHUP;
+				if (!e) {
+					if ((r->events & EPOLLONESHOT) && !cq) {
+						/* the kernel disarmed it for nothing: arm it again */
+						struct epoll_event kev = {.events = r->events, .data.u64 = d};
+						real.epoll_ctl(epfd, EPOLL_CTL_MOD, r->fd, &kev);
+					}
+					continue;
+				}
+				if (r->round == round) {
+					/* reported already this round: merge */
+					for (int q = 0; q < out; q++)
+						if (evs[q].data.u64 == r->data)
+							evs[q].events |= e;
+					continue;
+				}
+				r->round = round;
+			}
+			evs[out++] = (struct epoll_event){.events = e, .data.u64 = r->data};
+		}
+		shim_depth--;
+		t = remaining(deadline, timeout_ms);
+		if (out || t == 0)
+			break;
+	}
+	if (k != stack)
+		free(k);
+	return out;
+}

@@ -1,0 +1,689 @@
+/*
+ * interpose.c - the libc names libdgshim.so exports (exports.map lists exactly these), the
+ * `real` table behind them, and the descriptor table.
+ *
+ * Every wrapper is a one-line dispatch: a descriptor the shim did not take, or a call made
+ * from inside the shim or the provider (shim_depth), goes straight to libc; a taken socket
+ * goes to sock.c / events.c, whose -errno results are turned into -1/errno here and only here.
+ */
+/* Both fcntl and fcntl64 are exported: with 64-bit offsets the headers would rename one to
+ * the other. */
+#undef _FILE_OFFSET_BITS
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "shim.h"
+
+struct real_fns real;
+__thread int shim_depth __attribute__((tls_model("initial-exec")));
+
+static pthread_once_t real_once = PTHREAD_ONCE_INIT;
+
+#define LOAD(name) real.name = (__typeof__(real.name))dlsym(RTLD_NEXT, #name)
+
+static void real_load(void)
+{
+	LOAD(socket), LOAD(bind), LOAD(connect), LOAD(close), LOAD(shutdown);
+	LOAD(dup), LOAD(dup2), LOAD(dup3), LOAD(fcntl), LOAD(ioctl);
+	LOAD(setsockopt), LOAD(getsockopt);
+	LOAD(send), LOAD(sendto), LOAD(sendmsg), LOAD(sendmmsg);
+	LOAD(recv), LOAD(recvfrom), LOAD(recvmsg), LOAD(recvmmsg);
+	LOAD(read), LOAD(write), LOAD(readv), LOAD(writev);
+	LOAD(poll), LOAD(ppoll), LOAD(select), LOAD(pselect);
+	LOAD(epoll_create), LOAD(epoll_create1), LOAD(epoll_ctl), LOAD(epoll_wait), LOAD(epoll_pwait);
+	LOAD(fork);
+}
+
+void shim_real_init(void)
+{
+	if (unlikely(!real.close))
+		pthread_once(&real_once, real_load);
+}
+
+/* ------------------------------------------------------------------ descriptor table */
+
+/* One pointer per possible descriptor, in mapped pages (untouched pages cost nothing). */
+static _Atomic(struct ent *) *fdtab;
+static size_t fdtab_n;
+static pthread_once_t fdtab_once = PTHREAD_ONCE_INIT;
+
+static void fdtab_alloc(void)
+{
+	struct rlimit rl;
+	size_t n = 1 << 16;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_max != RLIM_INFINITY && rl.rlim_max > n)
+		n = rl.rlim_max > (1u << 22) ? (1u << 22) : (size_t)rl.rlim_max;
+	void *p = mmap(NULL, n * sizeof *fdtab, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED)
+		return;
+	fdtab = p;
+	fdtab_n = n;
+}
+
+struct ent *fd_get(int fd)
+{
+	if (unlikely(!fdtab) || (unsigned)fd >= fdtab_n)
+		return NULL;
+	return atomic_load_explicit(&fdtab[fd], memory_order_acquire);
+}
+
+struct ent *fd_set_ent(int fd, struct ent *e)
+{
+	pthread_once(&fdtab_once, fdtab_alloc);
+	if (!fdtab || (unsigned)fd >= fdtab_n)
+		return NULL;
+	return atomic_exchange(&fdtab[fd], e);
+}
+
+/* ------------------------------------------------------------------ helpers */
+
+static inline long ret(long r)
+{
+	if (r < 0) {
+		errno = (int)-r;
+		return -1;
+	}
+	return r;
+}
+
+#define ENTER() (shim_depth++)
+#define LEAVE() (shim_depth--)
+
+/* sock for fd when the call should be handled by the shim, else NULL. */
+static inline struct sock *taken(int fd)
+{
+	if (shim_depth)
+		return NULL;
+	return fd_sock(fd);
+}
+
+/* ------------------------------------------------------------------ lifecycle */
+
+SHIM_EXPORT int socket(int domain, int type, int protocol)
+{
+	shim_real_init();
+	int fd = real.socket(domain, type, protocol);
+	if (fd >= 0 && !shim_depth && (domain == AF_INET || domain == AF_INET6)) {
+		ENTER();
+		sock_created(fd, domain, type, protocol);
+		LEAVE();
+	}
+	return fd;
+}
+
+SHIM_EXPORT int close(int fd)
+{
+	shim_real_init();
+	if (!shim_depth) {
+		struct ent *e = fd_get(fd);
+		if (e) {
+			ENTER();
+			if (e->kind == ENT_SOCK)
+				sock_closing(fd);
+			else
+				ev_epoll_closing(fd);
+			LEAVE();
+		}
+	}
+	return real.close(fd);
+}
+
+static int dup_common(int fd, int fd2)
+{
+	if (fd2 >= 0 && !shim_depth && fd2 != fd) {
+		ENTER();
+		if (fd_get(fd2)) {
+			/* dup2 onto a taken descriptor closes it first */
+			struct ent *e = fd_get(fd2);
+			if (e->kind == ENT_SOCK)
+				sock_closing(fd2);
+			else
+				ev_epoll_closing(fd2);
+		}
+		if (fd_sock(fd))
+			sock_duped(fd, fd2);
+		LEAVE();
+	}
+	return fd2;
+}
+
+SHIM_EXPORT int dup(int fd)
+{
+	shim_real_init();
+	int r = real.dup(fd);
+	return r >= 0 ? dup_common(fd, r) : r;
+}
+
+SHIM_EXPORT int dup2(int fd, int fd2)
+{
+	shim_real_init();
+	if (!shim_depth && fd != fd2 && fd_get(fd2) && fcntl(fd, F_GETFD) >= 0) {
+		ENTER();
+		struct ent *e = fd_get(fd2);
+		if (e && e->kind == ENT_SOCK)
+			sock_closing(fd2);
+		else if (e)
+			ev_epoll_closing(fd2);
+		LEAVE();
+	}
+	int r = real.dup2(fd, fd2);
+	return r >= 0 ? dup_common(fd, r) : r;
+}
+
+SHIM_EXPORT int dup3(int fd, int fd2, int flags)
+{
+	shim_real_init();
+	if (!shim_depth && fd != fd2 && fd_get(fd2) && fcntl(fd, F_GETFD) >= 0) {
+		ENTER();
+		struct ent *e = fd_get(fd2);
+		if (e && e->kind == ENT_SOCK)
+			sock_closing(fd2);
+		else if (e)
+			ev_epoll_closing(fd2);
+		LEAVE();
+	}
+	int r = real.dup3(fd, fd2, flags);
+	return r >= 0 ? dup_common(fd, r) : r;
+}
+
+static int fcntl_common(int fd, int cmd, void *arg)
+{
+	shim_real_init();
+	struct sock *s = taken(fd);
+	if (s) {
+		int r;
+		switch (cmd) {
+		case F_GETFL:
+			ENTER();
+			r = sock_getfl(s, fd);
+			LEAVE();
+			return (int)ret(r);
+		case F_SETFL:
+			ENTER();
+			r = sock_fcntl_setfl(s, fd, (int)(intptr_t)arg);
+			LEAVE();
+			return (int)ret(r);
+		case F_DUPFD:
+		case F_DUPFD_CLOEXEC:
+			r = real.fcntl(fd, cmd, (int)(intptr_t)arg);
+			return r >= 0 ? dup_common(fd, r) : r;
+		default:
+			break;
+		}
+	}
+	return real.fcntl(fd, cmd, arg);
+}
+
+SHIM_EXPORT int fcntl(int fd, int cmd, ...)
+{
+	va_list ap;
+	va_start(ap, cmd);
+	void *arg = va_arg(ap, void *);
+	va_end(ap);
+	return fcntl_common(fd, cmd, arg);
+}
+
+SHIM_EXPORT int fcntl64(int fd, int cmd, ...)
+{
+	va_list ap;
+	va_start(ap, cmd);
+	void *arg = va_arg(ap, void *);
+	va_end(ap);
+	return fcntl_common(fd, cmd, arg);
+}
+
+SHIM_EXPORT int ioctl(int fd, unsigned long req, ...)
+{
+	va_list ap;
+	va_start(ap, req);
+	void *arg = va_arg(ap, void *);
+	va_end(ap);
+	shim_real_init();
+	struct sock *s = taken(fd);
+	if (s && (req == FIONREAD || req == FIONBIO)) {
+		if (!arg)
+			return (int)ret(-EFAULT);
+		ENTER();
+		/* the provider never relies on the file's O_NONBLOCK (it passes MSG_DONTWAIT), so
+		 * blocking is emulated entirely from the program's setting */
+		int r = req == FIONREAD ? sock_fionread(s, arg) : sock_fionbio(s, *(int *)arg);
+		LEAVE();
+		if (r == -ENOSYS)
+			return real.ioctl(fd, req, arg);
+		return (int)ret(r);
+	}
+	return real.ioctl(fd, req, arg);
+}
+
+SHIM_EXPORT int bind(int fd, const struct sockaddr *a, socklen_t l)
+{
+	shim_real_init();
+	struct sock *s = taken(fd);
+	if (!s)
+		return real.bind(fd, a, l);
+	ENTER();
+	int r = sock_bind(s, fd, a, l);
+	LEAVE();
+	return (int)ret(r);
+}
+
+SHIM_EXPORT int connect(int fd, const struct sockaddr *a, socklen_t l)
+{
+	shim_real_init();
+	struct sock *s = taken(fd);
+	if (!s)
+		return real.connect(fd, a, l);
+	ENTER();
+	int r = sock_connect(s, fd, a, l);
+	LEAVE();
+	return (int)ret(r);
+}
+
+SHIM_EXPORT int shutdown(int fd, int how)
+{
+	shim_real_init();
+	struct sock *s = taken(fd);
+	if (!s)
+		return real.shutdown(fd, how);
+	ENTER();
+	int r = sock_shutdown(s, fd, how);
+	LEAVE();
+	return (int)ret(r);
+}
+
+SHIM_EXPORT int setsockopt(int fd, int level, int name, const void *v, socklen_t l)
+{
+	shim_real_init();
+	struct sock *s = taken(fd);
+	int r;
+	if (!s) {
+		if (level != SOL_IWARP || shim_depth)
+			return real.setsockopt(fd, level, name, v, l);
+		ENTER();
+		r = shim_iwarp_opt_untaken(fd, 1, name, (void *)v, &l);
+		LEAVE();
+		return (int)ret(r);
+	}
+	ENTER();
+	r = sock_setsockopt(s, fd, level, name, v, l);
+	LEAVE();
+	return (int)ret(r);
+}
+
+SHIM_EXPORT int getsockopt(int fd, int level, int name, void *v, socklen_t *l)
+{
+	shim_real_init();
+	struct sock *s = taken(fd);
+	int r;
+	if (!s) {
+		if (level != SOL_IWARP || shim_depth)
+			return real.getsockopt(fd, level, name, v, l);
+		ENTER();
+		r = shim_iwarp_opt_untaken(fd, 0, name, v, l);
+		LEAVE();
+		return (int)ret(r);
+	}
+	ENTER();
+	r = sock_getsockopt(s, fd, level, name, v, l);
+	LEAVE();
+	return (int)ret(r);
+}
+
+/* ------------------------------------------------------------------ data */
+
+static ssize_t send_one(struct sock *s, int fd, const void *buf, size_t len, int flags,
+			const struct sockaddr *to, socklen_t tolen)
+{
+	struct iovec v = {(void *)buf, len};
+	ENTER();
+	ssize_t r = sock_send(s, fd, &v, 1, flags, to, tolen);
+	LEAVE();
+	return ret(r);
+}
+
+static ssize_t recv_one(struct sock *s, int fd, void *buf, size_t len, int flags,
+			struct sockaddr *from, socklen_t *fromlen)
+{
+	struct iovec v = {buf, len};
+	int mf = 0;
+	ENTER();
+	ssize_t r = sock_recv(s, fd, &v, 1, flags, from, fromlen, &mf);
+	LEAVE();
+	return ret(r);
+}
+
+SHIM_EXPORT ssize_t send(int fd, const void *buf, size_t len, int flags)
+{
+	shim_real_init();
+	struct sock *s = taken(fd);
+	return s ? send_one(s, fd, buf, len, flags, NULL, 0) : real.send(fd, buf, len, flags);
+}
+
+SHIM_EXPORT ssize_t sendto(int fd, const void *buf, size_t len, int flags, const struct sockaddr *to,
+			   socklen_t tolen)
+{
+	shim_real_init();
+	struct sock *s = taken(fd);
+	return s ? send_one(s, fd, buf, len, flags, to, tolen) : real.sendto(fd, buf, len, flags, to, tolen);
+}
+
+SHIM_EXPORT ssize_t sendmsg(int fd, const struct msghdr *m, int flags)
+{
+	shim_real_init();
+	struct sock *s = taken(fd);
+	if (!s)
+		return real.sendmsg(fd, m, flags);
+	if (!m)
+		return ret(-EFAULT);
+	if (m->msg_iovlen > IOV_MAX)
+		return ret(-EMSGSIZE);
+	ENTER();
+	ssize_t r = sock_send(s, fd, m->msg_iov, (int)m->msg_iovlen, flags, m->msg_name, m->msg_namelen);
+	LEAVE();
+	return ret(r);
+}
+
+SHIM_EXPORT int sendmmsg(int fd, struct mmsghdr *v, unsigned n, int flags)
+{
+	shim_real_init();
+	struct sock *s = taken(fd);
+	if (!s)
+		return real.sendmmsg(fd, v, n, flags);
+	unsigned i;
+	ssize_t r = 0;
+	ENTER();
+	for (i = 0; i < n && i < UIO_MAXIOV; i++) {
+		r = sock_send(s, fd, v[i].msg_hdr.msg_iov, (int)v[i].msg_hdr.msg_iovlen,
+			      flags | (i ? MSG_DONTWAIT : 0), v[i].msg_hdr.msg_name, v[i].msg_hdr.msg_namelen);
+		if (r < 0)
+			break;
+		v[i].msg_len = (unsigned)r;
+	}
+	LEAVE();
+	return i ? (int)i : (int)ret(r);
+}
+
+SHIM_EXPORT ssize_t recv(int fd, void *buf, size_t len, int flags)
+{
+	shim_real_init();
+	struct sock *s = taken(fd);
+	return s ? recv_one(s, fd, buf, len, flags, NULL, NULL) : real.recv(fd, buf, len, flags);
+}
+
+SHIM_EXPORT ssize_t recvfrom(int fd, void *buf, size_t len, int flags, struct sockaddr *from,
+			     socklen_t *fromlen)
+{
+	shim_real_init();
+	struct sock *s = taken(fd);
+	return s ? recv_one(s, fd, buf, len, flags, from, fromlen)
+		 : real.recvfrom(fd, buf, len, flags, from, fromlen);
+}
+
+static ssize_t recvmsg_one(struct sock *s, int fd, struct msghdr *m, int flags)
+{
+	if (m->msg_iovlen > IOV_MAX)
+		return -EMSGSIZE;
+	int mf = 0;
+	socklen_t nl = m->msg_name ? m->msg_namelen : 0;
+	ssize_t r = sock_recv(s, fd, m->msg_iov, (int)m->msg_iovlen, flags,
+			      m->msg_name, m->msg_name ? &nl : NULL, &mf);
+	if (r >= 0) {
+		m->msg_namelen = m->msg_name ? nl : 0;
+		m->msg_flags = mf;
+		m->msg_controllen = 0; /* no ancillary data is produced for taken sockets */
+	}
+	return r;
+}
+
+SHIM_EXPORT ssize_t recvmsg(int fd, struct msghdr *m, int flags)
+{
+	shim_real_init();
+	struct sock *s = taken(fd);
+	if (!s)
+		return real.recvmsg(fd, m, flags);
+	if (!m)
+		return ret(-EFAULT);
+	ENTER();
+	ssize_t r = recvmsg_one(s, fd, m, flags);
+	LEAVE();
+	return ret(r);
+}
+
+SHIM_EXPORT int recvmmsg(int fd, struct mmsghdr *v, unsigned n, int flags, struct timespec *tmo)
+{
+	shim_real_init();
+	struct sock *s = taken(fd);
+	if (!s)
+		return real.recvmmsg(fd, v, n, flags, tmo);
+	unsigned i;
+	ssize_t r = 0;
+	ENTER();
+	for (i = 0; i < n && i < UIO_MAXIOV; i++) {
+		int f = flags & ~MSG_WAITFORONE;
+		if (i && (flags & MSG_WAITFORONE))
+			f |= MSG_DONTWAIT;
+		r = recvmsg_one(s, fd, &v[i].msg_hdr, f);
+		if (r < 0)
+			break;
+		v[i].msg_len = (unsigned)r;
+	}
+	LEAVE();
+	if (i)
+		return (int)i;
+	return (int)ret(r);
+}
+
+SHIM_EXPORT ssize_t read(int fd, void *buf, size_t len)
+{
+	shim_real_init();
+	struct sock *s = taken(fd);
+	return s ? recv_one(s, fd, buf, len, 0, NULL, NULL) : real.read(fd, buf, len);
+}
+
+SHIM_EXPORT ssize_t write(int fd, const void *buf, size_t len)
+{
+	shim_real_init();
+	struct sock *s = taken(fd);
+	return s ? send_one(s, fd, buf, len, 0, NULL, 0) : real.write(fd, buf, len);
+}
+
+SHIM_EXPORT ssize_t readv(int fd, const struct iovec *iov, int n)
+{
+	shim_real_init();
+	struct sock *s = taken(fd);
+	if (!s)
+		return real.readv(fd, iov, n);
+	if (n < 0 || n > IOV_MAX)
+		return ret(-EINVAL);
+	int mf = 0;
+	ENTER();
+	ssize_t r = sock_recv(s, fd, iov, n, 0, NULL, NULL, &mf);
+	LEAVE();
+	return ret(r);
+}
+
+SHIM_EXPORT ssize_t writev(int fd, const struct iovec *iov, int n)
+{
+	shim_real_init();
+	struct sock *s = taken(fd);
+	if (!s)
+		return real.writev(fd, iov, n);
+	if (n < 0 || n > IOV_MAX)
+		return ret(-EINVAL);
+	ENTER();
+	ssize_t r = sock_send(s, fd, iov, n, 0, NULL, 0);
+	LEAVE();
+	return ret(r);
+}
+
+/* _FORTIFY_SOURCE builds call these instead (VLC, SIPp on Debian). */
+SHIM_EXPORT ssize_t __recv_chk(int fd, void *buf, size_t len, size_t buflen, int flags)
+{
+	if (len > buflen)
+		abort();
+	return recv(fd, buf, len, flags);
+}
+
+SHIM_EXPORT ssize_t __recvfrom_chk(int fd, void *buf, size_t len, size_t buflen, int flags,
+				   struct sockaddr *from, socklen_t *fromlen)
+{
+	if (len > buflen)
+		abort();
+	return recvfrom(fd, buf, len, flags, from, fromlen);
+}
+
+SHIM_EXPORT ssize_t __read_chk(int fd, void *buf, size_t len, size_t buflen)
+{
+	if (len > buflen)
+		abort();
+	return read(fd, buf, len);
+}
+
+/* ------------------------------------------------------------------ readiness */
+
+SHIM_EXPORT int poll(struct pollfd *fds, nfds_t n, int timeout)
+{
+	shim_real_init();
+	if (shim_depth)
+		return real.poll(fds, n, timeout);
+	return ev_poll(fds, n, timeout, NULL);
+}
+
+SHIM_EXPORT int __poll_chk(struct pollfd *fds, nfds_t n, int timeout, size_t fdslen)
+{
+	if (fdslen / sizeof *fds < n)
+		abort();
+	return poll(fds, n, timeout);
+}
+
+static int ts_ms(const struct timespec *ts)
+{
+	if (!ts)
+		return -1;
+	if (ts->tv_sec < 0 || ts->tv_nsec < 0 || ts->tv_nsec >= 1000000000)
+		return -2;
+	long long ms = (long long)ts->tv_sec * 1000 + (ts->tv_nsec + 999999) / 1000000;
+	return ms > INT32_MAX ? INT32_MAX : (int)ms;
+}
+
+SHIM_EXPORT int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *ts, const sigset_t *mask)
+{
+	shim_real_init();
+	if (shim_depth)
+		return real.ppoll(fds, n, ts, mask);
+	int ms = ts_ms(ts);
+	if (ms == -2)
+		return (int)ret(-EINVAL);
+	return ev_poll(fds, n, ms, mask);
+}
+
+SHIM_EXPORT int __ppoll_chk(struct pollfd *fds, nfds_t n, const struct timespec *ts,
+			    const sigset_t *mask, size_t fdslen)
+{
+	if (fdslen / sizeof *fds < n)
+		abort();
+	return ppoll(fds, n, ts, mask);
+}
+
+SHIM_EXPORT int select(int nfds, fd_set *r, fd_set *w, fd_set *x, struct timeval *tv)
+{
+	shim_real_init();
+	if (shim_depth)
+		return real.select(nfds, r, w, x, tv);
+	if (tv && (tv->tv_sec < 0 || tv->tv_usec < 0 || tv->tv_usec >= 1000000))
+		return (int)ret(-EINVAL);
+	struct timespec ts, *tsp = NULL;
+	if (tv) {
+		ts = (struct timespec){tv->tv_sec, tv->tv_usec * 1000};
+		tsp = &ts;
+	}
+	int rc = ev_select(nfds, r, w, x, tsp, NULL);
+	if (tv && rc >= 0 && rc == 0)
+		tv->tv_sec = 0, tv->tv_usec = 0; /* Linux reports the time left; all of it was used */
+	return rc;
+}
+
+SHIM_EXPORT int pselect(int nfds, fd_set *r, fd_set *w, fd_set *x, const struct timespec *ts,
+			const sigset_t *mask)
+{
+	shim_real_init();
+	if (shim_depth)
+		return real.pselect(nfds, r, w, x, ts, mask);
+	if (ts && ts_ms(ts) == -2)
+		return (int)ret(-EINVAL);
+	return ev_select(nfds, r, w, x, ts, mask);
+}
+
+SHIM_EXPORT int epoll_create(int size)
+{
+	shim_real_init();
+	int fd = real.epoll_create(size);
+	if (fd >= 0 && !shim_depth)
+		ev_epoll_created(fd);
+	return fd;
+}
+
+SHIM_EXPORT int epoll_create1(int flags)
+{
+	shim_real_init();
+	int fd = real.epoll_create1(flags);
+	if (fd >= 0 && !shim_depth)
+		ev_epoll_created(fd);
+	return fd;
+}
+
+SHIM_EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
+{
+	shim_real_init();
+	struct ep *ep;
+	if (shim_depth || !(ep = fd_ep(epfd)))
+		return real.epoll_ctl(epfd, op, fd, ev);
+	ENTER();
+	int r = ev_epoll_ctl(ep, epfd, op, fd, ev);
+	LEAVE();
+	return (int)ret(r);
+}
+
+SHIM_EXPORT int epoll_wait(int epfd, struct epoll_event *evs, int max, int timeout)
+{
+	shim_real_init();
+	struct ep *ep;
+	if (shim_depth || !(ep = fd_ep(epfd)))
+		return real.epoll_wait(epfd, evs, max, timeout);
+	return ev_epoll_wait(ep, epfd, evs, max, timeout, NULL);
+}
+
+SHIM_EXPORT int epoll_pwait(int epfd, struct epoll_event *evs, int max, int timeout, const sigset_t *mask)
+{
+	shim_real_init();
+	struct ep *ep;
+	if (shim_depth || !(ep = fd_ep(epfd)))
+		return real.epoll_pwait(epfd, evs, max, timeout, mask);
+	return ev_epoll_wait(ep, epfd, evs, max, timeout, mask);
+}
+
+/* ------------------------------------------------------------------ process */
+
+__attribute__((constructor)) static void shim_ctor(void)
+{
+	shim_real_init();
+	/* only the cheap part here: the heavy start is lazy (pthread_once in shim_init) */
+	shim_depth++;
+	shim_init();
+	shim_depth--;
+}
+
+__attribute__((destructor)) static void shim_dtor(void)
+{
+	shim_depth++;
+	shim_fini();
+}

@@ -1,0 +1,282 @@
+/*
+ * peer.c - what each destination speaks (docs/shim.md, "Discovery").
+ *
+ * A taken socket with a queue pair binds the abstract unix name "dgshim/<svc>/<port>" (svc
+ * ud or rd). Abstract names live in the network namespace, as UDP ports do, and vanish with
+ * the process, so a name never outlives its owner. Before sending framed to a destination on
+ * this host, a sender asks whether that name exists (one connect() on a private unix socket,
+ * repeated at most every 100 ms per destination); a framed datagram from a source proves it
+ * speaks; a plain one from a source believed to speak makes the next send ask again.
+ * Destinations elsewhere are framed only when a rules line (not the default) names them,
+ * or with DGSHIM_DISCOVERY=off. Everything else gets plain UDP: a program that did not ask for
+ * datagram-iWARP never receives a framed byte.
+ *
+ * The table: open addressing, 64 stripes of locks (no process-wide lock on the send path),
+ * one address handle per destination, created once.
+ */
+#include <errno.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "rules.h"
+#include "sock.h"
+
+#define PEER_SLOTS (1u << 16)
+#define PEER_STRIPES 64
+#define LEASE_LOCAL_US 100000u
+
+enum { CAP_UD = 1, CAP_RD = 2 };
+enum { RULE_AUTO = 0, RULE_OFF = 1, RULE_TRUST = 2 };
+
+struct peer {
+	uint8_t used;
+	uint8_t caps;     /* CAP_* known to be spoken */
+	uint8_t rule;     /* RULE_* */
+	uint8_t local;    /* on this host (registry applies) */
+	socklen_t alen;
+	union dgv_sockaddr a;
+	struct dgv_ah *ah;
+	unsigned ah_gen;
+	uint64_t checked_us;
+};
+
+static struct peer *tab;
+static pthread_mutex_t stripes[PEER_STRIPES];
+static int probe_fd = -1;
+static struct {
+	int n;
+	union dgv_sockaddr a[32];
+} locals;
+static bool warned_full;
+
+static void load_locals(void)
+{
+	struct ifaddrs *ifa;
+	if (getifaddrs(&ifa))
+		return;
+	for (struct ifaddrs *i = ifa; i && locals.n < 32; i = i->ifa_next)
+		if (i->ifa_addr && (i->ifa_addr->sa_family == AF_INET || i->ifa_addr->sa_family == AF_INET6))
+			memcpy(&locals.a[locals.n++], i->ifa_addr,
+			       i->ifa_addr->sa_family == AF_INET ? sizeof(struct sockaddr_in)
+								 : sizeof(struct sockaddr_in6));
+	freeifaddrs(ifa);
+}
+
+void peer_init(void)
+{
+	for (int i = 0; i < PEER_STRIPES; i++)
+		pthread_mutex_init(&stripes[i], NULL);
+	load_locals();
+}
+
+void peer_after_fork(void)
+{
+	for (int i = 0; i < PEER_STRIPES; i++)
+		pthread_mutex_init(&stripes[i], NULL);
+	if (tab)
+		for (uint32_t i = 0; i < PEER_SLOTS; i++)
+			if (tab[i].used)
+				tab[i].ah = NULL; /* the parent's context */
+}
+
+static bool ip_local(const union dgv_sockaddr *a)
+{
+	if (a->sa.sa_family == AF_INET) {
+		uint32_t ip = ntohl(a->sin.sin_addr.s_addr);
+		if ((ip >> 24) == 127)
+			return true;
+		for (int i = 0; i < locals.n; i++)
+			if (locals.a[i].sa.sa_family == AF_INET && locals.a[i].sin.sin_addr.s_addr == a->sin.sin_addr.s_addr)
+				return true;
+		return false;
+	}
+	const struct in6_addr *x = &a->sin6.sin6_addr;
+	if (IN6_IS_ADDR_LOOPBACK(x))
+		return true;
+	if (IN6_IS_ADDR_V4MAPPED(x)) {
+		union dgv_sockaddr v4 = {.sin = {.sin_family = AF_INET}};
+		memcpy(&v4.sin.sin_addr, &x->s6_addr[12], 4);
+		return ip_local(&v4);
+	}
+	for (int i = 0; i < locals.n; i++)
+		if (locals.a[i].sa.sa_family == AF_INET6 && !memcmp(&locals.a[i].sin6.sin6_addr, x, sizeof *x))
+			return true;
+	return false;
+}
+
+static unsigned port_of(const union dgv_sockaddr *a)
+{
+	return ntohs(a->sa.sa_family == AF_INET ? a->sin.sin_port : a->sin6.sin6_port);
+}
+
+static uint32_t hash_addr(const union dgv_sockaddr *a)
+{
+	uint32_t h = 2166136261u;
+	const uint8_t *p;
+	size_t n;
+	if (a->sa.sa_family == AF_INET)
+		p = (const uint8_t *)&a->sin.sin_addr, n = 4;
+	else
+		p = (const uint8_t *)&a->sin6.sin6_addr, n = 16;
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ p[i]) * 16777619u;
+	h = (h ^ port_of(a)) * 16777619u;
+	return h ^ (h >> 15);
+}
+
+static bool same(const union dgv_sockaddr *a, const union dgv_sockaddr *b)
+{
+	if (a->sa.sa_family != b->sa.sa_family)
+		return false;
+	if (a->sa.sa_family == AF_INET)
+		return a->sin.sin_port == b->sin.sin_port && a->sin.sin_addr.s_addr == b->sin.sin_addr.s_addr;
+	return a->sin6.sin6_port == b->sin6.sin6_port &&
+	       !memcmp(&a->sin6.sin6_addr, &b->sin6.sin6_addr, sizeof a->sin6.sin6_addr);
+}
+
+/* The entry for a, inserted when absent (insert=true). Needs the stripe of hash h. */
+static struct peer *find(const union dgv_sockaddr *a, socklen_t alen, uint32_t h, bool insert)
+{
+	if (!tab) {
+		if (!insert)
+			return NULL;
+		static pthread_mutex_t alloc_lock = PTHREAD_MUTEX_INITIALIZER;
+		pthread_mutex_lock(&alloc_lock);
+		if (!tab) {
+			void *p = calloc(PEER_SLOTS, sizeof *tab);
+			__atomic_store_n(&tab, p, __ATOMIC_RELEASE);
+		}
+		pthread_mutex_unlock(&alloc_lock);
+		if (!tab)
+			return NULL;
+	}
+	/* probes stay within the stripe's share of the table, so the stripe lock covers them */
+	uint32_t stripe = h % PEER_STRIPES;
+	uint32_t per = PEER_SLOTS / PEER_STRIPES;
+	uint32_t start = (h / PEER_STRIPES) % per;
+	for (uint32_t k = 0; k < per; k++) {
+		struct peer *p = &tab[stripe * per + (start + k) % per];
+		if (!p->used) {
+			if (!insert)
+				return NULL;
+			memset(p, 0, sizeof *p);
+			p->used = 1;
+			p->alen = alen;
+			memcpy(&p->a, a, alen < sizeof p->a ? alen : sizeof p->a);
+			p->local = ip_local(a);
+			const char *where = NULL;
+			int m = G.rules ? (int)dg_rules_match_where(G.rules, IPPROTO_UDP, DG_ROLE_SENDER,
+								    &a->sa, alen, &where)
+					: IWARP_MODE_AUTO;
+			if (m == IWARP_MODE_OFF)
+				p->rule = RULE_OFF;
+			else if (where && strcmp(where, "default mode") && m != IWARP_MODE_AUTO)
+				p->rule = RULE_TRUST; /* a rules line names this destination */
+			if (G.trust_all && p->rule != RULE_OFF)
+				p->rule = RULE_TRUST;
+			return p;
+		}
+		if (same(&p->a, a))
+			return p;
+	}
+	if (insert && !warned_full) {
+		warned_full = true;
+		DG_WARN("more than %u destinations: new ones go plain", PEER_SLOTS);
+	}
+	return NULL;
+}
+
+/* Does the registry name for (port, svc) exist on this host? */
+static bool registry_has(unsigned port, int svc)
+{
+	if (probe_fd < 0) {
+		int fd = real.socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+		if (fd < 0)
+			return false;
+		int expect = -1;
+		if (!__atomic_compare_exchange_n(&probe_fd, &expect, fd, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+			real.close(fd);
+	}
+	struct sockaddr_un u;
+	socklen_t ul;
+	registry_name(&u, &ul, svc, port);
+	/* connecting a datagram unix socket only checks that the name is bound */
+	return real.connect(probe_fd, (struct sockaddr *)&u, ul) == 0;
+}
+
+struct dgv_ah *peer_route(const union dgv_sockaddr *to, socklen_t tolen, int svc)
+{
+	uint32_t h = hash_addr(to);
+	pthread_mutex_t *m = &stripes[h % PEER_STRIPES];
+	pthread_mutex_lock(m);
+	struct dgv_ah *ah = NULL;
+	struct peer *p = find(to, tolen, h, true);
+	if (!p || p->rule == RULE_OFF)
+		goto out;
+	uint8_t want = svc == IWARP_MODE_RD ? CAP_RD : CAP_UD;
+	if (p->rule != RULE_TRUST) {
+		if (p->local) {
+			uint64_t now = shim_now_us();
+			if (now - p->checked_us > LEASE_LOCAL_US) {
+				p->checked_us = now;
+				uint8_t had = p->caps;
+				p->caps = (uint8_t)((registry_has(port_of(to), IWARP_MODE_UD) ? CAP_UD : 0) |
+						    (registry_has(port_of(to), IWARP_MODE_RD) ? CAP_RD : 0));
+				if (had != p->caps)
+					DG_DBG("port %u now speaks:%s%s", port_of(to), p->caps & CAP_UD ? " ud" : "",
+					       p->caps & CAP_RD ? " rd" : "");
+			}
+		}
+		if (!(p->caps & want))
+			goto out;
+	}
+	if (!p->ah || p->ah_gen != G.gen) {
+		p->ah = NULL;
+		if (dgv_create_ah(G.pd, &to->sa, tolen, &p->ah))
+			goto out;
+		p->ah_gen = G.gen;
+	}
+	ah = p->ah;
+out:
+	pthread_mutex_unlock(m);
+	return ah;
+}
+
+void peer_heard(const union dgv_sockaddr *from, socklen_t fromlen, bool framed, int svc)
+{
+	if (from->sa.sa_family != AF_INET && from->sa.sa_family != AF_INET6)
+		return;
+	uint32_t h = hash_addr(from);
+	pthread_mutex_t *m = &stripes[h % PEER_STRIPES];
+	pthread_mutex_lock(m);
+	struct peer *p = find(from, fromlen, h, framed);
+	if (p) {
+		if (framed) {
+			p->caps |= svc == IWARP_MODE_RD ? CAP_RD : CAP_UD;
+			p->checked_us = shim_now_us();
+		} else if (p->caps) {
+			p->checked_us = 0; /* it may have stopped speaking: ask before the next send */
+		}
+	}
+	pthread_mutex_unlock(m);
+}
+
+void peer_failed(const union dgv_sockaddr *to, socklen_t tolen)
+{
+	uint32_t h = hash_addr(to);
+	pthread_mutex_t *m = &stripes[h % PEER_STRIPES];
+	pthread_mutex_lock(m);
+	struct peer *p = find(to, tolen, h, false);
+	if (p) {
+		p->caps = 0;
+		p->checked_us = shim_now_us(); /* plain for one lease, then ask again */
+		if (p->rule == RULE_TRUST)
+			p->rule = RULE_AUTO;
+	}
+	pthread_mutex_unlock(m);
+}

@@ -1,0 +1,165 @@
+/*
+ * shim.h - internals of libdgshim.so (nothing here is exported; see exports.map).
+ *
+ * Layers: interpose.c (the exported libc names, one-line dispatch) -> sock.c (taken sockets:
+ * queue pairs, send and receive, discovery, counters) and events.c (poll/select/epoll) ->
+ * dgverbs.h (the verbs interface; the shim never knows the backend).
+ *
+ * Lock order: sock->lock -> (provider locks). ep->lock is never held while taking sock->lock.
+ * Functions return 0/count or -errno; interpose.c turns that into -1/errno once.
+ */
+#ifndef DGSHIM_SHIM_H
+#define DGSHIM_SHIM_H
+
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/epoll.h>
+#include <sys/select.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include "dgshim.h"
+#include "dgverbs.h"
+
+#define SHIM_EXPORT __attribute__((visibility("default")))
+#define likely(x) __builtin_expect(!!(x), 1)
+#define unlikely(x) __builtin_expect(!!(x), 0)
+
+/* ------------------------------------------------------------------ the libc we stand on */
+
+struct real_fns {
+	int (*socket)(int, int, int);
+	int (*bind)(int, const struct sockaddr *, socklen_t);
+	int (*connect)(int, const struct sockaddr *, socklen_t);
+	int (*close)(int);
+	int (*shutdown)(int, int);
+	int (*dup)(int);
+	int (*dup2)(int, int);
+	int (*dup3)(int, int, int);
+	int (*fcntl)(int, int, ...);
+	int (*ioctl)(int, unsigned long, ...);
+	int (*setsockopt)(int, int, int, const void *, socklen_t);
+	int (*getsockopt)(int, int, int, void *, socklen_t *);
+	ssize_t (*send)(int, const void *, size_t, int);
+	ssize_t (*sendto)(int, const void *, size_t, int, const struct sockaddr *, socklen_t);
+	ssize_t (*sendmsg)(int, const struct msghdr *, int);
+	int (*sendmmsg)(int, struct mmsghdr *, unsigned, int);
+	ssize_t (*recv)(int, void *, size_t, int);
+	ssize_t (*recvfrom)(int, void *, size_t, int, struct sockaddr *, socklen_t *);
+	ssize_t (*recvmsg)(int, struct msghdr *, int);
+	int (*recvmmsg)(int, struct mmsghdr *, unsigned, int, struct timespec *);
+	ssize_t (*read)(int, void *, size_t);
+	ssize_t (*write)(int, const void *, size_t);
+	ssize_t (*readv)(int, const struct iovec *, int);
+	ssize_t (*writev)(int, const struct iovec *, int);
+	int (*poll)(struct pollfd *, nfds_t, int);
+	int (*ppoll)(struct pollfd *, nfds_t, const struct timespec *, const sigset_t *);
+	int (*select)(int, fd_set *, fd_set *, fd_set *, struct timeval *);
+	int (*pselect)(int, fd_set *, fd_set *, fd_set *, const struct timespec *, const sigset_t *);
+	int (*epoll_create)(int);
+	int (*epoll_create1)(int);
+	int (*epoll_ctl)(int, int, int, struct epoll_event *);
+	int (*epoll_wait)(int, struct epoll_event *, int, int);
+	int (*epoll_pwait)(int, struct epoll_event *, int, int, const sigset_t *);
+	pid_t (*fork)(void);
+};
+
+extern struct real_fns real;
+/* Fills `real` (idempotent, cheap: dlsym only). */
+void shim_real_init(void);
+
+/* Nonzero while this thread runs shim or provider code: the provider's own socket calls and
+ * libev's then reach libc directly. The provider's progress thread keeps it set for good. */
+extern __thread int shim_depth __attribute__((tls_model("initial-exec")));
+
+/* ------------------------------------------------------------------ descriptor table */
+
+enum ent_kind { ENT_SOCK = 1, ENT_EPOLL = 2 };
+
+struct ent {
+	enum ent_kind kind;
+};
+
+struct sock;
+struct ep;
+
+/* The object behind fd, or NULL (lock-free read). */
+struct ent *fd_get(int fd);
+static inline struct sock *fd_sock(int fd)
+{
+	struct ent *e = fd_get(fd);
+	return e && e->kind == ENT_SOCK ? (struct sock *)e : NULL;
+}
+static inline struct ep *fd_ep(int fd)
+{
+	struct ent *e = fd_get(fd);
+	return e && e->kind == ENT_EPOLL ? (struct ep *)e : NULL;
+}
+/* Installs e at fd (NULL clears). Returns the previous object. */
+struct ent *fd_set_ent(int fd, struct ent *e);
+
+/* ------------------------------------------------------------------ taken sockets (sock.c) */
+
+/* Starts the shim once: rules, logging, counters; the verbs context comes with the first QP. */
+void shim_init(void);
+
+/* socket() that was created by libc: decides whether to take it. */
+void sock_created(int fd, int domain, int type, int protocol);
+/* fd2 now refers to the same socket as fd (dup*). */
+void sock_duped(int fd, int fd2);
+/* fd is being closed. Returns 0 (the caller closes the kernel fd). */
+void sock_closing(int fd);
+
+int sock_bind(struct sock *s, int fd, const struct sockaddr *a, socklen_t l);
+int sock_connect(struct sock *s, int fd, const struct sockaddr *a, socklen_t l);
+int sock_shutdown(struct sock *s, int fd, int how);
+int sock_setsockopt(struct sock *s, int fd, int level, int name, const void *v, socklen_t l);
+int sock_getsockopt(struct sock *s, int fd, int level, int name, void *v, socklen_t *l);
+/* SOL_IWARP on a socket that is not taken. */
+int shim_iwarp_opt_untaken(int fd, int set, int name, void *v, socklen_t *l);
+int sock_fcntl_setfl(struct sock *s, int fd, int flags);
+int sock_getfl(struct sock *s, int fd);
+int sock_fionbio(struct sock *s, int on);
+int sock_fionread(struct sock *s, int *out);
+
+/* The data path. dest NULL: the connected peer. Returns bytes or -errno. */
+ssize_t sock_send(struct sock *s, int fd, const struct iovec *iov, int iovcnt, int flags,
+		  const struct sockaddr *dest, socklen_t destlen);
+/* Returns bytes (or the datagram length with MSG_TRUNC) or -errno; *mflags gets MSG_TRUNC. */
+ssize_t sock_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt, int flags,
+		  struct sockaddr *src, socklen_t *srclen, int *mflags);
+
+/* Readiness for events.c. */
+/* Drives progress; returns POLLIN if a datagram is ready to read, 0 if not, -1 if the OS
+ * carries the socket (its own readiness is the truth). Never blocks. */
+int sock_poll_in(struct sock *s, int fd);
+/* The descriptors to wait on for the socket's input: the kernel socket and the CQ's fd. */
+int sock_wait_fds(struct sock *s, int *qfd, int *cqfd);
+/* After the CQ fd polled readable. */
+void sock_cq_ack(struct sock *s);
+/* Registers/unregisters an epoll instance as watching s (for cleanup on close). */
+void sock_ep_link(struct sock *s, struct ep *ep, int on);
+
+/* Fork: the child starts over with fresh queue pairs on the same kernel sockets. */
+void shim_atfork_child(void);
+/* Called at process exit: summary line. */
+void shim_fini(void);
+
+/* ------------------------------------------------------------------ events.c */
+
+int ev_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask);
+int ev_select(int nfds, fd_set *r, fd_set *w, fd_set *x, const struct timespec *ts,
+	      const sigset_t *mask);
+void ev_epoll_created(int epfd);
+int ev_epoll_ctl(struct ep *ep, int epfd, int op, int fd, struct epoll_event *ev);
+int ev_epoll_wait(struct ep *ep, int epfd, struct epoll_event *evs, int max, int timeout_ms,
+		  const sigset_t *mask);
+void ev_epoll_closing(int epfd);
+/* s is going away: drop it from every epoll watching it. */
+void ev_sock_gone(struct sock *s, struct ep **eps, int n);
+
+#endif

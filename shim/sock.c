@@ -1,0 +1,763 @@
+/*
+ * sock.c - taken UDP sockets: one queue pair per socket on the program's own kernel socket.
+ *
+ * The QP adopts a private duplicate of the program's descriptor (the same kernel socket, so
+ * bind, connect, getsockname, socket options and multicast memberships stay the kernel's),
+ * with pass_plain so plain datagrams from unmodified peers come up as receives, and rx_hold so
+ * the kernel's buffer, not ours, decides what is dropped when the program does not read.
+ * Receives land in pre-registered slots and are copied to the program; sends below the
+ * zero-copy threshold are copied into registered slots, larger UD sends go from the program's
+ * own buffer through a registration cache. Framed or plain is decided per destination by
+ * discovery (peer.c; docs/shim.md).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "rules.h"
+#include "sock.h"
+
+struct shim_global G = {.zcopy_default = SHIM_ZCOPY_DEFAULT};
+
+/* ------------------------------------------------------------------ small helpers */
+
+uint64_t shim_now_us(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+static void *pages(size_t n)
+{
+	void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	return p == MAP_FAILED ? NULL : p;
+}
+
+/* A descriptor number for the shim's own use, away from the low numbers programs expect. */
+static int high_fd(int fd)
+{
+	struct rlimit rl;
+	int lo = 3;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur > 4096)
+		lo = (int)(rl.rlim_cur - 4096 + (rl.rlim_cur > 8192 ? 2048 : 0));
+	int n = real.fcntl(fd, F_DUPFD_CLOEXEC, lo);
+	if (n < 0)
+		n = real.fcntl(fd, F_DUPFD_CLOEXEC, 3);
+	return n;
+}
+
+static int lock_sock(struct sock *s)
+{
+	pthread_mutex_lock(&s->lock);
+	if (unlikely(s->gen != G.gen))
+		sock_reset_after_fork(s);
+	return 0;
+}
+
+static void unlock_sock(struct sock *s) { pthread_mutex_unlock(&s->lock); }
+
+/* ------------------------------------------------------------------ process start */
+
+static void scan_inherited(void);
+
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+
+static void init_once_fn(void)
+{
+	G.gen = 1;
+	if (dg_rules_from_env(&G.rules) < 0 && !G.rules)
+		G.disabled = true;
+	if (G.rules && dg_rules_disabled(G.rules))
+		G.disabled = true;
+	const char *z = getenv("DGSHIM_ZCOPY_THRESHOLD");
+	if (z && *z) {
+		char *end;
+		long v = strtol(z, &end, 10);
+		if (*end || v < 0 || v > INT_MAX)
+			dg_log_always("DGSHIM_ZCOPY_THRESHOLD=%s is not a byte count; using %d", z,
+				      G.zcopy_default);
+		else
+			G.zcopy_default = (int)v;
+	}
+	const char *d = getenv("DGSHIM_DISCOVERY");
+	if (d && !strcmp(d, "off"))
+		G.trust_all = true;
+	else if (d && *d && strcmp(d, "on"))
+		dg_log_always("DGSHIM_DISCOVERY=%s: use on or off; keeping on", d);
+	pthread_atfork(NULL, NULL, shim_atfork_child);
+	stats_init();
+	peer_init();
+	if (!G.disabled)
+		scan_inherited();
+	DG_DBG("loaded: %s, %u rules, default mode %s, zero-copy from %d bytes",
+		G.disabled ? "disabled (sockets left to the OS)" : "active",
+		G.rules ? dg_rules_count(G.rules) : 0, dg_mode_name(shim_default_mode()),
+		G.zcopy_default);
+}
+
+void shim_init(void) { pthread_once(&init_once, init_once_fn); }
+
+int shim_default_mode(void)
+{
+	if (G.disabled || !G.rules)
+		return IWARP_MODE_OFF;
+	return dg_rules_match(G.rules, IPPROTO_UDP, DG_ROLE_ANY, NULL, 0);
+}
+
+/* The verbs context, PD and the CQ size, made with the first queue pair (the provider's
+ * thread must not start in a constructor). Returns 0 or -errno. */
+static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int ctx_get(void)
+{
+	if (likely(G.pd && G.ctx_gen == G.gen))
+		return 0;
+	pthread_mutex_lock(&ctx_lock);
+	int rc = 0;
+	if (!G.pd || G.ctx_gen != G.gen) {
+		/* after fork the parent's context is abandoned: its thread does not exist here */
+		G.ctx = NULL, G.pd = NULL;
+		struct dgv_context *c;
+		rc = dgv_open(NULL, &c);
+		if (!rc) {
+			struct dgv_pd *pd;
+			rc = dgv_alloc_pd(c, &pd);
+			if (!rc) {
+				G.ctx = c;
+				__atomic_store_n(&G.pd, pd, __ATOMIC_RELEASE);
+				G.ctx_gen = G.gen;
+				DG_INFO("verbs provider %s", dgv_provider_name(c));
+			} else {
+				dgv_close(c);
+			}
+		}
+		if (rc)
+			dg_log_always("no verbs provider (%s): UDP sockets left to the OS", strerror(-rc));
+	}
+	pthread_mutex_unlock(&ctx_lock);
+	return rc;
+}
+
+/* ------------------------------------------------------------------ socket objects */
+
+static struct sock *sock_new(int fd, int domain, int mode)
+{
+	struct sock *s = calloc(1, sizeof *s);
+	if (!s)
+		return NULL;
+	s->ent.kind = ENT_SOCK;
+	pthread_mutex_init(&s->lock, NULL);
+	atomic_store(&s->refs, 1);
+	s->family = domain;
+	s->mode = mode;
+	s->qfd = -1;
+	s->regfd = -1;
+	s->zcopy = G.zcopy_default;
+	s->gen = G.gen;
+	s->st = stats_slot(s, fd);
+	return s;
+}
+
+void sock_created(int fd, int domain, int type, int protocol)
+{
+	shim_init();
+	if (G.disabled)
+		return;
+	if ((type & 0xff) != SOCK_DGRAM || (protocol != 0 && protocol != IPPROTO_UDP))
+		return; /* streams are the RC issue's; raw, ICMP and UDP-Lite stay with the OS */
+	int mode = shim_default_mode();
+	if (mode == IWARP_MODE_OFF || mode == IWARP_MODE_RC)
+		mode = IWARP_MODE_OFF;
+	struct sock *s = sock_new(fd, domain, mode == IWARP_MODE_OFF ? IWARP_MODE_AUTO : mode);
+	if (!s)
+		return; /* out of memory: the OS carries it */
+	s->user_nonblock = (type & SOCK_NONBLOCK) != 0;
+	if (mode == IWARP_MODE_OFF) {
+		/* the rules keep it on the OS unless a later rule (bind address) or the program says
+		 * otherwise: remember it, untaken */
+		s->mode = IWARP_MODE_OFF;
+	}
+	struct ent *old = fd_set_ent(fd, &s->ent);
+	if (old && old->kind == ENT_SOCK)
+		sock_put((struct sock *)old);
+}
+
+/* Inherited across exec: the new image takes its UDP sockets again (the old image's registry
+ * names died with it, peers re-discover). */
+static void scan_inherited(void)
+{
+	struct rlimit rl;
+	int max = 1024;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+		max = (int)(rl.rlim_cur < 65536 ? rl.rlim_cur : 65536);
+	char path[64];
+	for (int fd = 0; fd < max; fd++) {
+		struct stat st;
+		if (fstat(fd, &st) < 0) {
+			if (errno == EBADF && fd > 256) {
+				/* sparse tables: stop after a long run of closed descriptors */
+				int gap = 0;
+				while (fd < max && fcntl(fd, F_GETFD) < 0 && ++gap < 1024)
+					fd++;
+				if (gap >= 1024)
+					break;
+			}
+			continue;
+		}
+		if (!S_ISSOCK(st.st_mode))
+			continue;
+		int dom = 0, type = 0, proto = 0;
+		socklen_t l = sizeof dom;
+		if (real.getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &dom, &l) || (dom != AF_INET && dom != AF_INET6))
+			continue;
+		l = sizeof type;
+		if (real.getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &l) || type != SOCK_DGRAM)
+			continue;
+		l = sizeof proto;
+		if (real.getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &l) || proto != IPPROTO_UDP)
+			continue;
+		int fl = real.fcntl(fd, F_GETFL);
+		sock_created(fd, dom, SOCK_DGRAM | (fl >= 0 && (fl & O_NONBLOCK) ? SOCK_NONBLOCK : 0), proto);
+		(void)path;
+		DG_DBG("fd %d: inherited UDP socket taken", fd);
+	}
+}
+
+void sock_duped(int fd, int fd2)
+{
+	struct sock *s = fd_sock(fd);
+	if (!s)
+		return;
+	atomic_fetch_add(&s->refs, 1);
+	struct ent *old = fd_set_ent(fd2, &s->ent);
+	if (old && old->kind == ENT_SOCK)
+		sock_put((struct sock *)old);
+}
+
+void sock_closing(int fd)
+{
+	struct ent *e = fd_set_ent(fd, NULL);
+	if (e && e->kind == ENT_SOCK)
+		sock_put((struct sock *)e);
+}
+
+/* Drops one descriptor's reference; the last one tears the queue pair down. */
+void sock_put(struct sock *s)
+{
+	if (atomic_fetch_sub(&s->refs, 1) != 1)
+		return;
+	struct ep *eps[SHIM_MAX_EPS];
+	int n;
+	pthread_mutex_lock(&s->lock);
+	n = s->neps;
+	memcpy(eps, s->eps, (size_t)n * sizeof *eps);
+	s->neps = 0;
+	pthread_mutex_unlock(&s->lock);
+	ev_sock_gone(s, eps, n);
+	pthread_mutex_lock(&s->lock);
+	if (s->gen == G.gen)
+		qp_teardown(s, true);
+	stats_release(s);
+	pthread_mutex_unlock(&s->lock);
+	pthread_mutex_destroy(&s->lock);
+	free(s);
+}
+
+/* ------------------------------------------------------------------ queue pairs */
+
+static void registry_set(struct sock *s);
+
+/* Posts every free receive slot. Needs s->lock. */
+static void post_free_slots(struct sock *s)
+{
+	while (s->rx_free_n) {
+		uint32_t slot = s->rx_free[--s->rx_free_n];
+		struct dgv_sge sge = {(uint64_t)(uintptr_t)(s->rx_area + (size_t)slot * SHIM_SLOT),
+				      SHIM_SLOT, s->rx_mr->lkey};
+		struct dgv_recv_wr wr = {.wr_id = slot, .sg_list = &sge, .num_sge = 1}, *bad;
+		if (dgv_post_recv(s->qp, &wr, &bad)) {
+			s->rx_free[s->rx_free_n++] = slot;
+			break;
+		}
+	}
+}
+
+/* Creates the QP (type from the mode) on a private duplicate of fd. Needs s->lock.
+ * Returns 0 or -errno; on error the socket stays with the OS. */
+int qp_setup(struct sock *s, int fd)
+{
+	if (s->qp)
+		return 0;
+	if (s->broken)
+		return -ENODEV;
+	int rc = ctx_get();
+	if (rc)
+		goto fail;
+	if (!s->rx_area) {
+		s->rx_area = pages((size_t)SHIM_RX_SLOTS * SHIM_SLOT);
+		s->tx_area = pages((size_t)SHIM_TX_SLOTS * SHIM_SLOT);
+		if (!s->rx_area || !s->tx_area) {
+			rc = -ENOMEM;
+			goto fail;
+		}
+		if ((rc = dgv_reg_mr(G.pd, s->rx_area, (size_t)SHIM_RX_SLOTS * SHIM_SLOT,
+				     DGV_ACCESS_LOCAL_WRITE, &s->rx_mr)) ||
+		    (rc = dgv_reg_mr(G.pd, s->tx_area, (size_t)SHIM_TX_SLOTS * SHIM_SLOT, 0, &s->tx_mr)))
+			goto fail;
+		/* reverse order: the stack hands out slot 0 first and keeps reusing the warm ones */
+		for (int i = SHIM_RX_SLOTS - 1; i >= 0; i--)
+			s->rx_free[s->rx_free_n++] = (uint16_t)i;
+		for (int i = SHIM_TX_SLOTS - 1; i >= 0; i--)
+			s->tx_free[s->tx_free_n++] = (uint16_t)i;
+	}
+	if (s->qfd < 0) {
+		/* a kernel socket must have a port before the QP reads its address */
+		union dgv_sockaddr la;
+		socklen_t ll = sizeof la;
+		if (real.getsockopt(fd, SOL_SOCKET, SO_TYPE, &(int){0}, &(socklen_t){sizeof(int)}) < 0) {
+			rc = -errno;
+			goto fail;
+		}
+		if (getsockname(fd, &la.sa, &ll) == 0 &&
+		    ((la.sa.sa_family == AF_INET && la.sin.sin_port == 0) ||
+		     (la.sa.sa_family == AF_INET6 && la.sin6.sin6_port == 0))) {
+			union dgv_sockaddr any = {0};
+			any.sa.sa_family = la.sa.sa_family;
+			socklen_t al = la.sa.sa_family == AF_INET ? sizeof any.sin : sizeof any.sin6;
+			real.bind(fd, &any.sa, al); /* as the kernel's autobind on first send */
+		}
+		s->qfd = high_fd(fd);
+		if (s->qfd < 0) {
+			rc = -errno;
+			goto fail;
+		}
+	}
+	if (!s->cq && (rc = dgv_create_cq(G.ctx, SHIM_RX_SLOTS + SHIM_TX_SLOTS + 16, &s->cq)))
+		goto fail;
+	dgv_cq_notify_background(s->cq, 1);
+	s->qp_type = s->mode == IWARP_MODE_RD ? DGV_QPT_RD : DGV_QPT_UD;
+	struct dgv_qp_init_attr a = {.qp_type = s->qp_type, .send_cq = s->cq, .recv_cq = s->cq,
+				     .max_send_wr = SHIM_TX_SLOTS + 8, .max_recv_wr = SHIM_RX_SLOTS,
+				     .max_msg_size = SHIM_SLOT, .use_adopt_fd = 1, .adopt_fd = s->qfd,
+				     .pass_plain = 1, .rx_hold = 1, .rd_window = 64};
+	if ((rc = dgv_create_qp(G.pd, &a, &s->qp)))
+		goto fail;
+	post_free_slots(s);
+	registry_set(s);
+	stats_note_mode(s);
+	DG_DBG("fd %d: %s queue pair on the program's socket", fd, s->qp_type == DGV_QPT_RD ? "RD" : "UD");
+	return 0;
+fail:
+	DG_WARN("fd %d: no queue pair (%s): the OS carries this socket", fd, strerror(-rc));
+	s->broken = true;
+	return rc;
+}
+
+/* Pulls provider counters into the socket's. Needs s->lock. */
+void stats_pull(struct sock *s)
+{
+	if (!s->qp)
+		return;
+	struct dgv_qp_stats q;
+	if (dgv_qp_stats(s->qp, &q))
+		return;
+	s->st->crc_drops = s->base_crc + q.crc_drops;
+	s->st->lost = s->base_lost + q.reasm_timeouts + q.no_wqe_drops + q.cq_overflows;
+	s->st->retransmits = s->base_rexmit + q.rd_retransmits;
+	s->st->wire_tx = s->base_wtx + q.tx_datagrams;
+	s->st->wire_rx = s->base_wrx + q.rx_datagrams;
+}
+
+
+/* Destroys the QP (keeps slots, MRs and CQ unless all). Needs s->lock. Queued receives are
+ * moved to the pending list first, and RD sends are given time to be acknowledged. */
+void qp_teardown(struct sock *s, bool all)
+{
+	if (s->qp) {
+		if (s->qp_type == DGV_QPT_RD) {
+			uint64_t end = shim_now_us() + 2000000;
+			while (s->tx_free_n < SHIM_TX_SLOTS && shim_now_us() < end) {
+				consume_cq(s);
+				if (s->tx_free_n < SHIM_TX_SLOTS)
+					dgv_cq_wait(s->cq, 10);
+			}
+		}
+		consume_cq(s);
+		stats_pull(s);
+		s->base_crc = s->st->crc_drops, s->base_lost = s->st->lost;
+		s->base_rexmit = s->st->retransmits, s->base_wtx = s->st->wire_tx, s->base_wrx = s->st->wire_rx;
+		dgv_destroy_qp(s->qp);
+		s->qp = NULL;
+		/* flushed receives come back as WR_FLUSH_ERR: their slots are free again */
+		consume_cq(s);
+	}
+	if (s->regfd >= 0) {
+		real.close(s->regfd);
+		s->regfd = -1;
+	}
+	if (!all)
+		return;
+	if (s->cq)
+		dgv_destroy_cq(s->cq), s->cq = NULL;
+	zc_cache_clear(s);
+	if (s->rx_mr)
+		dgv_dereg_mr(s->rx_mr), s->rx_mr = NULL;
+	if (s->tx_mr)
+		dgv_dereg_mr(s->tx_mr), s->tx_mr = NULL;
+	if (s->rx_area)
+		munmap(s->rx_area, (size_t)SHIM_RX_SLOTS * SHIM_SLOT), s->rx_area = NULL;
+	if (s->tx_area)
+		munmap(s->tx_area, (size_t)SHIM_TX_SLOTS * SHIM_SLOT), s->tx_area = NULL;
+	if (s->qfd >= 0)
+		real.close(s->qfd), s->qfd = -1;
+}
+
+/* In a forked child: the parent's queue pair, CQ and context belong to the parent (their
+ * memory was copied, their thread was not). Start over on the same kernel socket; what the
+ * parent had queued stays the parent's. Needs s->lock (re-initialised by the atfork handler). */
+void sock_reset_after_fork(struct sock *s)
+{
+	s->qp = NULL, s->cq = NULL, s->rx_mr = NULL, s->tx_mr = NULL;
+	s->pend_head = s->pend_n = 0;
+	s->rx_free_n = 0, s->tx_free_n = 0;
+	for (int i = SHIM_RX_SLOTS - 1; i >= 0; i--)
+		s->rx_free[s->rx_free_n++] = (uint16_t)i;
+	for (int i = SHIM_TX_SLOTS - 1; i >= 0; i--)
+		s->tx_free[s->tx_free_n++] = (uint16_t)i;
+	if (s->rx_area) {
+		/* the copied areas are ours; register them with the child's context later */
+		munmap(s->rx_area, (size_t)SHIM_RX_SLOTS * SHIM_SLOT);
+		munmap(s->tx_area, (size_t)SHIM_TX_SLOTS * SHIM_SLOT);
+		s->rx_area = s->tx_area = NULL;
+	}
+	memset(s->zc, 0, sizeof s->zc);
+	s->regfd = -1; /* inherited close-on-exec descriptors: keep the numbers untouched */
+	s->broken = false;
+	s->gen = G.gen;
+}
+
+void shim_atfork_child(void)
+{
+	/* single-threaded here: locks held by the parent's other threads are void */
+	G.gen++;
+	peer_after_fork();
+	stats_after_fork();
+	for (int fd = 0; fd < 65536; fd++) {
+		struct sock *s = fd_sock(fd);
+		if (s && s->gen != G.gen) {
+			pthread_mutex_init(&s->lock, NULL);
+			sock_reset_after_fork(s);
+		}
+	}
+	ev_after_fork();
+}
+
+/* ------------------------------------------------------------------ discovery registry */
+
+/* The name under which a socket bound to port says "I speak datagram-iWARP, service svc". */
+void registry_name(struct sockaddr_un *u, socklen_t *len, int svc, unsigned port)
+{
+	memset(u, 0, sizeof *u);
+	u->sun_family = AF_UNIX;
+	int n = snprintf(u->sun_path + 1, sizeof u->sun_path - 1, "dgshim/%s/%u",
+			 svc == IWARP_MODE_RD ? "rd" : "ud", port);
+	*len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+}
+
+/* Binds the registry name of the socket's current service (abstract namespace: per network
+ * namespace like UDP ports, and gone with the process). Needs s->lock. */
+static void registry_set(struct sock *s)
+{
+	if (s->regfd >= 0)
+		real.close(s->regfd), s->regfd = -1;
+	if (s->mode == IWARP_MODE_OFF || !s->qp)
+		return;
+	union dgv_sockaddr la;
+	socklen_t ll = sizeof la;
+	if (getsockname(s->qfd, &la.sa, &ll))
+		return;
+	unsigned port = ntohs(la.sa.sa_family == AF_INET ? la.sin.sin_port : la.sin6.sin6_port);
+	int u = real.socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (u < 0)
+		return;
+	int hu = high_fd(u);
+	if (hu >= 0) {
+		real.close(u);
+		u = hu;
+	}
+	struct sockaddr_un a;
+	socklen_t al;
+	registry_name(&a, &al, s->qp_type == DGV_QPT_RD ? IWARP_MODE_RD : IWARP_MODE_UD, port);
+	if (real.bind(u, (struct sockaddr *)&a, al)) {
+		DG_DBG("registry name for port %u taken (%s): another socket on this port answers",
+		       port, strerror(errno));
+		real.close(u);
+		return;
+	}
+	s->regfd = u;
+}
+
+/* ------------------------------------------------------------------ options */
+
+int sock_bind(struct sock *s, int fd, const struct sockaddr *a, socklen_t l)
+{
+	int r = real.bind(fd, a, l);
+	if (r < 0)
+		return -errno;
+	lock_sock(s);
+	if (!s->explicit_mode && G.rules) {
+		int m = dg_rules_match(G.rules, IPPROTO_UDP, DG_ROLE_RECEIVER, a, l);
+		if (m != IWARP_MODE_RC && m != s->mode && !s->qp)
+			s->mode = m;
+	}
+	if (s->qp)
+		registry_set(s);
+	else if (s->mode != IWARP_MODE_OFF)
+		qp_setup(s, fd); /* bound: peers may start sending framed at once */
+	unlock_sock(s);
+	return 0;
+}
+
+int sock_connect(struct sock *s, int fd, const struct sockaddr *a, socklen_t l)
+{
+	int r = real.connect(fd, a, l);
+	if (r < 0)
+		return -errno;
+	lock_sock(s);
+	if (a && l >= sizeof(sa_family_t) && a->sa_family == AF_UNSPEC) {
+		s->connected = false;
+	} else if (a && l <= sizeof s->peer) {
+		memcpy(&s->peer, a, l);
+		s->peerlen = l;
+		s->connected = true;
+		if (s->peer.sa.sa_family == AF_INET6 && IN6_IS_ADDR_V4MAPPED(&s->peer.sin6.sin6_addr)) {
+			/* the kernel speaks IPv4 to it; so do our address handles */
+		}
+	}
+	unlock_sock(s);
+	return 0;
+}
+
+int sock_shutdown(struct sock *s, int fd, int how)
+{
+	int r = real.shutdown(fd, how);
+	if (r < 0 && errno != ENOTCONN)
+		return -errno;
+	lock_sock(s);
+	if (how == SHUT_RD || how == SHUT_RDWR)
+		s->shut_rd = true;
+	if (how == SHUT_WR || how == SHUT_RDWR)
+		s->shut_wr = true;
+	unlock_sock(s);
+	return r < 0 ? -errno : 0;
+}
+
+static int set_mode(struct sock *s, int fd, int mode)
+{
+	if (!dg_mode_valid(mode) || mode == IWARP_MODE_RC)
+		return -EINVAL;
+	lock_sock(s);
+	int old = s->mode;
+	s->mode = mode;
+	s->explicit_mode = true;
+	int want = mode == IWARP_MODE_RD ? DGV_QPT_RD : DGV_QPT_UD;
+	if (s->qp && mode != IWARP_MODE_OFF && want != s->qp_type) {
+		/* the service changes between datagrams: a new QP of the other type on the same
+		 * socket; what the old one had received stays queued for the program */
+		qp_teardown(s, false);
+		qp_setup(s, fd);
+	} else if (s->qp) {
+		registry_set(s); /* off: peers stop sending framed; on: they may start */
+	} else if (mode != IWARP_MODE_OFF) {
+		qp_setup(s, fd);
+	}
+	stats_note_mode(s);
+	if (old != mode)
+		DG_DBG("fd %d: IWARP_MODE %s -> %s", fd, dg_mode_name(old), dg_mode_name(mode));
+	unlock_sock(s);
+	return 0;
+}
+
+static int iwarp_get(struct sock *s, int name, void *v, socklen_t *l)
+{
+	if (!v || !l)
+		return -EFAULT;
+	switch (name) {
+	case IWARP_MODE:
+	case IWARP_ZCOPY_THRESHOLD:
+	case IWARP_TAKEN: {
+		if (*l < sizeof(int))
+			return -EINVAL;
+		int x = 0;
+		if (s) {
+			lock_sock(s);
+			x = name == IWARP_MODE ? s->mode : name == IWARP_ZCOPY_THRESHOLD ? s->zcopy
+			    : (s->mode != IWARP_MODE_OFF && !s->broken);
+			unlock_sock(s);
+		} else {
+			x = name == IWARP_MODE ? IWARP_MODE_OFF : name == IWARP_ZCOPY_THRESHOLD ? G.zcopy_default : 0;
+		}
+		memcpy(v, &x, sizeof x);
+		*l = sizeof x;
+		return 0;
+	}
+	case IWARP_STATS: {
+		struct iwarp_stats st = {0};
+		if (s) {
+			lock_sock(s);
+			stats_pull(s);
+			st = *s->st;
+			unlock_sock(s);
+		}
+		size_t n = *l < sizeof st ? *l : sizeof st;
+		memcpy(v, &st, n);
+		*l = (socklen_t)n;
+		return 0;
+	}
+	default:
+		return -ENOPROTOOPT;
+	}
+}
+
+int shim_iwarp_opt_untaken(int fd, int set, int name, void *v, socklen_t *l)
+{
+	/* a socket the shim does not carry: readable (off), and IWARP_MODE may take it when it is
+	 * a UDP socket the rules left to the OS at creation */
+	if (!set)
+		return iwarp_get(NULL, name, v, l);
+	if (name != IWARP_MODE && name != IWARP_ZCOPY_THRESHOLD)
+		return -ENOPROTOOPT;
+	if (!v || *l < sizeof(int))
+		return -EINVAL;
+	int x;
+	memcpy(&x, v, sizeof x);
+	if (name == IWARP_MODE && (!dg_mode_valid(x) || x == IWARP_MODE_RC))
+		return -EINVAL;
+	if (name == IWARP_ZCOPY_THRESHOLD && x < 0)
+		return -EINVAL;
+	int type = 0, proto = 0, dom = 0;
+	socklen_t tl = sizeof type;
+	if (real.getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tl))
+		return -errno;
+	tl = sizeof dom;
+	real.getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &dom, &tl);
+	tl = sizeof proto;
+	real.getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &tl);
+	if (type != SOCK_DGRAM || (dom != AF_INET && dom != AF_INET6) || proto != IPPROTO_UDP)
+		return x == IWARP_MODE_OFF && name == IWARP_MODE ? 0 : -EOPNOTSUPP;
+	if (name == IWARP_MODE && x == IWARP_MODE_OFF)
+		return 0;
+	if (G.disabled)
+		return -EOPNOTSUPP; /* a configuration error left everything to the OS */
+	shim_init();
+	struct sock *s = sock_new(fd, dom, IWARP_MODE_AUTO);
+	if (!s)
+		return -ENOMEM;
+	int fl = real.fcntl(fd, F_GETFL);
+	s->user_nonblock = fl >= 0 && (fl & O_NONBLOCK);
+	struct ent *old = fd_set_ent(fd, &s->ent);
+	if (old && old->kind == ENT_SOCK)
+		sock_put((struct sock *)old);
+	return sock_setsockopt(s, fd, SOL_IWARP, name, v, *l);
+}
+
+int sock_setsockopt(struct sock *s, int fd, int level, int name, const void *v, socklen_t l)
+{
+	if (level == SOL_IWARP) {
+		if (!v || l < sizeof(int))
+			return -EINVAL;
+		int x;
+		memcpy(&x, v, sizeof x);
+		if (name == IWARP_MODE)
+			return set_mode(s, fd, x);
+		if (name == IWARP_ZCOPY_THRESHOLD) {
+			if (x < 0)
+				return -EINVAL;
+			lock_sock(s);
+			s->zcopy = x;
+			unlock_sock(s);
+			return 0;
+		}
+		return -ENOPROTOOPT;
+	}
+	if (real.setsockopt(fd, level, name, v, l) < 0)
+		return -errno;
+	if (level == SOL_SOCKET && (name == SO_RCVTIMEO || name == SO_SNDTIMEO) && v &&
+	    l >= sizeof(struct timeval)) {
+		const struct timeval *tv = v;
+		int64_t ms = (int64_t)tv->tv_sec * 1000 + (tv->tv_usec + 999) / 1000;
+		if (ms > INT_MAX)
+			ms = INT_MAX;
+		lock_sock(s);
+		if (name == SO_RCVTIMEO)
+			s->rcvtimeo_ms = (int)ms;
+		else
+			s->sndtimeo_ms = (int)ms;
+		unlock_sock(s);
+	}
+	return 0;
+}
+
+int sock_getsockopt(struct sock *s, int fd, int level, int name, void *v, socklen_t *l)
+{
+	if (level == SOL_IWARP)
+		return iwarp_get(s, name, v, l);
+	if (level == SOL_SOCKET && name == SO_ERROR && v && l && *l >= sizeof(int)) {
+		/* an asynchronous error of ours (RD peer gone) reads like ECONNREFUSED would */
+		lock_sock(s);
+		int e = s->so_error;
+		s->so_error = 0;
+		unlock_sock(s);
+		if (e) {
+			real.getsockopt(fd, level, name, v, l); /* clears the kernel's too */
+			memcpy(v, &e, sizeof e);
+			*l = sizeof e;
+			return 0;
+		}
+	}
+	return real.getsockopt(fd, level, name, v, l) < 0 ? -errno : 0;
+}
+
+int sock_getfl(struct sock *s, int fd)
+{
+	int fl = real.fcntl(fd, F_GETFL);
+	if (fl < 0)
+		return -errno;
+	/* the kernel socket is non-blocking for the QP; the program sees its own setting */
+	fl &= ~O_NONBLOCK;
+	if (s->user_nonblock)
+		fl |= O_NONBLOCK;
+	return fl;
+}
+
+int sock_fcntl_setfl(struct sock *s, int fd, int flags)
+{
+	lock_sock(s);
+	s->user_nonblock = (flags & O_NONBLOCK) != 0;
+	bool keep_nb = s->qp != NULL;
+	unlock_sock(s);
+	int r = real.fcntl(fd, F_SETFL, keep_nb ? flags | O_NONBLOCK : flags);
+	return r < 0 ? -errno : 0;
+}
+
+int sock_fionbio(struct sock *s, int on)
+{
+	lock_sock(s);
+	s->user_nonblock = on != 0;
+	unlock_sock(s);
+	return 0;
+}

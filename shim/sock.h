@@ -1,0 +1,130 @@
+/*
+ * sock.h - the taken-socket object and the pieces of sock.c, data.c, peer.c and stats.c.
+ */
+#ifndef DGSHIM_SOCK_H
+#define DGSHIM_SOCK_H
+
+#include <sys/un.h>
+
+#include "shim.h"
+
+/* Receive and send slots: one datagram each (UDP's largest fits), in mapped pages that are
+ * touched only as far as datagrams reach, reused warm-first. */
+#define SHIM_SLOT 65536u
+#define SHIM_RX_SLOTS 32
+#define SHIM_TX_SLOTS 32
+#define SHIM_MAX_DGRAM 65507u
+#define SHIM_MAX_EPS 8
+#define SHIM_ZC_CACHE 8
+/* Default zero-copy threshold (bytes), from the crossover measured by scripts/bench-shim
+ * (docs/shim.md). */
+#define SHIM_ZCOPY_DEFAULT 16384
+
+struct rules_handle;
+
+struct shim_global {
+	struct dg_rules *rules;
+	bool disabled;             /* configuration error or no provider: everything to the OS */
+	bool trust_all;            /* DGSHIM_DISCOVERY=off: every peer speaks datagram-iWARP */
+	int zcopy_default;
+	unsigned gen;              /* bumped in a forked child */
+	unsigned ctx_gen;
+	struct dgv_context *ctx;
+	struct dgv_pd *pd;
+};
+extern struct shim_global G;
+
+/* A received datagram waiting for the program. */
+struct pend {
+	uint32_t slot;
+	uint32_t len;
+	bool framed;
+	socklen_t srclen;
+	union dgv_sockaddr src;
+};
+
+struct zc_ent {
+	uintptr_t start, end;
+	struct dgv_mr *mr;
+	uint64_t used;
+};
+
+struct sock {
+	struct ent ent;
+	pthread_mutex_t lock;         /* everything below */
+	atomic_int refs;              /* descriptors naming this socket */
+	unsigned gen;
+	int family;
+	int mode;                     /* enum iwarp_mode */
+	bool explicit_mode;           /* set by the program: rules no longer apply */
+	bool user_nonblock;
+	bool broken;                  /* QP creation failed: the OS carries it */
+	bool connected;
+	bool shut_rd, shut_wr;
+	int so_error;
+	int zcopy;
+	int rcvtimeo_ms, sndtimeo_ms;
+	union dgv_sockaddr peer;
+	socklen_t peerlen;
+
+	int qfd;                      /* private duplicate the QP owns */
+	int regfd;                    /* registry name (discovery), or -1 */
+	int qp_type;
+	struct dgv_qp *qp;
+	struct dgv_cq *cq;            /* sends and receives */
+	struct dgv_mr *rx_mr, *tx_mr;
+	uint8_t *rx_area, *tx_area;
+	uint16_t rx_free[SHIM_RX_SLOTS], rx_free_n;
+	uint16_t tx_free[SHIM_TX_SLOTS], tx_free_n;
+	struct pend pend[SHIM_RX_SLOTS];
+	uint32_t pend_head, pend_n;
+	uint64_t zc_seq, zc_done;     /* zero-copy sends posted / completed */
+	struct zc_ent zc[SHIM_ZC_CACHE];
+	uint32_t ops;                 /* counter-refresh pacing */
+	/* where each send slot goes, to resend it plain if an RD peer vanishes */
+	struct { union dgv_sockaddr to; socklen_t tolen; uint32_t len; } txd[SHIM_TX_SLOTS];
+
+	struct ep *eps[SHIM_MAX_EPS]; /* epoll instances watching it */
+	int neps;
+
+	struct iwarp_stats *st;       /* in the shared counters file, or own */
+	struct iwarp_stats own_st;
+	int stat_slot;
+	uint64_t base_crc, base_lost, base_rexmit, base_wtx, base_wrx;
+};
+
+uint64_t shim_now_us(void);
+int shim_default_mode(void);
+void sock_put(struct sock *s);
+int qp_setup(struct sock *s, int fd);
+void qp_teardown(struct sock *s, bool all);
+void sock_reset_after_fork(struct sock *s);
+void stats_pull(struct sock *s);
+void registry_name(struct sockaddr_un *u, socklen_t *len, int svc, unsigned port);
+void zc_cache_clear(struct sock *s);
+/* Moves finished work from the CQ to the pending and free lists. Needs s->lock. */
+void consume_cq(struct sock *s);
+void stats_note_mode(struct sock *s);
+
+/* peer.c: what a destination speaks. */
+void peer_init(void);
+void peer_after_fork(void);
+/* For a framed send to `to` with service svc (IWARP_MODE_UD/RD): an address handle when the
+ * destination speaks it, else NULL (send plain). Never blocks. */
+struct dgv_ah *peer_route(const union dgv_sockaddr *to, socklen_t tolen, int svc);
+/* A datagram came from `from`: framed (it speaks datagram-iWARP) or plain (it may have
+ * stopped). */
+void peer_heard(const union dgv_sockaddr *from, socklen_t fromlen, bool framed, int svc);
+/* An RD peer failed: stop sending it framed until discovery says otherwise. */
+void peer_failed(const union dgv_sockaddr *to, socklen_t tolen);
+
+/* stats.c: counters readable from outside (/dev/shm/dgshim.<pid>). */
+void stats_init(void);
+void stats_after_fork(void);
+struct iwarp_stats *stats_slot(struct sock *s, int fd);
+void stats_release(struct sock *s);
+
+/* events.c */
+void ev_after_fork(void);
+
+#endif

@@ -1,0 +1,169 @@
+/*
+ * stats.c - per-socket counters in a file other processes can read while this one runs:
+ * /dev/shm/dgshim.<pid> (`dgshim stat <pid>` prints it), and the exit summary line.
+ * The file holds a header and SHIM_STAT_SLOTS slots; a socket beyond them counts in its own
+ * memory (still in IWARP_STATS and the summary).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "sock.h"
+#include "stats_file.h"
+
+static struct dgshim_stat_file *file;
+static char path[64];
+static pthread_mutex_t slot_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct iwarp_stats closed;  /* totals of sockets already closed */
+static unsigned closed_socks;
+
+static void open_file(void)
+{
+	snprintf(path, sizeof path, "/dev/shm/dgshim.%d", (int)getpid());
+	int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (fd < 0)
+		return;
+	if (ftruncate(fd, sizeof *file)) {
+		close(fd);
+		unlink(path);
+		return;
+	}
+	void *p = mmap(NULL, sizeof *file, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	if (p == MAP_FAILED) {
+		unlink(path);
+		return;
+	}
+	file = p;
+	file->magic = DGSHIM_STAT_MAGIC;
+	file->version = DGSHIM_STAT_VERSION;
+	file->pid = (uint32_t)getpid();
+	file->nslots = DGSHIM_STAT_SLOTS;
+	ssize_t n = readlink("/proc/self/exe", file->program, sizeof file->program - 1);
+	if (n > 0)
+		file->program[n] = 0;
+}
+
+void stats_init(void)
+{
+	const char *e = getenv("DGSHIM_STATS");
+	if (e && !strcmp(e, "off"))
+		return;
+	open_file();
+}
+
+void stats_after_fork(void)
+{
+	pthread_mutex_init(&slot_lock, NULL);
+	if (!file)
+		return;
+	/* the child gets its own file; its sockets start counting from zero there */
+	struct dgshim_stat_file *old = file;
+	file = NULL;
+	open_file();
+	for (int fd = 0; fd < 65536; fd++) {
+		struct sock *s = fd_sock(fd);
+		if (!s)
+			continue;
+		if (s->stat_slot >= 0 && file) {
+			file->slot[s->stat_slot] = old->slot[s->stat_slot];
+			s->st = &file->slot[s->stat_slot].st;
+		} else if (s->stat_slot >= 0) {
+			s->own_st = old->slot[s->stat_slot].st;
+			s->st = &s->own_st;
+			s->stat_slot = -1;
+		}
+	}
+	munmap(old, sizeof *old);
+}
+
+struct iwarp_stats *stats_slot(struct sock *s, int fd)
+{
+	s->stat_slot = -1;
+	if (file) {
+		pthread_mutex_lock(&slot_lock);
+		for (int i = 0; i < DGSHIM_STAT_SLOTS; i++)
+			if (!file->slot[i].in_use) {
+				memset(&file->slot[i], 0, sizeof file->slot[i]);
+				file->slot[i].in_use = 1;
+				file->slot[i].fd = fd;
+				file->slot[i].family = (uint16_t)s->family;
+				s->stat_slot = i;
+				if ((uint32_t)i >= file->used)
+					file->used = (uint32_t)i + 1;
+				break;
+			}
+		pthread_mutex_unlock(&slot_lock);
+	}
+	return s->stat_slot >= 0 ? &file->slot[s->stat_slot].st : &s->own_st;
+}
+
+static void add(struct iwarp_stats *t, const struct iwarp_stats *a)
+{
+	uint64_t *d = (uint64_t *)t;
+	const uint64_t *x = (const uint64_t *)a;
+	for (size_t i = 0; i < sizeof *t / sizeof(uint64_t); i++)
+		d[i] += x[i];
+}
+
+void stats_release(struct sock *s)
+{
+	if (s->qp || s->st->tx_framed || s->st->rx_framed || s->st->tx_plain || s->st->rx_plain) {
+		pthread_mutex_lock(&slot_lock);
+		add(&closed, s->st);
+		closed_socks++;
+		pthread_mutex_unlock(&slot_lock);
+	}
+	if (s->stat_slot >= 0 && file) {
+		pthread_mutex_lock(&slot_lock);
+		file->slot[s->stat_slot].in_use = 0;
+		pthread_mutex_unlock(&slot_lock);
+	}
+	s->st = &s->own_st;
+}
+
+void stats_note_mode(struct sock *s)
+{
+	if (s->stat_slot >= 0 && file) {
+		file->slot[s->stat_slot].mode = (uint8_t)s->mode;
+		file->slot[s->stat_slot].qp_type = (uint8_t)s->qp_type;
+	}
+}
+
+void shim_fini(void)
+{
+	if (dg_log_on(DG_LOG_INFO) && G.gen) {
+		struct iwarp_stats t = closed;
+		unsigned n = closed_socks;
+		for (int fd = 0; fd < 65536; fd++) {
+			struct sock *s = fd_sock(fd);
+			if (s && pthread_mutex_trylock(&s->lock) == 0) {
+				stats_pull(s);
+				if (s->qp || s->st->tx_plain || s->st->rx_plain) {
+					add(&t, s->st);
+					n++;
+				}
+				pthread_mutex_unlock(&s->lock);
+			}
+		}
+		if (n == 0 && !dg_log_on(DG_LOG_DEBUG))
+			goto out; /* a process without sockets (a shell on the way) says nothing */
+		dg_log(DG_LOG_INFO,
+		       "summary: sockets=%u tx_framed=%llu tx_plain=%llu rx_framed=%llu rx_plain=%llu "
+		       "tx_bytes=%llu rx_bytes=%llu crc_drops=%llu lost=%llu retransmits=%llu",
+		       n, (unsigned long long)t.tx_framed, (unsigned long long)t.tx_plain,
+		       (unsigned long long)t.rx_framed, (unsigned long long)t.rx_plain,
+		       (unsigned long long)(t.tx_framed_bytes + t.tx_plain_bytes),
+		       (unsigned long long)(t.rx_framed_bytes + t.rx_plain_bytes),
+		       (unsigned long long)t.crc_drops, (unsigned long long)t.lost,
+		       (unsigned long long)t.retransmits);
+	}
+out:
+	if (file && file->pid == (uint32_t)getpid())
+		unlink(path);
+}

@@ -1,0 +1,33 @@
+/*
+ * stats_file.h - layout of /dev/shm/dgshim.<pid>, the live counters of one preloaded process
+ * (written by libdgshim.so, read by `dgshim stat`). Native byte order: same host only.
+ */
+#ifndef DGSHIM_STATS_FILE_H
+#define DGSHIM_STATS_FILE_H
+
+#include <stdint.h>
+
+#include "dgshim.h"
+
+#define DGSHIM_STAT_MAGIC 0x64677374u /* "dgst" */
+#define DGSHIM_STAT_VERSION 1
+#define DGSHIM_STAT_SLOTS 1024
+
+struct dgshim_stat_slot {
+	uint32_t in_use;
+	int32_t fd;
+	uint16_t family;
+	uint8_t mode, qp_type;
+	uint32_t pad;
+	struct iwarp_stats st;
+};
+
+struct dgshim_stat_file {
+	uint32_t magic, version, pid, nslots;
+	uint32_t used; /* slots at or beyond this index were never used */
+	uint32_t pad;
+	char program[256];
+	struct dgshim_stat_slot slot[DGSHIM_STAT_SLOTS];
+};
+
+#endif
