@@ -1185,19 +1185,31 @@ static const struct rd_ops qp_rd_ops = {
 };
 
 /* One datagram from UDP (after receive-edge faults). */
-/* True when buf starts like one of our datagrams: a CRC failure then means corruption, not a
- * plain datagram. Common plain protocols fail this at once (RTP's first byte 0x80 has DV=0,
- * MPEG-TS 0x47 and ASCII text set DDP reserved bits). */
+/* True when buf is laid out like one of our datagrams: a CRC failure then means corruption,
+ * not a plain datagram. The whole header must hold together (opcode, queue number, lengths
+ * against the datagram's size), not just the control bits: plain text starting "AB" has valid
+ * control bits, and a plain datagram must never be dropped. Common plain protocols fail at
+ * the first byte (RTP's 0x80 has DV=0, MPEG-TS 0x47 sets DDP reserved bits). */
 static bool looks_framed(const struct soft_qp *qp, const uint8_t *buf, size_t len)
 {
-	if (qp->base.type == DGV_QPT_RD)
-		return len >= DG_RD_HLEN + DG_CRC_LEN && buf[0] == RD_MAGIC;
+	if (qp->base.type == DGV_QPT_RD) {
+		if (len < DG_RD_HLEN + DG_CRC_LEN || buf[0] != RD_MAGIC)
+			return false;
+		buf += DG_RD_HLEN;
+		len -= DG_RD_HLEN;
+		if (len == DG_CRC_LEN)
+			return true; /* a bare acknowledgement */
+	}
 	if (len < DG_UNTAGGED_HLEN + DG_CRC_LEN)
 		return false;
 	uint16_t ctrl = (uint16_t)(buf[0] << 8 | buf[1]);
-	return (ctrl & (DDP_CTRL_RSVD | DDP_CTRL_DV_MASK | RDMAP_CTRL_RV_MASK | RDMAP_CTRL_RSVD)) ==
-		       (DDP_CTRL_DV_1 | RDMAP_CTRL_RV_1) &&
-	       (ctrl & RDMAP_CTRL_OPCODE) <= RDMAP_OPCODE_MAX;
+	if ((ctrl & (DDP_CTRL_RSVD | DDP_CTRL_DV_MASK | RDMAP_CTRL_RV_MASK | RDMAP_CTRL_RSVD)) !=
+		    (DDP_CTRL_DV_1 | RDMAP_CTRL_RV_1) ||
+	    (ctrl & RDMAP_CTRL_OPCODE) > RDMAP_OPCODE_MAX)
+		return false;
+	struct dg_seg g;
+	struct dg_reject why;
+	return dg_seg_parse(buf, len - DG_CRC_LEN, qp->max_msg, &g, &why) == 0;
 }
 
 /* A plain datagram on a pass_plain QP: copied whole into the next posted receive. */
@@ -1582,7 +1594,7 @@ int soft_create_qp(struct dgv_pd *pdb, const struct dgv_qp_init_attr *a, struct 
 	}
 	atomic_fetch_add(&qp->pd->refs, 1);
 	soft_ctx_add_qp(qp->ctx, qp);
-	DG_INFO("%s QP on fd %d, segment size %u", a->qp_type == DGV_QPT_UD ? "UD" : "RD", qp->fd,
+	DG_DBG("%s QP on fd %d, segment size %u", a->qp_type == DGV_QPT_UD ? "UD" : "RD", qp->fd,
 		qp->seg_size);
 	*out = &qp->base;
 	return 0;
