@@ -117,7 +117,20 @@ static int wait_sock(struct sock *s, short events, int *timeout_ms)
 	/* bounded naps: the provider's thread runs the timers of a QP nobody polls, but a
 	 * sleeper also looks again now and then */
 	int ms = *timeout_ms < 0 || *timeout_ms > 200 ? 200 : *timeout_ms;
-	int r = real.poll(p, 2, ms);
+	int r;
+	if (shim_cancel_prev == PTHREAD_CANCEL_ENABLE) {
+		/* a blocking socket call is a cancellation point; no lock is held here */
+		int depth = shim_depth;
+		pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, NULL);
+		shim_depth = 0; /* a cancelled thread's handlers call libc as the program */
+		r = real.poll(p, 2, ms);
+		int e = errno;
+		shim_depth = depth;
+		pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
+		errno = e;
+	} else {
+		r = real.poll(p, 2, ms);
+	}
 	int err = errno;
 	pthread_mutex_lock(&s->lock);
 	if (unlikely(s->gen != G.gen))
@@ -157,7 +170,7 @@ ssize_t sock_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt, i
 	pthread_mutex_lock(&s->lock);
 	if (unlikely(s->gen != G.gen))
 		sock_reset_after_fork(s);
-	if (!s->qp && (s->mode == IWARP_MODE_OFF || s->broken || qp_setup(s, fd))) {
+	if (!s->qp && (s->mode == IWARP_MODE_OFF || s->broken || !sock_is_bound(fd) || qp_setup(s, fd))) {
 		pthread_mutex_unlock(&s->lock);
 		return recv_plain_os(fd, iov, iovcnt, flags, src, srclen, mflags);
 	}
@@ -231,13 +244,24 @@ int sock_fionread(struct sock *s, int *out)
 
 /* ------------------------------------------------------------------ readiness */
 
+int sock_is_bound(int fd)
+{
+	union dgv_sockaddr la;
+	socklen_t ll = sizeof la;
+	if (getsockname(fd, &la.sa, &ll))
+		return 0;
+	return (la.sa.sa_family == AF_INET ? la.sin.sin_port : la.sin6.sin6_port) != 0;
+}
+
 int sock_poll_in(struct sock *s, int fd)
 {
 	pthread_mutex_lock(&s->lock);
 	if (unlikely(s->gen != G.gen))
 		sock_reset_after_fork(s);
 	int r;
-	if (!s->qp && (s->mode == IWARP_MODE_OFF || s->broken || qp_setup(s, fd))) {
+	/* waiting on an unbound socket must not bind it (SIPp adds it to epoll, then binds):
+	 * until it has a port the kernel's readiness is the truth */
+	if (!s->qp && (s->mode == IWARP_MODE_OFF || s->broken || !sock_is_bound(fd) || qp_setup(s, fd))) {
 		r = -1; /* the kernel's readiness is the truth */
 	} else {
 		consume_cq(s);
@@ -320,7 +344,11 @@ static ssize_t send_plain(struct sock *s, int fd, const struct iovec *iov, int i
 		if ((errno != EAGAIN && errno != EWOULDBLOCK) || nb)
 			return -errno;
 		struct pollfd p = {.fd = fd, .events = POLLOUT};
-		if (real.poll(&p, 1, s->sndtimeo_ms > 0 ? s->sndtimeo_ms : -1) == 0)
+		if (shim_cancel_prev == PTHREAD_CANCEL_ENABLE)
+			pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, NULL);
+		int pr = real.poll(&p, 1, s->sndtimeo_ms > 0 ? s->sndtimeo_ms : -1);
+		pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
+		if (pr == 0)
 			return -EAGAIN;
 	}
 }

@@ -210,6 +210,7 @@ struct reg {
 	uint64_t data;
 	int cqfd;             /* registered too, or -1 */
 	uint32_t round;       /* last epoll_wait that reported it (dedupe) */
+	bool armed;           /* EPOLLONESHOT: not reported since the last ADD/MOD */
 };
 
 struct ep {
@@ -325,6 +326,26 @@ static uint32_t kernel_events(const struct reg *r)
 	return r->events;
 }
 
+/* Makes r a taken socket's registration (its CQ's descriptor registered too) once the socket
+ * has a queue pair: at ADD, or at its first event when it was added before bind. Needs
+ * ep->lock. Returns true when r is (now) a taken socket's. */
+static bool reg_attach(struct ep *ep, int epfd, struct reg *r, uint32_t idx)
+{
+	if (r->s)
+		return true;
+	struct sock *s = fd_sock(r->fd);
+	int qfd, cqfd;
+	if (!s || sock_poll_in(s, r->fd) < 0 || sock_wait_fds(s, &qfd, &cqfd))
+		return false;
+	struct epoll_event cev = {.events = EPOLLIN | (r->events & EPOLLET), .data.u64 = tag(r, idx, true)};
+	if (real.epoll_ctl(epfd, EPOLL_CTL_ADD, cqfd, &cev) == 0)
+		r->cqfd = cqfd;
+	r->s = s;
+	atomic_fetch_add(&ep->ntaken, 1);
+	sock_ep_link(s, ep, 1);
+	return true;
+}
+
 int ev_epoll_ctl(struct ep *ep, int epfd, int op, int fd, struct epoll_event *ev)
 {
 	if (op != EPOLL_CTL_DEL && !ev)
@@ -347,6 +368,7 @@ int ev_epoll_ctl(struct ep *ep, int epfd, int op, int fd, struct epoll_event *ev
 		}
 		r->fd = fd, r->events = ev->events, r->data = ev->data.u64, r->cqfd = -1, r->s = NULL;
 		r->round = 0;
+		r->armed = true;
 		atomic_fetch_add(&r->gen, 1); /* odd: in use */
 		struct epoll_event kev = {.events = kernel_events(r), .data.u64 = tag(r, idx, false)};
 		if (real.epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &kev) < 0) {
@@ -355,17 +377,7 @@ int ev_epoll_ctl(struct ep *ep, int epfd, int op, int fd, struct epoll_event *ev
 			reg_release(ep, r, idx);
 			break;
 		}
-		struct sock *s = fd_sock(fd);
-		int qfd, cqfd;
-		if (s && sock_poll_in(s, fd) >= 0 && sock_wait_fds(s, &qfd, &cqfd) == 0) {
-			struct epoll_event cev = {.events = EPOLLIN | (ev->events & EPOLLET),
-						  .data.u64 = tag(r, idx, true)};
-			if (real.epoll_ctl(epfd, EPOLL_CTL_ADD, cqfd, &cev) == 0)
-				r->cqfd = cqfd;
-			r->s = s;
-			atomic_fetch_add(&ep->ntaken, 1);
-			sock_ep_link(s, ep, 1);
-		}
+		reg_attach(ep, epfd, r, idx);
 		break;
 	}
 	case EPOLL_CTL_MOD: {
@@ -374,6 +386,7 @@ int ev_epoll_ctl(struct ep *ep, int epfd, int op, int fd, struct epoll_event *ev
 			break;
 		}
 		r->events = ev->events, r->data = ev->data.u64;
+		r->armed = true;
 		struct epoll_event kev = {.events = kernel_events(r), .data.u64 = tag(r, idx, false)};
 		if (real.epoll_ctl(epfd, EPOLL_CTL_MOD, fd, &kev) < 0)
 			rc = -errno;
@@ -461,9 +474,16 @@ int ev_epoll_wait(struct ep *ep, int epfd, struct epoll_event *evs, int max, int
 				if (!r || !(atomic_load(&r->gen) & 1) || !r->s)
 					continue;
 				uint32_t e = r->events;
-				if ((e & (EPOLLET | EPOLLONESHOT)) || !(e & EPOLLIN) || !cheap_ready(r->s))
+				if ((e & EPOLLET) || ((e & EPOLLONESHOT) && !r->armed) || !(e & EPOLLIN) ||
+				    !cheap_ready(r->s))
 					continue;
 				r->round = round;
+				if (e & EPOLLONESHOT) {
+					r->armed = false;
+					/* the kernel must not report it again either until MOD */
+					struct epoll_event kev = {.events = 0, .data.u64 = tag(r, i, false)};
+					real.epoll_ctl(epfd, EPOLL_CTL_MOD, r->fd, &kev);
+				}
 				evs[out++] = (struct epoll_event){.events = EPOLLIN, .data.u64 = r->data};
 			}
 		}
@@ -486,13 +506,19 @@ int ev_epoll_wait(struct ep *ep, int epfd, struct epoll_event *evs, int max, int
 			if (!r || atomic_load(&r->gen) != (uint32_t)(d >> 32))
 				continue; /* a registration removed since */
 			uint32_t e = k[j].events;
+			if (!r->s && fd_get(r->fd)) {
+				pthread_mutex_lock(&ep->lock);
+				if (atomic_load(&r->gen) == (uint32_t)(d >> 32))
+					reg_attach(ep, epfd, r, i);
+				pthread_mutex_unlock(&ep->lock);
+			}
 			if (r->s) {
 				if (cq)
 					sock_cq_ack(r->s);
 				if ((e & EPOLLIN) || cq) {
-					e &= ~EPOLLIN;
-					if ((r->events & EPOLLIN) && sock_poll_in(r->s, r->fd) > 0)
-						e |= EPOLLIN;
+					int in = (r->events & EPOLLIN) ? sock_poll_in(r->s, r->fd) : 0;
+					if (in >= 0) /* < 0: the OS carries it, the kernel's word stands */
+						e = (e & ~EPOLLIN) | (in > 0 ? EPOLLIN : 0);
 				}
 				if (cq)
 					e &= EPOLLIN;
@@ -513,6 +539,11 @@ int ev_epoll_wait(struct ep *ep, int epfd, struct epoll_event *evs, int max, int
 					continue;
 				}
 				r->round = round;
+			}
+			if (r->events & EPOLLONESHOT) {
+				if (!r->armed)
+					continue;
+				r->armed = false;
 			}
 			evs[out++] = (struct epoll_event){.events = e, .data.u64 = r->data};
 		}

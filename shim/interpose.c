@@ -97,6 +97,12 @@ static inline long ret(long r)
 
 #define ENTER() (shim_depth++)
 #define LEAVE() (shim_depth--)
+__thread int shim_cancel_prev __attribute__((tls_model("initial-exec")));
+/* The data path holds socket and queue-pair locks around calls that are cancellation points
+ * (the provider's sendto): cancellation is held off there and let through only where the
+ * shim waits with no lock held (wait_sock), as the kernel's own blocking calls would. */
+#define DENTER() (pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &shim_cancel_prev), shim_depth++)
+#define DLEAVE() (shim_depth--, pthread_setcancelstate(shim_cancel_prev, NULL))
 
 /* sock for fd when the call should be handled by the shim, else NULL. */
 static inline struct sock *taken(int fd)
@@ -257,8 +263,8 @@ SHIM_EXPORT int ioctl(int fd, unsigned long req, ...)
 		 * blocking is emulated entirely from the program's setting */
 		int r = req == FIONREAD ? sock_fionread(s, arg) : sock_fionbio(s, *(int *)arg);
 		LEAVE();
-		if (r == -ENOSYS)
-			return real.ioctl(fd, req, arg);
+		if (r == -ENOSYS || (r == 0 && req == FIONBIO))
+			return real.ioctl(fd, req, arg); /* FIONBIO: the file's flag stays the program's */
 		return (int)ret(r);
 	}
 	return real.ioctl(fd, req, arg);
@@ -344,9 +350,9 @@ static ssize_t send_one(struct sock *s, int fd, const void *buf, size_t len, int
 			const struct sockaddr *to, socklen_t tolen)
 {
 	struct iovec v = {(void *)buf, len};
-	ENTER();
+	DENTER();
 	ssize_t r = sock_send(s, fd, &v, 1, flags, to, tolen);
-	LEAVE();
+	DLEAVE();
 	return ret(r);
 }
 
@@ -355,9 +361,9 @@ static ssize_t recv_one(struct sock *s, int fd, void *buf, size_t len, int flags
 {
 	struct iovec v = {buf, len};
 	int mf = 0;
-	ENTER();
+	DENTER();
 	ssize_t r = sock_recv(s, fd, &v, 1, flags, from, fromlen, &mf);
-	LEAVE();
+	DLEAVE();
 	return ret(r);
 }
 
@@ -386,9 +392,9 @@ SHIM_EXPORT ssize_t sendmsg(int fd, const struct msghdr *m, int flags)
 		return ret(-EFAULT);
 	if (m->msg_iovlen > IOV_MAX)
 		return ret(-EMSGSIZE);
-	ENTER();
+	DENTER();
 	ssize_t r = sock_send(s, fd, m->msg_iov, (int)m->msg_iovlen, flags, m->msg_name, m->msg_namelen);
-	LEAVE();
+	DLEAVE();
 	return ret(r);
 }
 
@@ -400,7 +406,7 @@ SHIM_EXPORT int sendmmsg(int fd, struct mmsghdr *v, unsigned n, int flags)
 		return real.sendmmsg(fd, v, n, flags);
 	unsigned i;
 	ssize_t r = 0;
-	ENTER();
+	DENTER();
 	for (i = 0; i < n && i < UIO_MAXIOV; i++) {
 		r = sock_send(s, fd, v[i].msg_hdr.msg_iov, (int)v[i].msg_hdr.msg_iovlen,
 			      flags | (i ? MSG_DONTWAIT : 0), v[i].msg_hdr.msg_name, v[i].msg_hdr.msg_namelen);
@@ -408,7 +414,7 @@ SHIM_EXPORT int sendmmsg(int fd, struct mmsghdr *v, unsigned n, int flags)
 			break;
 		v[i].msg_len = (unsigned)r;
 	}
-	LEAVE();
+	DLEAVE();
 	return i ? (int)i : (int)ret(r);
 }
 
@@ -448,13 +454,29 @@ SHIM_EXPORT ssize_t recvmsg(int fd, struct msghdr *m, int flags)
 {
 	shim_real_init();
 	struct sock *s = taken(fd);
-	if (!s)
-		return real.recvmsg(fd, m, flags);
+	if (!s) {
+		ssize_t r = real.recvmsg(fd, m, flags);
+		if (r >= 0 && m && m->msg_controllen && !shim_depth) {
+			/* sockets passed by SCM_RIGHTS are taken like inherited ones */
+			int e = errno;
+			ENTER();
+			for (struct cmsghdr *c = CMSG_FIRSTHDR(m); c; c = CMSG_NXTHDR(m, c))
+				if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+					int *fds = (int *)CMSG_DATA(c);
+					size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+					for (size_t i = 0; i < n; i++)
+						sock_adopt_fd(fds[i]);
+				}
+			LEAVE();
+			errno = e;
+		}
+		return r;
+	}
 	if (!m)
 		return ret(-EFAULT);
-	ENTER();
+	DENTER();
 	ssize_t r = recvmsg_one(s, fd, m, flags);
-	LEAVE();
+	DLEAVE();
 	return ret(r);
 }
 
@@ -466,7 +488,7 @@ SHIM_EXPORT int recvmmsg(int fd, struct mmsghdr *v, unsigned n, int flags, struc
 		return real.recvmmsg(fd, v, n, flags, tmo);
 	unsigned i;
 	ssize_t r = 0;
-	ENTER();
+	DENTER();
 	for (i = 0; i < n && i < UIO_MAXIOV; i++) {
 		int f = flags & ~MSG_WAITFORONE;
 		if (i && (flags & MSG_WAITFORONE))
@@ -476,7 +498,7 @@ SHIM_EXPORT int recvmmsg(int fd, struct mmsghdr *v, unsigned n, int flags, struc
 			break;
 		v[i].msg_len = (unsigned)r;
 	}
-	LEAVE();
+	DLEAVE();
 	if (i)
 		return (int)i;
 	return (int)ret(r);
@@ -505,9 +527,9 @@ SHIM_EXPORT ssize_t readv(int fd, const struct iovec *iov, int n)
 	if (n < 0 || n > IOV_MAX)
 		return ret(-EINVAL);
 	int mf = 0;
-	ENTER();
+	DENTER();
 	ssize_t r = sock_recv(s, fd, iov, n, 0, NULL, NULL, &mf);
-	LEAVE();
+	DLEAVE();
 	return ret(r);
 }
 
@@ -519,9 +541,9 @@ SHIM_EXPORT ssize_t writev(int fd, const struct iovec *iov, int n)
 		return real.writev(fd, iov, n);
 	if (n < 0 || n > IOV_MAX)
 		return ret(-EINVAL);
-	ENTER();
+	DENTER();
 	ssize_t r = sock_send(s, fd, iov, n, 0, NULL, 0);
-	LEAVE();
+	DLEAVE();
 	return ret(r);
 }
 

@@ -75,6 +75,8 @@ void shim_real_init(void);
 /* Nonzero while this thread runs shim or provider code: the provider's own socket calls and
  * libev's then reach libc directly. The provider's progress thread keeps it set for good. */
 extern __thread int shim_depth __attribute__((tls_model("initial-exec")));
+/* The program's cancel state on entry to a data call (see DENTER in interpose.c). */
+extern __thread int shim_cancel_prev __attribute__((tls_model("initial-exec")));
 
 /* ------------------------------------------------------------------ descriptor table */
 
@@ -111,6 +113,8 @@ void shim_init(void);
 void sock_created(int fd, int domain, int type, int protocol);
 /* fd2 now refers to the same socket as fd (dup*). */
 void sock_duped(int fd, int fd2);
+/* A descriptor arrived by SCM_RIGHTS: take it if it is a UDP socket. */
+void sock_adopt_fd(int fd);
 /* fd is being closed. Returns 0 (the caller closes the kernel fd). */
 void sock_closing(int fd);
 

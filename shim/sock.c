@@ -172,9 +172,17 @@ static struct sock *sock_new(int fd, int domain, int mode)
 	return s;
 }
 
+static void sock_take(int fd, int domain, int type, int protocol);
+
 void sock_created(int fd, int domain, int type, int protocol)
 {
 	shim_init();
+	sock_take(fd, domain, type, protocol);
+}
+
+/* Takes a new or inherited socket; the start-up scan calls it from inside shim_init. */
+static void sock_take(int fd, int domain, int type, int protocol)
+{
 	if (G.disabled)
 		return;
 	if ((type & 0xff) != SOCK_DGRAM || (protocol != 0 && protocol != IPPROTO_UDP))
@@ -231,9 +239,41 @@ static void scan_inherited(void)
 		if (real.getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &l) || proto != IPPROTO_UDP)
 			continue;
 		int fl = real.fcntl(fd, F_GETFL);
-		sock_created(fd, dom, SOCK_DGRAM | (fl >= 0 && (fl & O_NONBLOCK) ? SOCK_NONBLOCK : 0), proto);
+		sock_take(fd, dom, SOCK_DGRAM | (fl >= 0 && (fl & O_NONBLOCK) ? SOCK_NONBLOCK : 0), proto);
 		(void)path;
+		/* the queue pair (and its registry name) comes with the first use: no provider
+		 * thread may start inside a constructor */
 		DG_DBG("fd %d: inherited UDP socket taken", fd);
+	}
+}
+
+void sock_adopt_fd(int fd)
+{
+	if (G.disabled || fd_get(fd))
+		return;
+	int dom = 0, type = 0, proto = 0;
+	socklen_t l = sizeof dom;
+	if (real.getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &dom, &l) || (dom != AF_INET && dom != AF_INET6))
+		return;
+	l = sizeof type;
+	if (real.getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &l) || type != SOCK_DGRAM)
+		return;
+	l = sizeof proto;
+	if (real.getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &l) || proto != IPPROTO_UDP)
+		return;
+	int fl = real.fcntl(fd, F_GETFL);
+	sock_take(fd, dom, SOCK_DGRAM | (fl >= 0 && (fl & O_NONBLOCK) ? SOCK_NONBLOCK : 0), proto);
+	struct sock *s = fd_sock(fd);
+	if (s && s->mode != IWARP_MODE_OFF) {
+		union dgv_sockaddr la;
+		socklen_t ll = sizeof la;
+		/* a bound socket may already be someone's peer: take over its traffic now */
+		if (getsockname(fd, &la.sa, &ll) == 0 &&
+		    (la.sa.sa_family == AF_INET ? la.sin.sin_port : la.sin6.sin6_port)) {
+			pthread_mutex_lock(&s->lock);
+			qp_setup(s, fd);
+			pthread_mutex_unlock(&s->lock);
+		}
 	}
 }
 
@@ -396,14 +436,18 @@ void qp_teardown(struct sock *s, bool all)
 					dgv_cq_wait(s->cq, 10);
 			}
 		}
-		consume_cq(s);
+		/* closing: the socket may live on in another process (fork, exec), so read nothing
+		 * more from it; a mode change keeps what arrived */
+		if (!all)
+			consume_cq(s);
 		stats_pull(s);
 		s->base_crc = s->st->crc_drops, s->base_lost = s->st->lost;
 		s->base_rexmit = s->st->retransmits, s->base_wtx = s->st->wire_tx, s->base_wrx = s->st->wire_rx;
 		dgv_destroy_qp(s->qp);
 		s->qp = NULL;
 		/* flushed receives come back as WR_FLUSH_ERR: their slots are free again */
-		consume_cq(s);
+		if (!all)
+			consume_cq(s);
 	}
 	if (s->regfd >= 0) {
 		real.close(s->regfd);
@@ -637,6 +681,10 @@ int shim_iwarp_opt_untaken(int fd, int set, int name, void *v, socklen_t *l)
 {
 	/* a socket the shim does not carry: readable (off), and IWARP_MODE may take it when it is
 	 * a UDP socket the rules left to the OS at creation */
+	int probe;
+	socklen_t pl = sizeof probe;
+	if (real.getsockopt(fd, SOL_SOCKET, SO_TYPE, &probe, &pl))
+		return -errno; /* EBADF, ENOTSOCK as the kernel says */
 	if (!set)
 		return iwarp_get(NULL, name, v, l);
 	if (name != IWARP_MODE && name != IWARP_ZCOPY_THRESHOLD)
@@ -737,21 +785,18 @@ int sock_getfl(struct sock *s, int fd)
 	int fl = real.fcntl(fd, F_GETFL);
 	if (fl < 0)
 		return -errno;
-	/* the kernel socket is non-blocking for the QP; the program sees its own setting */
-	fl &= ~O_NONBLOCK;
-	if (s->user_nonblock)
-		fl |= O_NONBLOCK;
-	return fl;
+	return fl; /* the file's flags stay the program's: the QP passes MSG_DONTWAIT */
 }
 
 int sock_fcntl_setfl(struct sock *s, int fd, int flags)
 {
+	int r = real.fcntl(fd, F_SETFL, flags);
+	if (r < 0)
+		return -errno;
 	lock_sock(s);
 	s->user_nonblock = (flags & O_NONBLOCK) != 0;
-	bool keep_nb = s->qp != NULL;
 	unlock_sock(s);
-	int r = real.fcntl(fd, F_SETFL, keep_nb ? flags | O_NONBLOCK : flags);
-	return r < 0 ? -errno : 0;
+	return 0;
 }
 
 int sock_fionbio(struct sock *s, int on)

@@ -96,6 +96,8 @@ struct sock {
 uint64_t shim_now_us(void);
 int shim_default_mode(void);
 void sock_put(struct sock *s);
+/* 1 if the kernel socket behind fd has a port (bound or autobound). */
+int sock_is_bound(int fd);
 int qp_setup(struct sock *s, int fd);
 void qp_teardown(struct sock *s, bool all);
 void sock_reset_after_fork(struct sock *s);

@@ -175,10 +175,11 @@ struct dgv_qp_init_attr {
 	 * header looks like ours but whose CRC is wrong is still dropped as corrupted. Receive
 	 * buffers are then 64 KiB so that no plain datagram is ever truncated. */
 	int pass_plain;
-	/* UD: while no receive is posted, leave datagrams in the kernel socket buffer instead of
-	 * reading them and dropping what finds no receive: the socket then queues and drops
-	 * exactly as it would without us (the shim sets this; its receives are reposted as the
-	 * program reads). */
+	/* UD: read the socket only from the program's own calls (poll_cq, cq_wait), never from
+	 * the provider's thread, and no more datagrams than there are posted receives: the kernel
+	 * socket buffer keeps the rest, so it queues and drops exactly as it would without us,
+	 * and nothing read ahead is lost if the program execs. The shim sets this; it waits on
+	 * the socket itself. The thread still runs the QP's timers. */
 	int rx_hold;
 	/* NULL: read DGSHIM_FAULT_TX / DGSHIM_FAULT_RX from the environment. */
 	const struct dgv_fault *fault_tx;

@@ -36,9 +36,7 @@ static void io_cb(struct ev_loop *loop, ev_io *w, int revents)
 	(void)loop;
 	(void)revents;
 	soft_qp_progress(qp, false, false);
-	if (qp->rx_hold && !__atomic_load_n(&qp->rq_count, __ATOMIC_RELAXED)) {
-		/* held datagrams keep the socket readable: watching it now would spin; the tick
-		 * starts watching again */
+	if (qp->rx_hold) {
 		ev_io_stop(loop, w);
 		qp->io_on = false;
 	}
@@ -65,7 +63,7 @@ static void tick_cb(struct ev_loop *loop, ev_timer *w, int revents)
 		}
 		bool app_active = ctx->progress == DGV_PROGRESS_AUTO &&
 				  (atomic_load(&qp->app_waiting) || qp->quiet_ticks < SOFT_APP_IDLE_TICKS);
-		bool held = qp->rx_hold && !__atomic_load_n(&qp->rq_count, __ATOMIC_RELAXED);
+		bool held = qp->rx_hold; /* read only by the program's calls */
 		if (!app_active && !held && !qp->io_on) {
 			ev_io_start(loop, &qp->io);
 			qp->io_on = true;

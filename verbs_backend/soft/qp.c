@@ -1324,13 +1324,20 @@ static int rx_drain(struct soft_qp *qp, int budget)
 	}
 	int total = 0;
 	while (total < budget) {
-		int n = recvmmsg(qp->fd, qp->rxmsg, qp->rx_batch, MSG_DONTWAIT, NULL);
+		/* rx_hold: read no more datagrams than there are receives to take them (a datagram
+		 * takes at most one; the rest stay in the kernel's buffer) */
+		uint32_t vlen = qp->rx_batch;
+		if (qp->rx_hold && qp->rq_count < vlen)
+			vlen = qp->rq_count;
+		if (!vlen)
+			break;
+		int n = recvmmsg(qp->fd, qp->rxmsg, vlen, MSG_DONTWAIT, NULL);
 		if (n <= 0)
 			break;
 		for (int i = 0; i < n; i++)
 			rx_one(qp, (uint32_t)i);
 		total += n;
-		if ((uint32_t)n < qp->rx_batch)
+		if ((uint32_t)n < vlen)
 			break;
 	}
 	if (total <= 1) {
@@ -1421,7 +1428,8 @@ int soft_qp_progress(struct soft_qp *qp, bool from_app, bool block)
 	else if (pthread_mutex_trylock(&qp->lock))
 		return -EBUSY;
 	qp->now_us = 0;
-	int n = rx_drain(qp, 256);
+	/* rx_hold: only the program's own calls read the socket (the thread runs timers) */
+	int n = qp->rx_hold && !from_app ? 0 : rx_drain(qp, 256);
 	/* An idle UD QP has no timers: the busy-poll path then reads no clock at all. */
 	if (qp->rd || qp->slots_active || qp->ord_count || qp->ftx.nheld || qp->frx.nheld)
 		run_timers(qp, qp_now(qp));
@@ -1527,7 +1535,9 @@ int soft_create_qp(struct dgv_pd *pdb, const struct dgv_qp_init_attr *a, struct 
 		}
 		set_bufs(qp->fd);
 	}
-	if ((err = set_nonblock(qp->fd)))
+	/* Every socket call here passes MSG_DONTWAIT; an adopted socket's file flags are the
+	 * program's and stay as it set them (they outlive us across exec). */
+	if (qp->own_fd && (err = set_nonblock(qp->fd)))
 		goto fail;
 	qp->locallen = sizeof qp->local;
 	if (getsockname(qp->fd, &qp->local.sa, &qp->locallen)) {
