@@ -28,7 +28,8 @@
 
 #define PEER_SLOTS (1u << 16)
 #define PEER_STRIPES 64
-#define LEASE_LOCAL_US 100000u
+#define LEASE_LOCAL_US 100000u /* a "yes" is asked again after this */
+#define RECHECK_NO_US 1000u     /* a "no" for the wanted service: after this */
 
 enum { CAP_UD = 1, CAP_RD = 2 };
 enum { RULE_AUTO = 0, RULE_OFF = 1, RULE_TRUST = 2 };
@@ -222,7 +223,7 @@ struct dgv_ah *peer_route(const union dgv_sockaddr *to, socklen_t tolen, int svc
 	if (p->rule != RULE_TRUST) {
 		if (p->local) {
 			uint64_t now = shim_now_us();
-			if (now - p->checked_us > LEASE_LOCAL_US) {
+			if (now - p->checked_us > (p->caps & want ? LEASE_LOCAL_US : RECHECK_NO_US)) {
 				p->checked_us = now;
 				uint8_t had = p->caps;
 				p->caps = (uint8_t)((registry_has(port_of(to), IWARP_MODE_UD) ? CAP_UD : 0) |
