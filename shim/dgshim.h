@@ -6,7 +6,7 @@
  *   int mode = IWARP_MODE_UD;
  *   setsockopt(fd, SOL_IWARP, IWARP_MODE, &mode, sizeof mode);
  *
- * Without the shim loaded these calls fail with ENOPROTOOPT, so a program can tell.
+ * Without the shim loaded these calls fail (ENOPROTOOPT or EOPNOTSUPP), so a program can tell.
  */
 #ifndef DGSHIM_H
 #define DGSHIM_H
