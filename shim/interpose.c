@@ -65,6 +65,7 @@ static void fdtab_alloc(void)
 	void *p = mmap(NULL, n * sizeof *fdtab, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (p == MAP_FAILED)
 		return;
+	shim_lsan_root(p, n * sizeof *fdtab); /* sockets live until exit, reachable from here */
 	fdtab = p;
 	fdtab_n = n;
 }
@@ -270,78 +271,59 @@ SHIM_EXPORT int ioctl(int fd, unsigned long req, ...)
 	return real.ioctl(fd, req, arg);
 }
 
+/* A control call on fd: libc's when the shim did not take fd, else the shim's (0 or -errno, made
+ * -1/errno here), with s naming the socket inside shim_call. */
+#define CONTROL(fd, real_call, shim_call)                                                          \
+	do {                                                                                       \
+		shim_real_init();                                                                  \
+		struct sock *s = taken(fd);                                                        \
+		if (!s)                                                                            \
+			return real_call;                                                          \
+		ENTER();                                                                           \
+		int r_ = (shim_call);                                                              \
+		LEAVE();                                                                           \
+		return (int)ret(r_);                                                               \
+	} while (0)
+
 SHIM_EXPORT int bind(int fd, const struct sockaddr *a, socklen_t l)
 {
-	shim_real_init();
-	struct sock *s = taken(fd);
-	if (!s)
-		return real.bind(fd, a, l);
-	ENTER();
-	int r = sock_bind(s, fd, a, l);
-	LEAVE();
-	return (int)ret(r);
+	CONTROL(fd, real.bind(fd, a, l), sock_bind(s, fd, a, l));
 }
 
 SHIM_EXPORT int connect(int fd, const struct sockaddr *a, socklen_t l)
 {
-	shim_real_init();
-	struct sock *s = taken(fd);
-	if (!s)
-		return real.connect(fd, a, l);
-	ENTER();
-	int r = sock_connect(s, fd, a, l);
-	LEAVE();
-	return (int)ret(r);
+	CONTROL(fd, real.connect(fd, a, l), sock_connect(s, fd, a, l));
 }
 
 SHIM_EXPORT int shutdown(int fd, int how)
 {
+	CONTROL(fd, real.shutdown(fd, how), sock_shutdown(s, fd, how));
+}
+
+/* set/getsockopt: SOL_IWARP options also answer on sockets the shim did not take (IWARP_MODE
+ * can take one). *l is the value length for set, in/out for get. */
+static int sockopt(int fd, bool set, int level, int name, void *v, socklen_t *l)
+{
 	shim_real_init();
 	struct sock *s = taken(fd);
-	if (!s)
-		return real.shutdown(fd, how);
+	if (!s && (level != SOL_IWARP || shim_depth))
+		return set ? real.setsockopt(fd, level, name, v, *l) : real.getsockopt(fd, level, name, v, l);
 	ENTER();
-	int r = sock_shutdown(s, fd, how);
+	int r = !s ? shim_iwarp_opt_untaken(fd, set, name, v, l)
+	    : set  ? sock_setsockopt(s, fd, level, name, v, *l)
+		   : sock_getsockopt(s, fd, level, name, v, l);
 	LEAVE();
 	return (int)ret(r);
 }
 
 SHIM_EXPORT int setsockopt(int fd, int level, int name, const void *v, socklen_t l)
 {
-	shim_real_init();
-	struct sock *s = taken(fd);
-	int r;
-	if (!s) {
-		if (level != SOL_IWARP || shim_depth)
-			return real.setsockopt(fd, level, name, v, l);
-		ENTER();
-		r = shim_iwarp_opt_untaken(fd, 1, name, (void *)v, &l);
-		LEAVE();
-		return (int)ret(r);
-	}
-	ENTER();
-	r = sock_setsockopt(s, fd, level, name, v, l);
-	LEAVE();
-	return (int)ret(r);
+	return sockopt(fd, true, level, name, (void *)v, &l);
 }
 
 SHIM_EXPORT int getsockopt(int fd, int level, int name, void *v, socklen_t *l)
 {
-	shim_real_init();
-	struct sock *s = taken(fd);
-	int r;
-	if (!s) {
-		if (level != SOL_IWARP || shim_depth)
-			return real.getsockopt(fd, level, name, v, l);
-		ENTER();
-		r = shim_iwarp_opt_untaken(fd, 0, name, v, l);
-		LEAVE();
-		return (int)ret(r);
-	}
-	ENTER();
-	r = sock_getsockopt(s, fd, level, name, v, l);
-	LEAVE();
-	return (int)ret(r);
+	return sockopt(fd, false, level, name, v, l);
 }
 
 /* ------------------------------------------------------------------ data */

@@ -81,8 +81,10 @@ void peer_after_fork(void)
 		pthread_mutex_init(&stripes[i], NULL);
 	if (tab)
 		for (uint32_t i = 0; i < PEER_SLOTS; i++)
-			if (tab[i].used)
-				tab[i].ah = NULL; /* the parent's context */
+			if (tab[i].used && tab[i].ah) {
+				shim_abandon(tab[i].ah); /* the parent's context */
+				tab[i].ah = NULL;
+			}
 }
 
 static bool ip_local(const union dgv_sockaddr *a)
@@ -130,16 +132,6 @@ static uint32_t hash_addr(const union dgv_sockaddr *a)
 	return h ^ (h >> 15);
 }
 
-static bool same(const union dgv_sockaddr *a, const union dgv_sockaddr *b)
-{
-	if (a->sa.sa_family != b->sa.sa_family)
-		return false;
-	if (a->sa.sa_family == AF_INET)
-		return a->sin.sin_port == b->sin.sin_port && a->sin.sin_addr.s_addr == b->sin.sin_addr.s_addr;
-	return a->sin6.sin6_port == b->sin6.sin6_port &&
-	       !memcmp(&a->sin6.sin6_addr, &b->sin6.sin6_addr, sizeof a->sin6.sin6_addr);
-}
-
 /* The entry for a, inserted when absent (insert=true). Needs the stripe of hash h. */
 static struct peer *find(const union dgv_sockaddr *a, socklen_t alen, uint32_t h, bool insert)
 {
@@ -182,7 +174,7 @@ static struct peer *find(const union dgv_sockaddr *a, socklen_t alen, uint32_t h
 				p->rule = RULE_TRUST;
 			return p;
 		}
-		if (same(&p->a, a))
+		if (dgv_addr_eq(&p->a, a))
 			return p;
 	}
 	if (insert && !warned_full) {

@@ -29,6 +29,18 @@
 #define likely(x) __builtin_expect(!!(x), 1)
 #define unlikely(x) __builtin_expect(!!(x), 0)
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/lsan_interface.h>
+/* An object left behind on purpose (a forked child abandons the parent's verbs objects: destroying
+ * them could reach shared device state); tells LeakSanitizer it is not a leak. */
+#define shim_abandon(p) __lsan_ignore_object(p)
+/* Memory outside malloc that holds the only pointers to live objects (LeakSanitizer scans it). */
+#define shim_lsan_root(p, n) __lsan_register_root_region(p, n)
+#else
+#define shim_abandon(p) ((void)(p))
+#define shim_lsan_root(p, n) ((void)(p), (void)(n))
+#endif
+
 /* ------------------------------------------------------------------ the libc we stand on */
 
 struct real_fns {

@@ -204,6 +204,25 @@ static void sock_take(int fd, int domain, int type, int protocol)
 		sock_put((struct sock *)old);
 }
 
+/* Takes fd if it is an AF_INET/AF_INET6 UDP socket the program already holds (inherited, or
+ * received over a unix socket). Returns true when it was one (taken unless the rules say off). */
+static bool take_existing_udp(int fd)
+{
+	int dom = 0, type = 0, proto = 0;
+	socklen_t l = sizeof dom;
+	if (real.getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &dom, &l) || (dom != AF_INET && dom != AF_INET6))
+		return false;
+	l = sizeof type;
+	if (real.getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &l) || type != SOCK_DGRAM)
+		return false;
+	l = sizeof proto;
+	if (real.getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &l) || proto != IPPROTO_UDP)
+		return false;
+	int fl = real.fcntl(fd, F_GETFL);
+	sock_take(fd, dom, SOCK_DGRAM | (fl >= 0 && (fl & O_NONBLOCK) ? SOCK_NONBLOCK : 0), proto);
+	return true;
+}
+
 /* Inherited across exec: the new image takes its UDP sockets again (the old image's registry
  * names died with it, peers re-discover). */
 static void scan_inherited(void)
@@ -212,14 +231,13 @@ static void scan_inherited(void)
 	int max = 1024;
 	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
 		max = (int)(rl.rlim_cur < 65536 ? rl.rlim_cur : 65536);
-	char path[64];
 	for (int fd = 0; fd < max; fd++) {
 		struct stat st;
 		if (fstat(fd, &st) < 0) {
 			if (errno == EBADF && fd > 256) {
 				/* sparse tables: stop after a long run of closed descriptors */
 				int gap = 0;
-				while (fd < max && fcntl(fd, F_GETFD) < 0 && ++gap < 1024)
+				while (fd < max && real.fcntl(fd, F_GETFD) < 0 && ++gap < 1024)
 					fd++;
 				if (gap >= 1024)
 					break;
@@ -228,19 +246,8 @@ static void scan_inherited(void)
 		}
 		if (!S_ISSOCK(st.st_mode))
 			continue;
-		int dom = 0, type = 0, proto = 0;
-		socklen_t l = sizeof dom;
-		if (real.getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &dom, &l) || (dom != AF_INET && dom != AF_INET6))
+		if (!take_existing_udp(fd))
 			continue;
-		l = sizeof type;
-		if (real.getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &l) || type != SOCK_DGRAM)
-			continue;
-		l = sizeof proto;
-		if (real.getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &l) || proto != IPPROTO_UDP)
-			continue;
-		int fl = real.fcntl(fd, F_GETFL);
-		sock_take(fd, dom, SOCK_DGRAM | (fl >= 0 && (fl & O_NONBLOCK) ? SOCK_NONBLOCK : 0), proto);
-		(void)path;
 		/* the queue pair (and its registry name) comes with the first use: no provider
 		 * thread may start inside a constructor */
 		DG_DBG("fd %d: inherited UDP socket taken", fd);
@@ -251,18 +258,8 @@ void sock_adopt_fd(int fd)
 {
 	if (G.disabled || fd_get(fd))
 		return;
-	int dom = 0, type = 0, proto = 0;
-	socklen_t l = sizeof dom;
-	if (real.getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &dom, &l) || (dom != AF_INET && dom != AF_INET6))
+	if (!take_existing_udp(fd))
 		return;
-	l = sizeof type;
-	if (real.getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &l) || type != SOCK_DGRAM)
-		return;
-	l = sizeof proto;
-	if (real.getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &l) || proto != IPPROTO_UDP)
-		return;
-	int fl = real.fcntl(fd, F_GETFL);
-	sock_take(fd, dom, SOCK_DGRAM | (fl >= 0 && (fl & O_NONBLOCK) ? SOCK_NONBLOCK : 0), proto);
 	struct sock *s = fd_sock(fd);
 	if (s && s->mode != IWARP_MODE_OFF) {
 		union dgv_sockaddr la;
@@ -359,6 +356,7 @@ int qp_setup(struct sock *s, int fd)
 		    (rc = dgv_reg_mr(G.pd, s->tx_area, (size_t)SHIM_TX_SLOTS * SHIM_SLOT, 0, &s->tx_mr)))
 			goto fail;
 		/* reverse order: the stack hands out slot 0 first and keeps reusing the warm ones */
+		s->rx_free_n = 0, s->tx_free_n = 0;
 		for (int i = SHIM_RX_SLOTS - 1; i >= 0; i--)
 			s->rx_free[s->rx_free_n++] = (uint16_t)i;
 		for (int i = SHIM_TX_SLOTS - 1; i >= 0; i--)
@@ -477,11 +475,7 @@ void sock_reset_after_fork(struct sock *s)
 {
 	s->qp = NULL, s->cq = NULL, s->rx_mr = NULL, s->tx_mr = NULL;
 	s->pend_head = s->pend_n = 0;
-	s->rx_free_n = 0, s->tx_free_n = 0;
-	for (int i = SHIM_RX_SLOTS - 1; i >= 0; i--)
-		s->rx_free[s->rx_free_n++] = (uint16_t)i;
-	for (int i = SHIM_TX_SLOTS - 1; i >= 0; i--)
-		s->tx_free[s->tx_free_n++] = (uint16_t)i;
+	s->rx_free_n = 0, s->tx_free_n = 0; /* qp_setup fills them with the new areas */
 	if (s->rx_area) {
 		/* the copied areas are ours; register them with the child's context later */
 		munmap(s->rx_area, (size_t)SHIM_RX_SLOTS * SHIM_SLOT);

@@ -15,8 +15,10 @@
 #ifndef DGVERBS_H
 #define DGVERBS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 
@@ -111,6 +113,18 @@ union dgv_sockaddr {
 	struct sockaddr_in sin;
 	struct sockaddr_in6 sin6;
 };
+
+/* True when a and b name the same UDP endpoint (family, address, port; IPv6 flow label and
+ * scope ignored, as the kernel's delivery does for a given interface). */
+static inline bool dgv_addr_eq(const union dgv_sockaddr *a, const union dgv_sockaddr *b)
+{
+	if (a->sa.sa_family != b->sa.sa_family)
+		return false;
+	if (a->sa.sa_family == AF_INET)
+		return a->sin.sin_port == b->sin.sin_port && a->sin.sin_addr.s_addr == b->sin.sin_addr.s_addr;
+	return a->sin6.sin6_port == b->sin6.sin6_port &&
+	       !memcmp(&a->sin6.sin6_addr, &b->sin6.sin6_addr, sizeof a->sin6.sin6_addr);
+}
 
 /* An address handle: the UDP address (IPv4 or IPv6) of a remote datagram QP. */
 int dgv_create_ah(struct dgv_pd *pd, const struct sockaddr *addr, socklen_t len, struct dgv_ah **out);

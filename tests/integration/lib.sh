@@ -104,7 +104,8 @@ dg_init() {
 
 # dg_require_shim: fail (exit 1) when the shim has not been built. Sets DG_SHIM_ENV, the
 # NAME=VALUE words to put in front of a preloaded command (through env), and DG_SHIM_USED, the
-# library path actually preloaded (a copy readable by nobody if the build tree is not).
+# library path actually preloaded (a copy readable by nobody if the build tree is not), and
+# DG_ASAN_RT, the ASan runtime the library needs preloaded first (empty in a normal build).
 dg_require_shim() {
 	[ -f "$DG_SHIM" ] || dg_fail "$DG_SHIM does not exist: build the shim first (./scripts/build)"
 	DG_SHIM_USED=$DG_SHIM
@@ -121,6 +122,7 @@ dg_require_shim() {
 	local preload=$DG_SHIM_USED asan
 	# A sanitizer build (build-asan) needs the ASan runtime first in the preload list.
 	asan=$(ldd "$DG_SHIM_USED" 2>/dev/null | awk '/libasan\.so/ {print $3; exit}')
+	DG_ASAN_RT=$asan
 	DG_SHIM_ENV=()
 	if [ -n "$asan" ]; then
 		preload="$asan:$preload"

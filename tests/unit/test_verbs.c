@@ -737,17 +737,20 @@ static void plain_case(enum dgv_qp_type t)
 		cr_assert_eq(memcmp(B.buf + wc.wr_id * 2048 - 2048, msgs[i], wc.byte_len), 0);
 		cr_assert_eq(wc.src.sin.sin_port, pa.sin.sin_port);
 	}
-	/* a datagram-iWARP header with a broken CRC is corruption, not plain data */
-	uint8_t d[64] = {0};
-	if (t == DGV_QPT_RD) {
-		d[0] = RD_MAGIC;
-	} else {
-		struct dg_untagged_hdr h;
-		dg_put_untagged(&h, RDMAP_SEND, true, DDP_QN_SEND, 0, 0, 30, 0, 0);
-		memcpy(d, &h, sizeof h);
-	}
+	/* A real datagram-iWARP datagram (from a QP of the same type, caught by the plain socket)
+	 * with one payload byte flipped is corruption, not plain data. */
+	struct dgv_qp_init_attr aa = {.qp_type = t};
+	cr_assert_eq(side_open(&A, &aa, 65536), 0);
+	cr_assert_eq(dgv_create_ah(pd, &pa.sa, pl, &A.ah_peer), 0);
+	fill(A.buf, 30, 7);
+	post_send(&A, DGV_WR_SEND, 0, 30, 0, 0, 1);
+	uint8_t d[2048];
+	ssize_t dl = recv(plain, d, sizeof d, 0);
+	cr_assert_gt(dl, 30 + DG_CRC_LEN);
+	d[dl - DG_CRC_LEN - 1] ^= 0x5a;
+	side_fini(&A);
 	post_recv(&B, 4096, 2048, 3);
-	cr_assert_eq(sendto(plain, d, sizeof d, 0, &qa.sa, ql), (ssize_t)sizeof d);
+	cr_assert_eq(sendto(plain, d, (size_t)dl, 0, &qa.sa, ql), dl);
 	cr_assert_eq(sendto(plain, msgs[2], 3, 0, &qa.sa, ql), 3);
 	cr_assert(wait_wc(&B, &wc, 3000));
 	cr_assert_eq(wc.opcode, DGV_WC_RECV_PLAIN);

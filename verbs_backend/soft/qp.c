@@ -32,16 +32,6 @@ static int rx_segment(struct soft_qp *qp, const union dgv_sockaddr *from, sockle
 
 /* ------------------------------------------------------------------ helpers */
 
-static bool addr_eq(const union dgv_sockaddr *a, const union dgv_sockaddr *b)
-{
-	if (a->sa.sa_family != b->sa.sa_family)
-		return false;
-	if (a->sa.sa_family == AF_INET)
-		return a->sin.sin_port == b->sin.sin_port && a->sin.sin_addr.s_addr == b->sin.sin_addr.s_addr;
-	return a->sin6.sin6_port == b->sin6.sin6_port &&
-	       !memcmp(&a->sin6.sin6_addr, &b->sin6.sin6_addr, sizeof a->sin6.sin6_addr);
-}
-
 static inline bool msn_before(uint32_t a, uint32_t b) { return (int32_t)(a - b) < 0; }
 
 /* The clock for this progress pass, read at most once per pass. */
@@ -130,7 +120,7 @@ static void udp_emit(void *arg, const struct dg_pkt *pkt)
 	struct tx_ctx *t = arg;
 	struct msghdr mh = {.msg_name = (void *)pkt->addr, .msg_namelen = pkt->addrlen,
 			    .msg_iov = (struct iovec *)pkt->iov, .msg_iovlen = (size_t)pkt->iovcnt};
-	if (t->qp->has_peer && addr_eq(pkt->addr, &t->qp->peer))
+	if (t->qp->has_peer && dgv_addr_eq(pkt->addr, &t->qp->peer))
 		mh.msg_name = NULL, mh.msg_namelen = 0; /* connected: the kernel's cached route */
 	ssize_t r;
 	if (pkt->len <= 512 && pkt->iovcnt > 1) {
@@ -334,7 +324,7 @@ static int pump_ud_batched(struct soft_qp *qp, uint32_t idx, uint8_t op, bool ta
 	struct iovec iov[TX_BATCH][SOFT_MAX_SGE + 2];
 	struct mmsghdr mm[TX_BATCH];
 	uint32_t off[TX_BATCH], plens[TX_BATCH];
-	bool conn = qp->has_peer && addr_eq(&w->dst, &qp->peer);
+	bool conn = qp->has_peer && dgv_addr_eq(&w->dst, &qp->peer);
 	while (w->len - w->sent > w->segsz) {
 		int n = 0;
 		uint32_t pos = w->sent;
@@ -558,7 +548,7 @@ static inline bool slot_is(const struct soft_slot *s, bool send_class, const uni
 	if (s->kind == SLOT_FREE || s->kind == SLOT_READ || s->msn != msn)
 		return false;
 	bool sc = s->kind == SLOT_SEND || s->kind == SLOT_DISCARD;
-	return sc == send_class && addr_eq(&s->src, src);
+	return sc == send_class && dgv_addr_eq(&s->src, src);
 }
 
 /* The slot of (class, src, msn). Segments of one message come in runs, so the last hit is
@@ -705,7 +695,7 @@ static bool older_send_active(struct soft_qp *qp, const union dgv_sockaddr *src,
 	for (int i = 0; i < SOFT_REASM_SLOTS; i++) {
 		struct soft_slot *s = &qp->slots[i];
 		if ((s->kind == SLOT_SEND || s->kind == SLOT_DISCARD) && !s->done &&
-		    msn_before(s->msn, msn) && addr_eq(&s->src, src))
+		    msn_before(s->msn, msn) && dgv_addr_eq(&s->src, src))
 			return true;
 	}
 	return false;
@@ -718,7 +708,7 @@ static void release_done_sends(struct soft_qp *qp, const union dgv_sockaddr *src
 		struct soft_slot *best = NULL;
 		for (int i = 0; i < SOFT_REASM_SLOTS; i++) {
 			struct soft_slot *s = &qp->slots[i];
-			if (s->kind == SLOT_SEND && s->done && addr_eq(&s->src, src) &&
+			if (s->kind == SLOT_SEND && s->done && dgv_addr_eq(&s->src, src) &&
 			    (!best || msn_before(s->msn, best->msn)))
 				best = s;
 		}
@@ -1006,7 +996,7 @@ static void rx_read_resp(struct soft_qp *qp, const union dgv_sockaddr *from, soc
 {
 	struct soft_ord *o = NULL;
 	for (int i = 0; i < SOFT_MAX_ORD; i++)
-		if (qp->ord[i].used && qp->ord[i].msn == g->msn && addr_eq(&qp->ord[i].peer, from)) {
+		if (qp->ord[i].used && qp->ord[i].msn == g->msn && dgv_addr_eq(&qp->ord[i].peer, from)) {
 			o = &qp->ord[i];
 			break;
 		}
@@ -1095,7 +1085,7 @@ static void rx_terminate(struct soft_qp *qp, const union dgv_sockaddr *from, con
 		dgv_err_str(why.layer, why.etype, why.ecode));
 	if (op == RDMAP_READ_REQ) {
 		for (int i = 0; i < SOFT_MAX_ORD; i++)
-			if (qp->ord[i].used && qp->ord[i].msn == msn && addr_eq(&qp->ord[i].peer, from)) {
+			if (qp->ord[i].used && qp->ord[i].msn == msn && dgv_addr_eq(&qp->ord[i].peer, from)) {
 				/* protection: RDMAP remote protection or a DDP tagged-buffer error;
 				 * anything else (e.g. the responder's read queue full) is an operation error */
 				bool prot = (why.layer == TERM_LAYER_RDMAP && why.etype == RDMAP_ETYPE_REMOTE_PROT) ||
