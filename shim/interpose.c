@@ -19,6 +19,7 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "shim.h"
@@ -33,6 +34,7 @@ static pthread_once_t real_once = PTHREAD_ONCE_INIT;
 static void real_load(void)
 {
 	LOAD(socket), LOAD(bind), LOAD(connect), LOAD(close), LOAD(shutdown);
+	LOAD(close_range), LOAD(closefrom);
 	LOAD(dup), LOAD(dup2), LOAD(dup3), LOAD(fcntl), LOAD(ioctl);
 	LOAD(setsockopt), LOAD(getsockopt);
 	LOAD(send), LOAD(sendto), LOAD(sendmsg), LOAD(sendmmsg);
@@ -54,6 +56,7 @@ void shim_real_init(void)
 /* One pointer per possible descriptor, in mapped pages (untouched pages cost nothing). */
 static _Atomic(struct ent *) *fdtab;
 static size_t fdtab_n;
+static atomic_int fdtab_hi = -1; /* the highest descriptor that ever had an entry */
 static pthread_once_t fdtab_once = PTHREAD_ONCE_INIT;
 
 static void fdtab_alloc(void)
@@ -82,6 +85,8 @@ struct ent *fd_set_ent(int fd, struct ent *e)
 	pthread_once(&fdtab_once, fdtab_alloc);
 	if (!fdtab || (unsigned)fd >= fdtab_n)
 		return NULL;
+	for (int hi = atomic_load(&fdtab_hi); e && fd > hi && !atomic_compare_exchange_weak(&fdtab_hi, &hi, fd);)
+		;
 	return atomic_exchange(&fdtab[fd], e);
 }
 
@@ -127,35 +132,73 @@ SHIM_EXPORT int socket(int domain, int type, int protocol)
 	return fd;
 }
 
+/* fd is about to be closed or to name something else: the shim lets go of what it knew of it.
+ * Call between ENTER and LEAVE. */
+static void fd_forget(int fd)
+{
+	struct ent *e = fd_get(fd);
+	if (!e)
+		return;
+	if (e->kind == ENT_SOCK)
+		sock_closing(fd);
+	else
+		ev_epoll_closing(fd);
+}
+
 SHIM_EXPORT int close(int fd)
 {
 	shim_real_init();
-	if (!shim_depth) {
-		struct ent *e = fd_get(fd);
-		if (e) {
-			ENTER();
-			if (e->kind == ENT_SOCK)
-				sock_closing(fd);
-			else
-				ev_epoll_closing(fd);
-			LEAVE();
-		}
+	if (!shim_depth && fd_get(fd)) {
+		ENTER();
+		fd_forget(fd);
+		LEAVE();
 	}
 	return real.close(fd);
+}
+
+/* Every entry in first..last (capped at the highest ever used) let go of, before a range close:
+ * left behind, a stale entry would make the next file or socket given that number look taken. */
+static void fd_forget_range(unsigned first, unsigned last)
+{
+	int hi = atomic_load(&fdtab_hi);
+	if (shim_depth || hi < 0 || first > (unsigned)hi)
+		return;
+	if (last > (unsigned)hi)
+		last = (unsigned)hi;
+	ENTER();
+	for (unsigned fd = first; fd <= last; fd++)
+		fd_forget((int)fd);
+	LEAVE();
+}
+
+SHIM_EXPORT int close_range(unsigned first, unsigned last, int flags)
+{
+	shim_real_init();
+	/* CLOSE_RANGE_CLOEXEC closes nothing now; exec starts the shim over anyway */
+	if (!(flags & CLOSE_RANGE_CLOEXEC) && first <= last)
+		fd_forget_range(first, last);
+	if (!real.close_range)
+		return (int)syscall(SYS_close_range, first, last, flags);
+	return real.close_range(first, last, flags);
+}
+
+SHIM_EXPORT void closefrom(int lowfd)
+{
+	shim_real_init();
+	if (lowfd < 0)
+		lowfd = 0;
+	fd_forget_range((unsigned)lowfd, ~0u);
+	if (real.closefrom)
+		real.closefrom(lowfd);
+	else
+		syscall(SYS_close_range, (unsigned)lowfd, ~0u, 0); /* a libc older than closefrom */
 }
 
 static int dup_common(int fd, int fd2)
 {
 	if (fd2 >= 0 && !shim_depth && fd2 != fd) {
 		ENTER();
-		if (fd_get(fd2)) {
-			/* dup2 onto a taken descriptor closes it first */
-			struct ent *e = fd_get(fd2);
-			if (e->kind == ENT_SOCK)
-				sock_closing(fd2);
-			else
-				ev_epoll_closing(fd2);
-		}
+		fd_forget(fd2); /* dup2 onto a taken descriptor closes it first */
 		if (fd_sock(fd))
 			sock_duped(fd, fd2);
 		LEAVE();

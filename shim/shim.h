@@ -48,6 +48,8 @@ struct real_fns {
 	int (*bind)(int, const struct sockaddr *, socklen_t);
 	int (*connect)(int, const struct sockaddr *, socklen_t);
 	int (*close)(int);
+	int (*close_range)(unsigned, unsigned, int);
+	void (*closefrom)(int);
 	int (*shutdown)(int, int);
 	int (*dup)(int);
 	int (*dup2)(int, int);

@@ -2620,6 +2620,44 @@ static int test_dup(int port)
 		RECV(bd, 21, 12, &A, "dup receives after closing the original");
 	close(t);
 	close(bd);
+	/* close_range and closefrom close taken sockets too: the numbers, given next to a pipe and
+	 * an AF_UNIX pair (which the shim never takes), must behave as plain descriptors */
+	{
+		int x = udp_bound(AF_INET, port, 0), y = udp_bound(AF_INET, port + 1, 0);
+		if (g_shim)
+			check_taken(__LINE__, x, 1, "socket before close_range");
+		int lo = x < y ? x : y, hi = x < y ? y : x;
+		EXPECT_RET(close_range((unsigned)lo, (unsigned)hi, 0), 0);
+		int pp[2];
+		MUST(pipe(pp));
+		CHECK(pp[0] == lo || pp[1] == lo, "pipe after close_range did not reuse fd %d (%d, %d)", lo, pp[0], pp[1]);
+		EXPECT_RET(write(pp[1], "pipe", 4), 4);
+		char got[8] = {0};
+		EXPECT_RET(read(pp[0], got, sizeof got), 4);
+		CHECK(!memcmp(got, "pipe", 4), "read from a pipe on a closed socket's number: '%.4s'", got);
+		if (g_shim) {
+			errno = 0;
+			int v = geti(pp[0], IWARP_TAKEN, NULL);
+			CHECK(v == -1 && errno == ENOTSOCK, "IWARP_TAKEN on a pipe on a number close_range "
+			      "freed: expected -1 ENOTSOCK, got %d %s", v, en(errno));
+		}
+		int low = pp[0] < pp[1] ? pp[0] : pp[1];
+		closefrom(low);
+		EXPECT_ERR(fcntl(pp[0], F_GETFD), EBADF);
+		int z = udp_bound(AF_INET, port, 0); /* the port was released by close_range */
+		closefrom(z);
+		int u[2];
+		MUST(socketpair(AF_UNIX, SOCK_DGRAM, 0, u));
+		EXPECT_RET(send(u[0], "unix", 4, 0), 4);
+		memset(got, 0, sizeof got);
+		EXPECT_RET(recv(u[1], got, sizeof got, MSG_DONTWAIT), 4);
+		CHECK(!memcmp(got, "unix", 4), "AF_UNIX datagram on a closed socket's number: '%.4s'", got);
+		check_not_ip(__LINE__, u[0], "AF_UNIX socket on a number closefrom freed");
+		close(u[0]);
+		close(u[1]);
+		z = udp_bound(AF_INET, port, 0); /* and closefrom released it again */
+		close(z);
+	}
 	return g_fails ? 1 : 0;
 }
 
@@ -2641,7 +2679,8 @@ static void usage(void)
 	       "  mode PORT                   (2 ports)  shim only: IWARP_MODE and friends\n"
 	       "  unix                                   AF_UNIX, pipe, file untouched\n"
 	       "  badrules PORT               (2 ports)  shim only, with a malformed rules file\n"
-	       "  dup PORT                    (3 ports)  dup/dup2/dup3/F_DUPFD_CLOEXEC/SCM_RIGHTS\n"
+	       "  dup PORT                    (3 ports)  dup/dup2/dup3/F_DUPFD_CLOEXEC/SCM_RIGHTS,\n"
+	       "                                         close_range, closefrom\n"
 	       "internal: exec-child FD CFD PORT, interop-recv|interop-send|rd-loss-recv|"
 	       "rd-loss-send PORT N\n");
 }
