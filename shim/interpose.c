@@ -213,18 +213,21 @@ SHIM_EXPORT int dup(int fd)
 	return r >= 0 ? dup_common(fd, r) : r;
 }
 
+/* dup2/dup3 onto a taken descriptor close it first: let go of it before the kernel does
+ * (unless fd is invalid, when nothing is replaced). */
+static void dup_replacing(int fd, int fd2)
+{
+	if (!shim_depth && fd != fd2 && fd_get(fd2) && real.fcntl(fd, F_GETFD) >= 0) {
+		ENTER();
+		fd_forget(fd2);
+		LEAVE();
+	}
+}
+
 SHIM_EXPORT int dup2(int fd, int fd2)
 {
 	shim_real_init();
-	if (!shim_depth && fd != fd2 && fd_get(fd2) && fcntl(fd, F_GETFD) >= 0) {
-		ENTER();
-		struct ent *e = fd_get(fd2);
-		if (e && e->kind == ENT_SOCK)
-			sock_closing(fd2);
-		else if (e)
-			ev_epoll_closing(fd2);
-		LEAVE();
-	}
+	dup_replacing(fd, fd2);
 	int r = real.dup2(fd, fd2);
 	return r >= 0 ? dup_common(fd, r) : r;
 }
@@ -232,15 +235,7 @@ SHIM_EXPORT int dup2(int fd, int fd2)
 SHIM_EXPORT int dup3(int fd, int fd2, int flags)
 {
 	shim_real_init();
-	if (!shim_depth && fd != fd2 && fd_get(fd2) && fcntl(fd, F_GETFD) >= 0) {
-		ENTER();
-		struct ent *e = fd_get(fd2);
-		if (e && e->kind == ENT_SOCK)
-			sock_closing(fd2);
-		else if (e)
-			ev_epoll_closing(fd2);
-		LEAVE();
-	}
+	dup_replacing(fd, fd2);
 	int r = real.dup3(fd, fd2, flags);
 	return r >= 0 ? dup_common(fd, r) : r;
 }
