@@ -80,6 +80,11 @@ struct ent *fd_get(int fd)
 	return atomic_load_explicit(&fdtab[fd], memory_order_acquire);
 }
 
+int fd_max(void)
+{
+	return atomic_load(&fdtab_hi);
+}
+
 struct ent *fd_set_ent(int fd, struct ent *e)
 {
 	pthread_once(&fdtab_once, fdtab_alloc);
@@ -160,7 +165,7 @@ SHIM_EXPORT int close(int fd)
  * left behind, a stale entry would make the next file or socket given that number look taken. */
 static void fd_forget_range(unsigned first, unsigned last)
 {
-	int hi = atomic_load(&fdtab_hi);
+	int hi = fd_max();
 	if (shim_depth || hi < 0 || first > (unsigned)hi)
 		return;
 	if (last > (unsigned)hi)
@@ -198,7 +203,7 @@ static int dup_common(int fd, int fd2)
 {
 	if (fd2 >= 0 && !shim_depth && fd2 != fd) {
 		ENTER();
-		fd_forget(fd2); /* dup2 onto a taken descriptor closes it first */
+		fd_forget(fd2); /* a fresh number freed behind the shim's back may carry a stale entry */
 		if (fd_sock(fd))
 			sock_duped(fd, fd2);
 		LEAVE();

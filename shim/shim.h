@@ -117,6 +117,8 @@ static inline struct ep *fd_ep(int fd)
 }
 /* Installs e at fd (NULL clears). Returns the previous object. */
 struct ent *fd_set_ent(int fd, struct ent *e);
+/* The highest descriptor that ever had an entry (-1: none): the bound for walks over the table. */
+int fd_max(void);
 
 /* ------------------------------------------------------------------ taken sockets (sock.c) */
 

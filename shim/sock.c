@@ -494,7 +494,7 @@ void shim_atfork_child(void)
 	G.gen++;
 	peer_after_fork();
 	stats_after_fork();
-	for (int fd = 0; fd < 65536; fd++) {
+	for (int fd = 0, hi = fd_max(); fd <= hi; fd++) {
 		struct sock *s = fd_sock(fd);
 		if (s && s->gen != G.gen) {
 			pthread_mutex_init(&s->lock, NULL);

@@ -66,7 +66,7 @@ void stats_after_fork(void)
 	struct dgshim_stat_file *old = file;
 	file = NULL;
 	open_file();
-	for (int fd = 0; fd < 65536; fd++) {
+	for (int fd = 0, hi = fd_max(); fd <= hi; fd++) {
 		struct sock *s = fd_sock(fd);
 		if (!s)
 			continue;
@@ -140,7 +140,7 @@ void shim_fini(void)
 	if (dg_log_on(DG_LOG_INFO) && G.gen) {
 		struct iwarp_stats t = closed;
 		unsigned n = closed_socks;
-		for (int fd = 0; fd < 65536; fd++) {
+		for (int fd = 0, hi = fd_max(); fd <= hi; fd++) {
 			struct sock *s = fd_sock(fd);
 			if (s && pthread_mutex_trylock(&s->lock) == 0) {
 				stats_pull(s);
