@@ -186,6 +186,147 @@ int dgv_qp_stats(struct dgv_qp *qp, struct dgv_qp_stats *out)
 	return qp->ctx->ops->qp_stats(qp, out);
 }
 
+/* ---------------------------------------------------------------- connections (RC) */
+
+#define CM_OP(ctx, op) ((ctx)->ops->op ? 0 : -EOPNOTSUPP)
+
+/* True when p is absent or within the limits of struct dgv_conn_param. */
+static bool conn_param_ok(const struct dgv_conn_param *p)
+{
+	if (!p)
+		return true;
+	if (p->private_data_len > DGV_MAX_PDATA || (p->private_data_len && !p->private_data))
+		return false;
+	return p->mpa_rev <= 2 && p->crc >= -1 && p->crc <= 1 && (p->markers == 0 || p->markers == 1);
+}
+
+int dgv_cm_create_channel(struct dgv_context *ctx, struct dgv_cm_channel **out)
+{
+	if (!ctx || !out)
+		return -EINVAL;
+	return CM_OP(ctx, cm_create_channel) ?: ctx->ops->cm_create_channel(ctx, out);
+}
+
+int dgv_cm_destroy_channel(struct dgv_cm_channel *ch)
+{
+	if (!ch)
+		return -EINVAL;
+	return CM_OP(ch->ctx, cm_destroy_channel) ?: ch->ctx->ops->cm_destroy_channel(ch);
+}
+
+struct dgv_cm_channel *dgv_cm_default_channel(struct dgv_context *ctx)
+{
+	return ctx && ctx->ops->cm_default_channel ? ctx->ops->cm_default_channel(ctx) : NULL;
+}
+
+int dgv_cm_channel_fd(struct dgv_cm_channel *ch)
+{
+	if (!ch)
+		return -EINVAL;
+	return CM_OP(ch->ctx, cm_channel_fd) ?: ch->ctx->ops->cm_channel_fd(ch);
+}
+
+int dgv_cm_get_event(struct dgv_cm_channel *ch, struct dgv_cm_event *ev)
+{
+	if (!ch || !ev)
+		return -EINVAL;
+	return CM_OP(ch->ctx, cm_get_event) ?: ch->ctx->ops->cm_get_event(ch, ev);
+}
+
+int dgv_cm_wait(struct dgv_cm_channel *ch, int timeout_ms)
+{
+	if (!ch)
+		return -EINVAL;
+	return CM_OP(ch->ctx, cm_wait) ?: ch->ctx->ops->cm_wait(ch, timeout_ms);
+}
+
+int dgv_connect(struct dgv_pd *pd, const struct dgv_qp_init_attr *attr, const struct sockaddr *dst,
+		socklen_t dstlen, const struct dgv_conn_param *param, struct dgv_qp **out)
+{
+	if (!pd || !attr || !out || attr->qp_type != DGV_QPT_RC || !attr->send_cq || !attr->recv_cq ||
+	    !conn_param_ok(param))
+		return -EINVAL;
+	if (!attr->use_adopt_fd &&
+	    (!dst || !((dst->sa_family == AF_INET && dstlen >= sizeof(struct sockaddr_in)) ||
+		       (dst->sa_family == AF_INET6 && dstlen >= sizeof(struct sockaddr_in6)))))
+		return dst ? -EAFNOSUPPORT : -EINVAL;
+	return CM_OP(pd->ctx, connect) ?: pd->ctx->ops->connect(pd, attr, dst, dstlen, param, out);
+}
+
+int dgv_listen(struct dgv_context *ctx, const struct sockaddr *addr, socklen_t len, int backlog,
+	       int adopt_fd, struct dgv_cm_channel *ch, void *user, struct dgv_listener **out)
+{
+	if (!ctx || !out || (adopt_fd < 0 && !addr))
+		return -EINVAL;
+	if (adopt_fd < 0 && !((addr->sa_family == AF_INET && len >= sizeof(struct sockaddr_in)) ||
+			      (addr->sa_family == AF_INET6 && len >= sizeof(struct sockaddr_in6))))
+		return -EAFNOSUPPORT;
+	return CM_OP(ctx, listen) ?: ctx->ops->listen(ctx, addr, len, backlog, adopt_fd, ch, user, out);
+}
+
+int dgv_listener_destroy(struct dgv_listener *l)
+{
+	if (!l)
+		return -EINVAL;
+	return CM_OP(l->ctx, listener_destroy) ?: l->ctx->ops->listener_destroy(l);
+}
+
+int dgv_listener_addr(struct dgv_listener *l, union dgv_sockaddr *out, socklen_t *len)
+{
+	if (!l || !out || !len)
+		return -EINVAL;
+	return CM_OP(l->ctx, listener_addr) ?: l->ctx->ops->listener_addr(l, out, len);
+}
+
+int dgv_conn_req_adopt(struct dgv_context *ctx, int fd, struct dgv_cm_channel *ch, void *user,
+		       struct dgv_conn_req **out)
+{
+	if (!ctx || fd < 0 || !out)
+		return -EINVAL;
+	return CM_OP(ctx, conn_req_adopt) ?: ctx->ops->conn_req_adopt(ctx, fd, ch, user, out);
+}
+
+int dgv_accept(struct dgv_conn_req *req, struct dgv_pd *pd, const struct dgv_qp_init_attr *attr,
+	       const struct dgv_conn_param *param, struct dgv_qp **out)
+{
+	if (!req || !pd || !attr || !out || attr->qp_type != DGV_QPT_RC || !attr->send_cq ||
+	    !attr->recv_cq || !conn_param_ok(param) || pd->ctx != req->ctx)
+		return -EINVAL;
+	return CM_OP(req->ctx, accept) ?: req->ctx->ops->accept(req, pd, attr, param, out);
+}
+
+int dgv_reject(struct dgv_conn_req *req, const void *pdata, uint16_t len)
+{
+	if (!req || len > DGV_MAX_PDATA || (len && !pdata))
+		return -EINVAL;
+	return CM_OP(req->ctx, reject) ?: req->ctx->ops->reject(req, pdata, len);
+}
+
+int dgv_disconnect(struct dgv_qp *qp)
+{
+	if (!qp)
+		return -EINVAL;
+	if (qp->type != DGV_QPT_RC)
+		return -EOPNOTSUPP;
+	return CM_OP(qp->ctx, disconnect) ?: qp->ctx->ops->disconnect(qp);
+}
+
+enum dgv_qp_state dgv_qp_state(struct dgv_qp *qp)
+{
+	if (!qp || qp->type != DGV_QPT_RC || !qp->ctx->ops->qp_state)
+		return DGV_QPS_IDLE;
+	return qp->ctx->ops->qp_state(qp);
+}
+
+int dgv_conn_info(struct dgv_qp *qp, struct dgv_conn_info *out)
+{
+	if (!qp || !out)
+		return -EINVAL;
+	if (qp->type != DGV_QPT_RC)
+		return -EOPNOTSUPP;
+	return CM_OP(qp->ctx, conn_info) ?: qp->ctx->ops->conn_info(qp, out);
+}
+
 const char *dgv_err_str(uint8_t layer, uint8_t etype, uint8_t ecode)
 {
 	if (layer == DGV_LAYER_RDMAP) {

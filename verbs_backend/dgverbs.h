@@ -135,7 +135,7 @@ int dgv_destroy_ah(struct dgv_ah *ah);
 enum dgv_qp_type {
 	DGV_QPT_UD = 1, /* unreliable datagram: paper 003 III.B */
 	DGV_QPT_RD = 2, /* reliable datagram: in order per source over UDP */
-	DGV_QPT_RC = 3, /* reliable connection: later issue */
+	DGV_QPT_RC = 3, /* reliable connection: standard iWARP (MPA/DDP/RDMAP) over TCP */
 };
 
 /* Fault injection at one edge of a QP (tests and benchmarks). Percentages are 0..100. */
@@ -198,6 +198,10 @@ struct dgv_qp_init_attr {
 	/* NULL: read DGSHIM_FAULT_TX / DGSHIM_FAULT_RX from the environment. */
 	const struct dgv_fault *fault_tx;
 	const struct dgv_fault *fault_rx;
+	/* RC only: where the QP's connection events go (NULL: the context's default channel,
+	 * dgv_cm_default_channel) and an opaque pointer echoed in every event about this QP. */
+	struct dgv_cm_channel *cm_channel;
+	void *cm_user;
 };
 
 int dgv_create_qp(struct dgv_pd *pd, const struct dgv_qp_init_attr *attr, struct dgv_qp **out);
@@ -222,6 +226,8 @@ enum dgv_wr_opcode {
 	DGV_WR_WRITE_RECORD,  /* RDMA Write-Record: placed, then a record completion at the target */
 	DGV_WR_READ,          /* RDMA Read */
 	DGV_WR_SEND_PLAIN,    /* the payload as one plain UDP datagram, no framing (interop) */
+	DGV_WR_SEND_INV,      /* RC: Send with Invalidate of invalidate_rkey (RFC 5040 section 5.3) */
+	DGV_WR_SEND_SE_INV,   /* RC: Send with Solicited Event and Invalidate */
 };
 
 enum dgv_send_flags {
@@ -238,6 +244,7 @@ struct dgv_send_wr {
 	struct dgv_ah *ah;    /* destination (UD and RD) */
 	uint64_t remote_addr; /* WRITE, WRITE_RECORD, READ: the target's virtual address (tagged offset) */
 	uint32_t rkey;        /* and its STag */
+	uint32_t invalidate_rkey; /* SEND_INV, SEND_SE_INV: the target's STag to invalidate */
 };
 
 struct dgv_recv_wr {
@@ -279,6 +286,7 @@ enum dgv_wc_opcode {
 
 enum dgv_wc_flags {
 	DGV_WC_SOLICITED = 1u << 0,
+	DGV_WC_WITH_INV = 1u << 1, /* RECV of a Send with Invalidate: invalidated_rkey is now invalid */
 };
 
 /* One byte range [offset, offset+length) relative to the record's base. */
@@ -309,6 +317,7 @@ struct dgv_wc {
 	union dgv_sockaddr src;  /* RECV and RECV_WRITE_RECORD: who sent it */
 	socklen_t src_len;
 	struct dgv_record record; /* RECV_WRITE_RECORD, and READ on UD */
+	uint32_t invalidated_rkey; /* with DGV_WC_WITH_INV */
 };
 
 /* Drives progress on the CQ's QPs, then returns up to n completions (>= 0) or -errno. */
@@ -316,6 +325,135 @@ int dgv_poll_cq(struct dgv_cq *cq, int n, struct dgv_wc *wc);
 /* Blocks until a completion is ready (0), timeout_ms passes (-ETIMEDOUT; < 0: forever),
  * or a signal interrupts (-EINTR). Drives progress while it waits. */
 int dgv_cq_wait(struct dgv_cq *cq, int timeout_ms);
+
+/* ---------------------------------------------------------------- connections (RC), rdma_cm style
+ *
+ * An RC QP runs standard iWARP over one kernel TCP connection: MPA (RFC 5044, and the enhanced
+ * connection set-up of RFC 6581 when revision 2 is negotiated), DDP (RFC 5041), RDMAP
+ * (RFC 5040). It interoperates with other iWARP implementations (Linux siw). Connection set-up
+ * is asynchronous, in the manner of librdmacm: calls start it, events on a channel report it.
+ *
+ * Active side:  dgv_connect() -> DGV_CM_ESTABLISHED (peer's private data in the event)
+ *                             or DGV_CM_REJECTED / DGV_CM_CONNECT_ERROR.
+ * Passive side: dgv_listen() -> DGV_CM_CONNECT_REQUEST per connection (a dgv_conn_req with the
+ *               initiator's private data) -> dgv_accept() -> DGV_CM_ESTABLISHED, or dgv_reject().
+ *               dgv_conn_req_adopt() makes a request from a TCP connection someone else accepted
+ *               (the shim accepts on the program's socket), the rest is the same.
+ * Either side:  dgv_disconnect() (graceful: queued sends go out first) -> DGV_CM_DISCONNECTED
+ *               when both directions are closed; a Terminate or a TCP error also ends in
+ *               DGV_CM_DISCONNECTED with status < 0 after the QP went to DGV_QPS_ERROR.
+ * Work requests may be posted from dgv_connect/dgv_accept on: they are held until the QP is
+ * in RTS. Posted receives are flushed (WR_FLUSH_ERR) when the connection ends.
+ */
+
+struct dgv_cm_channel;
+struct dgv_conn_req;
+struct dgv_listener;
+
+#define DGV_MAX_PDATA 512 /* RFC 5044 section 7.1: private data of an MPA frame, at most 512 bytes
+			     (with MPA revision 2 the provider's 4-byte IRD/ORD prefix is extra). */
+
+struct dgv_conn_param {
+	const void *private_data;
+	uint16_t private_data_len;   /* <= DGV_MAX_PDATA */
+	uint8_t mpa_rev;             /* 0: 2 (RFC 6581), or 1 (RFC 5044 only) */
+	int8_t crc;                  /* -1: default (on; DGSHIM_MPA_CRC=off turns it off), 0: do not
+					ask for CRC, 1: require it. CRC is used if either side asks. */
+	int8_t markers;              /* 0: off (default), 1: ask for markers (RFC 5044 section 5) */
+	uint16_t ird, ord;           /* RDMA Reads in flight inbound/outbound; 0: provider max */
+	uint32_t timeout_ms;         /* MPA exchange deadline; 0: 10000 */
+};
+
+/* What a connection negotiated (dgv_conn_info and the events). */
+struct dgv_conn_info {
+	uint8_t mpa_rev;
+	bool crc, markers_rx, markers_tx;
+	uint16_t ird, ord;
+	union dgv_sockaddr local, peer;
+	socklen_t local_len, peer_len;
+};
+
+enum dgv_cm_event_type {
+	DGV_CM_CONNECT_REQUEST = 1, /* listener or adopted request: ev.req, ev.pdata */
+	DGV_CM_ESTABLISHED,         /* ev.qp is in RTS; ev.pdata: the peer's (the reply's on the
+				       active side) */
+	DGV_CM_REJECTED,            /* active side: the peer sent an MPA reject; ev.pdata */
+	DGV_CM_CONNECT_ERROR,       /* TCP refused/unreachable/timed out, malformed MPA, bad key,
+				       timeout: ev.status = -errno, ev.qp in DGV_QPS_ERROR */
+	DGV_CM_DISCONNECTED,        /* connection over; ev.status 0 (orderly) or -errno */
+};
+
+struct dgv_cm_event {
+	enum dgv_cm_event_type type;
+	int status;                 /* 0 or -errno (ECONNREFUSED, ECONNRESET, ETIMEDOUT, EPROTO...) */
+	struct dgv_qp *qp;          /* all but CONNECT_REQUEST */
+	struct dgv_conn_req *req;   /* CONNECT_REQUEST */
+	struct dgv_listener *listener; /* CONNECT_REQUEST from a listener (NULL when adopted) */
+	void *user;                 /* the cm_user of the QP or the listener */
+	struct dgv_conn_info info;  /* ESTABLISHED, CONNECT_REQUEST (as offered) */
+	uint16_t pdata_len;
+	uint8_t pdata[DGV_MAX_PDATA];
+	/* CONNECT_ERROR / DISCONNECTED from a Terminate: the RFC 5040 section 7 triple */
+	uint8_t term_layer, term_etype, term_ecode;
+};
+
+/* Channels: an fd readable while events are queued (like rdma_cm's event channel). */
+int dgv_cm_create_channel(struct dgv_context *ctx, struct dgv_cm_channel **out);
+/* Returns -EBUSY while QPs or listeners still report to it. */
+int dgv_cm_destroy_channel(struct dgv_cm_channel *ch);
+/* The context's own channel (never NULL for a valid ctx; destroyed with it). */
+struct dgv_cm_channel *dgv_cm_default_channel(struct dgv_context *ctx);
+int dgv_cm_channel_fd(struct dgv_cm_channel *ch);
+/* Next event into *ev: 0, -EAGAIN when none is queued (never blocks; drives progress). */
+int dgv_cm_get_event(struct dgv_cm_channel *ch, struct dgv_cm_event *ev);
+/* Blocks until an event is queued (0), timeout_ms passes (-ETIMEDOUT; < 0: forever) or a
+ * signal interrupts (-EINTR). Drives progress while it waits. */
+int dgv_cm_wait(struct dgv_cm_channel *ch, int timeout_ms);
+
+/*
+ * Active side. attr->qp_type must be DGV_QPT_RC. With attr->use_adopt_fd, adopt_fd is a TCP
+ * socket that is connected or has a non-blocking connect in progress (the QP sends the MPA
+ * Request once TCP is up, and does not close the fd); otherwise the QP makes its own socket
+ * (bound to attr->bind_addr when given) and connects it to dst. *out is valid at once; the
+ * outcome comes as an event. Returns 0 or -errno (-EINVAL: bad attr/param).
+ */
+int dgv_connect(struct dgv_pd *pd, const struct dgv_qp_init_attr *attr, const struct sockaddr *dst,
+		socklen_t dstlen, const struct dgv_conn_param *param, struct dgv_qp **out);
+
+/* Passive side: a TCP listening socket on addr (or on adopt_fd >= 0, already listening; not
+ * closed by the provider). Connections are accepted and their MPA Requests read in the
+ * background; each becomes a CONNECT_REQUEST event on ch (NULL: the default channel). */
+int dgv_listen(struct dgv_context *ctx, const struct sockaddr *addr, socklen_t len, int backlog,
+	       int adopt_fd, struct dgv_cm_channel *ch, void *user, struct dgv_listener **out);
+int dgv_listener_destroy(struct dgv_listener *l);
+int dgv_listener_addr(struct dgv_listener *l, union dgv_sockaddr *out, socklen_t *len);
+/* A request from a TCP connection the caller accepted itself (the shim accepts on the
+ * program's socket); the provider never closes fd. The MPA Request is read in the background;
+ * CONNECT_REQUEST follows on ch, or CONNECT_ERROR with ev.req set (the caller then
+ * dgv_reject()s it to free it). */
+int dgv_conn_req_adopt(struct dgv_context *ctx, int fd, struct dgv_cm_channel *ch, void *user,
+		       struct dgv_conn_req **out);
+/* Answers a request with an MPA Reply: creates the QP (attr->qp_type RC; use_adopt_fd is
+ * ignored: the request's socket is used) and frees req. ESTABLISHED follows. */
+int dgv_accept(struct dgv_conn_req *req, struct dgv_pd *pd, const struct dgv_qp_init_attr *attr,
+	       const struct dgv_conn_param *param, struct dgv_qp **out);
+/* Answers with an MPA Reply with the Reject bit, closes the connection, frees req. */
+int dgv_reject(struct dgv_conn_req *req, const void *pdata, uint16_t len);
+
+/* Graceful close: queued sends are transmitted, then TCP is shut down for writing. */
+int dgv_disconnect(struct dgv_qp *qp);
+
+enum dgv_qp_state {
+	DGV_QPS_IDLE = 0,    /* UD/RD: always this */
+	DGV_QPS_CONNECTING,  /* TCP connect or MPA exchange in progress */
+	DGV_QPS_RTS,         /* connected */
+	DGV_QPS_CLOSING,     /* dgv_disconnect called or the peer closed one direction */
+	DGV_QPS_CLOSED,      /* both directions closed in order */
+	DGV_QPS_ERROR,       /* Terminate sent or received, TCP error, MPA failure */
+};
+enum dgv_qp_state dgv_qp_state(struct dgv_qp *qp);
+/* Negotiated parameters and addresses of an RC QP (-ENOTCONN before ESTABLISHED). */
+int dgv_conn_info(struct dgv_qp *qp, struct dgv_conn_info *out);
 
 /* ---------------------------------------------------------------- errors and counters */
 

@@ -54,6 +54,38 @@ struct dgv_ops {
 	int (*post_recv)(struct dgv_qp *qp, struct dgv_recv_wr *wr, struct dgv_recv_wr **bad);
 	int (*poll_errq)(struct dgv_qp *qp, int n, struct dgv_async_err *out);
 	int (*qp_stats)(struct dgv_qp *qp, struct dgv_qp_stats *out);
+	/* connections (RC); NULL in a backend without them: the front end returns -EOPNOTSUPP */
+	int (*cm_create_channel)(struct dgv_context *ctx, struct dgv_cm_channel **out);
+	int (*cm_destroy_channel)(struct dgv_cm_channel *ch);
+	struct dgv_cm_channel *(*cm_default_channel)(struct dgv_context *ctx);
+	int (*cm_channel_fd)(struct dgv_cm_channel *ch);
+	int (*cm_get_event)(struct dgv_cm_channel *ch, struct dgv_cm_event *ev);
+	int (*cm_wait)(struct dgv_cm_channel *ch, int timeout_ms);
+	int (*connect)(struct dgv_pd *pd, const struct dgv_qp_init_attr *attr, const struct sockaddr *dst,
+		       socklen_t dstlen, const struct dgv_conn_param *param, struct dgv_qp **out);
+	int (*listen)(struct dgv_context *ctx, const struct sockaddr *addr, socklen_t len, int backlog,
+		      int adopt_fd, struct dgv_cm_channel *ch, void *user, struct dgv_listener **out);
+	int (*listener_destroy)(struct dgv_listener *l);
+	int (*listener_addr)(struct dgv_listener *l, union dgv_sockaddr *out, socklen_t *len);
+	int (*conn_req_adopt)(struct dgv_context *ctx, int fd, struct dgv_cm_channel *ch, void *user,
+			      struct dgv_conn_req **out);
+	int (*accept)(struct dgv_conn_req *req, struct dgv_pd *pd, const struct dgv_qp_init_attr *attr,
+		      const struct dgv_conn_param *param, struct dgv_qp **out);
+	int (*reject)(struct dgv_conn_req *req, const void *pdata, uint16_t len);
+	int (*disconnect)(struct dgv_qp *qp);
+	enum dgv_qp_state (*qp_state)(struct dgv_qp *qp);
+	int (*conn_info)(struct dgv_qp *qp, struct dgv_conn_info *out);
+};
+
+/* Connection objects start with these (the front end reaches the ops through ctx). */
+struct dgv_cm_channel {
+	struct dgv_context *ctx;
+};
+struct dgv_listener {
+	struct dgv_context *ctx;
+};
+struct dgv_conn_req {
+	struct dgv_context *ctx;
 };
 
 /* Backend entry points. Return 0 or -errno (-ENODEV: not usable on this host). */

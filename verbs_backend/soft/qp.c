@@ -1710,6 +1710,8 @@ int soft_post_send(struct dgv_qp *qpb, struct dgv_send_wr *wr, struct dgv_send_w
 			w->msn = qp->msn_wrec++;
 			break;
 		case DGV_WR_SEND_PLAIN:
+		case DGV_WR_SEND_INV:    /* RC only: refused above on datagram QPs */
+		case DGV_WR_SEND_SE_INV:
 			break;
 		}
 		qp->sq_tail++;
