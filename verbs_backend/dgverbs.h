@@ -340,10 +340,16 @@ int dgv_cq_wait(struct dgv_cq *cq, int timeout_ms);
  *               dgv_conn_req_adopt() makes a request from a TCP connection someone else accepted
  *               (the shim accepts on the program's socket), the rest is the same.
  * Either side:  dgv_disconnect() (graceful: queued sends go out first) -> DGV_CM_DISCONNECTED
- *               when both directions are closed; a Terminate or a TCP error also ends in
+ *               when both directions are closed; DGV_CM_PEER_CLOSED when the peer closed its
+ *               direction first; a Terminate or a TCP error also ends in
  *               DGV_CM_DISCONNECTED with status < 0 after the QP went to DGV_QPS_ERROR.
  * Work requests may be posted from dgv_connect/dgv_accept on: they are held until the QP is
  * in RTS. Posted receives are flushed (WR_FLUSH_ERR) when the connection ends.
+ * RDMA Write-Record is valid on RC (paper 000 IV.B.3: Write-Record on a reliable transport):
+ * a tagged message with RDMAP opcode 0x8; the target places it like a Write and, at the segment
+ * with L set, queues DGV_WC_RECV_WRITE_RECORD on its receive CQ with the whole message as the
+ * one valid range (no posted receive is consumed). Messages are never interleaved on the
+ * stream, so the record's base is the tagged offset of the message's first segment.
  */
 
 struct dgv_cm_channel;
@@ -381,6 +387,10 @@ enum dgv_cm_event_type {
 	DGV_CM_CONNECT_ERROR,       /* TCP refused/unreachable/timed out, malformed MPA, bad key,
 				       timeout: ev.status = -errno, ev.qp in DGV_QPS_ERROR */
 	DGV_CM_DISCONNECTED,        /* connection over; ev.status 0 (orderly) or -errno */
+	DGV_CM_PEER_CLOSED,         /* the peer shut down its sending direction (TCP FIN after its
+				       last FPDU): everything it sent has already completed on the
+				       CQ when this is queued; this side may still send. Stream
+				       sockets read it as end of file. */
 };
 
 struct dgv_cm_event {
