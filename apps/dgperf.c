@@ -33,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -94,6 +95,7 @@ static struct {
 	int transport;
 	bool raw;
 	bool raw_connected; /* --raw-connected: connect() + send() */
+	bool raw_tcp;       /* --raw-tcp: one plain TCP connection (opt.raw is set too) */
 	bool sweep;
 	uint64_t size;
 	bool size_set;
@@ -114,12 +116,18 @@ static int test_kind(void) { return opt.test / 2; }
 static bool test_lat(void) { return opt.test % 2 == 0; }
 static const char *transport_name(void)
 {
+	if (opt.raw_tcp)
+		return "raw-tcp";
 	return opt.raw ? (opt.raw_connected ? "raw-udp-connected" : "raw-udp") : tr_names[opt.transport];
 }
+/* RC and --raw-tcp carry the data on a second TCP connection to the server's control port. */
+static bool data_on_tcp(void) { return opt.raw ? opt.raw_tcp : opt.transport == TR_RC; }
 
 /* ---------------------------------------------------------------- errors */
 
 static int g_ctl = -1;    /* the control connection */
+static int g_lfd = -1;    /* server, RC and --raw-tcp: the control port's listening socket, kept
+			     open for the data connection */
 static bool g_server;
 static bool g_dying;
 
@@ -353,7 +361,7 @@ static int name_index(const char *s, const char *const *names, int n, bool nocas
 
 static void parse_options(int argc, char **argv)
 {
-	enum { O_LOSS = 256, O_JSON, O_RAW, O_RAWC, O_SEG };
+	enum { O_LOSS = 256, O_JSON, O_RAW, O_RAWC, O_RAWT, O_SEG };
 	static const struct option longopts[] = {
 		{ "connection", required_argument, NULL, 'c' },
 		{ "test", required_argument, NULL, 't' },
@@ -365,6 +373,7 @@ static void parse_options(int argc, char **argv)
 		{ "port", required_argument, NULL, 'p' },
 		{ "raw-udp", no_argument, NULL, O_RAW },
 		{ "raw-connected", no_argument, NULL, O_RAWC },
+		{ "raw-tcp", no_argument, NULL, O_RAWT },
 		{ "seg", required_argument, NULL, O_SEG },
 		{ "provider", required_argument, NULL, 'P' },
 		{ "verbose", no_argument, NULL, 'v' },
@@ -458,6 +467,9 @@ static void parse_options(int argc, char **argv)
 			opt.raw = true;
 			opt.raw_connected = true;
 			break;
+		case O_RAWT:
+			opt.raw_tcp = true;
+			break;
 		case O_SEG: {
 			uint64_t s;
 
@@ -484,6 +496,16 @@ static void parse_options(int argc, char **argv)
 		usage_error("unexpected argument '%s' (only one PEER may be given)", argv[optind]);
 	if (opt.sweep && opt.size_set)
 		usage_error("-s and -a exclude each other");
+	if (opt.raw_tcp && opt.raw)
+		usage_error("--raw-tcp excludes --raw-udp and --raw-connected");
+	if (opt.raw_tcp)
+		opt.raw = true;
+	if (opt.loss_set && data_on_tcp())
+		usage_error("--loss applies to UD, RD and raw UDP only: %s runs over TCP, which never "
+			    "loses a byte (DGSHIM_FAULT_* still reach an RC QP)", opt.raw_tcp ? "--raw-tcp" :
+			    "-c RC");
+	if (opt.seg_set && opt.raw_tcp)
+		usage_error("--seg has no meaning with --raw-tcp (TCP segments the stream itself)");
 	if (!opt.size_set && !opt.sweep)
 		opt.size = test_lat() ? DEFAULT_LAT_SIZE : DEFAULT_BW_SIZE;
 }
@@ -542,7 +564,7 @@ static uint32_t seg_effective(int family)
 	return family == AF_INET6 ? SEG_DEFAULT6 : SEG_DEFAULT;
 }
 
-static bool reliable(void) { return !opt.raw && opt.transport != TR_UD; }
+static bool reliable(void) { return opt.raw ? opt.raw_tcp : opt.transport != TR_UD; }
 
 /* How long one latency iteration may take before it counts as lost (UD, raw) or fails. */
 static uint64_t lat_timeout_ns(uint64_t size, int family)
@@ -920,7 +942,7 @@ static int ctl_accept(unsigned port)
 		if (bind(lfd, &a.sa, sizeof a.sin) < 0)
 			die(1, "cannot listen on TCP port %u: %s", port, strerror(errno));
 	}
-	if (listen(lfd, 1) < 0)
+	if (listen(lfd, 4) < 0)
 		die(1, "cannot listen on TCP port %u: %s", port, strerror(errno));
 	vlog("waiting for a client on TCP port %u", port);
 	e = io_wait(lfd, POLLIN, now_ns() + (uint64_t)ACCEPT_TIMEOUT_MS * NS_PER_MS);
@@ -931,7 +953,10 @@ static int ctl_accept(unsigned port)
 	fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
 	if (fd < 0)
 		die(1, "accept: %s", strerror(errno));
-	close(lfd);
+	if (data_on_tcp())
+		g_lfd = lfd; /* the data connection comes to the same port */
+	else
+		close(lfd);
 	ctl_tune(fd);
 	return fd;
 }
@@ -997,7 +1022,7 @@ static void hello_fill(struct ctl_msg *m)
 	memset(m, 0, sizeof *m);
 	m->v[0] = CTL_VERSION;
 	m->v[1] = (uint64_t)opt.test;
-	m->v[2] = opt.raw ? (opt.raw_connected ? 4 : 0) : (uint64_t)opt.transport + 1;
+	m->v[2] = opt.raw_tcp ? 5 : opt.raw ? (opt.raw_connected ? 4 : 0) : (uint64_t)opt.transport + 1;
 	m->v[3] = opt.seg_set ? opt.seg : 0;
 	m->v[4] = opt.loss_set ? (uint64_t)llround(opt.loss * 1e6) + 1 : 0;
 	m->v[5] = opt.sweep;
@@ -1013,6 +1038,7 @@ static void describe(const struct ctl_msg *m, int i, char *buf, size_t n)
 		break;
 	case 2:
 		snprintf(buf, n, "%s", m->v[2] == 0 ? "--raw-udp" : m->v[2] == 4 ? "--raw-connected" :
+			 m->v[2] == 5 ? "--raw-tcp" :
 			 m->v[2] <= 3 ? (const char *[]){ "-c UD", "-c RD", "-c RC" }[m->v[2] - 1] : "?");
 		break;
 	case 3:
@@ -1058,7 +1084,7 @@ static void hello_check(const struct ctl_msg *theirs)
 		describe(theirs, i, a, sizeof a);
 		describe(&mine, i, b, sizeof b);
 		die(2, "option mismatch: the client has %s, the server has %s (both sides need the same "
-		    "-c/-t/-s/-a/-n/--seg/--loss/--raw-udp)", a, b);
+		    "-c/-t/-s/-a/-n/--seg/--loss/--raw-udp/--raw-tcp)", a, b);
 	}
 }
 
@@ -1110,7 +1136,7 @@ static void line_end(void)
 	g_len = 0;
 }
 
-static bool show_delivered(void) { return opt.raw || opt.transport == TR_UD; }
+static bool show_delivered(void) { return opt.raw ? !opt.raw_tcp : opt.transport == TR_UD; }
 
 static void print_header(const char *provider, const char *extra)
 {
@@ -2336,6 +2362,332 @@ static void raw_server_bw(uint64_t size, uint64_t iters, uint64_t budget_dl, str
 	rep->delta_ns = t_last ? now_ns() - t_last : 0;
 }
 
+/* ---------------------------------------------------------------- the data connection over TCP */
+
+/*
+ * RC and --raw-tcp carry their data on a second TCP connection to the server's control port:
+ * the server keeps the control port's listening socket (g_lfd) open; for RC the provider listens
+ * on it (dgv_listen with adopt_fd), for --raw-tcp dgperf accepts on it. The server sends a random
+ * cookie in its SETUP message and the client presents it (RC: in the MPA private data; raw TCP:
+ * the first 8 bytes of the stream), so a stray connection to the port is turned away.
+ */
+static uint64_t g_cookie;
+
+static uint64_t make_cookie(void)
+{
+	uint64_t c = 0;
+
+	if (getrandom(&c, sizeof c, 0) != (ssize_t)sizeof c)
+		c = now_ns() ^ ((uint64_t)getpid() << 40);
+	return c ? c : 1;
+}
+
+/* Where the client opens the data connection: the server's control address (port PORT). */
+static void data_dst(const union dgv_sockaddr *ctl_peer, union dgv_sockaddr *dst, socklen_t *len)
+{
+	*dst = *ctl_peer;
+	sa_set_port(dst, opt.port);
+	*len = dst->sa.sa_family == AF_INET ? sizeof dst->sin : sizeof dst->sin6;
+}
+
+/* ---------------------------------------------------------------- raw TCP */
+
+#define TCP_CHUNK (256u << 10)       /* bytes one recv() may take */
+#define TCP_ACCEPT_NS (20 * NS_PER_S) /* server: the client's data connection must come by then */
+
+static struct {
+	int fd;
+	uint8_t *tx, *rx; /* tx: one message (max_msg_size), rx: TCP_CHUNK */
+	int family;
+} T = { .fd = -1 };
+
+/* Sends all n bytes (non-blocking socket; waits in poll while it is full); false at deadline. */
+static bool tcp_send_all(const uint8_t *p, size_t n, uint64_t deadline)
+{
+	while (n) {
+		ssize_t r = send(T.fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+
+		if (r > 0) {
+			p += r;
+			n -= (size_t)r;
+			continue;
+		}
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+			int e = io_wait(T.fd, POLLOUT, deadline);
+
+			if (e == -ETIMEDOUT)
+				return false;
+			if (e)
+				die(1, "poll (TCP data connection): %s", strerror(-e));
+			continue;
+		}
+		if (r < 0 && (errno == EPIPE || errno == ECONNRESET))
+			die(1, "the %s closed the data connection (%s)", peer_role(), strerror(errno));
+		die(1, "send (TCP data connection): %s", r < 0 ? strerror(errno) : "sent nothing");
+	}
+	return true;
+}
+
+/* Up to max bytes if any are there (never blocks): their count, else 0. */
+static size_t tcp_recv_some(uint64_t max)
+{
+	for (;;) {
+		ssize_t r = recv(T.fd, T.rx, max < TCP_CHUNK ? (size_t)max : TCP_CHUNK, MSG_DONTWAIT);
+
+		if (r > 0)
+			return (size_t)r;
+		if (r == 0)
+			die(1, "the %s closed the data connection", peer_role());
+		if (errno == EINTR)
+			continue;
+		if (errno == EAGAIN || errno == EWOULDBLOCK)
+			return 0;
+		die(1, "recv (TCP data connection): %s", strerror(errno));
+	}
+}
+
+/* Client: a non-blocking TCP connection to dst within the connect timeout, or die naming why. */
+static int tcp_connect_to(const union dgv_sockaddr *dst, socklen_t len)
+{
+	uint64_t deadline = now_ns() + (uint64_t)CONNECT_TIMEOUT_MS * NS_PER_MS;
+	int fd = socket(dst->sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0), e = 0;
+	socklen_t el = sizeof e;
+	char s1[80];
+
+	if (fd < 0)
+		die(1, "socket: %s", strerror(errno));
+	if (connect(fd, &dst->sa, len) < 0) {
+		if (errno != EINPROGRESS)
+			e = errno;
+		else if ((e = -io_wait(fd, POLLOUT, deadline)) == 0 &&
+			 getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &el) < 0)
+			e = errno;
+	}
+	if (e == ECONNREFUSED)
+		die(1, "data connection to TCP %s refused (the server's listener is gone?)",
+		    sa_str(dst, s1, sizeof s1));
+	if (e == ETIMEDOUT)
+		die(1, "data connection to TCP %s: no answer within %d s", sa_str(dst, s1, sizeof s1),
+		    CONNECT_TIMEOUT_MS / 1000);
+	if (e)
+		die(1, "data connection to TCP %s: %s", sa_str(dst, s1, sizeof s1), strerror(e));
+	return fd;
+}
+
+static void tcp_setup(const union dgv_sockaddr *ctl_local, const union dgv_sockaddr *ctl_peer)
+{
+	uint64_t len = max_msg_size() > RAW_READ_REQ ? max_msg_size() : RAW_READ_REQ, be;
+	union dgv_sockaddr mine, peer;
+	socklen_t ml = sizeof mine, pl = sizeof peer;
+	struct ctl_msg m;
+	char s1[80], s2[80];
+	int one = 1;
+
+	T.family = ctl_local->sa.sa_family;
+	T.tx = malloc(len);
+	T.rx = malloc(TCP_CHUNK);
+	if (!T.tx || !T.rx)
+		die(1, "out of memory");
+	for (uint64_t i = 0; i < len; i++)
+		T.tx[i] = (uint8_t)(i * 7 + 1);
+	if (g_server) {
+		uint64_t dl = now_ns() + TCP_ACCEPT_NS;
+
+		g_cookie = make_cookie();
+		memset(&m, 0, sizeof m);
+		m.v[0] = g_cookie;
+		ctl_send(CTL_SETUP, &m);
+		for (;;) {
+			int e = io_wait(g_lfd, POLLIN, dl), fd;
+			uint64_t got = 0;
+			size_t n = 0;
+
+			if (e == -ETIMEDOUT)
+				die(1, "the client did not open its data connection to TCP port %u within %.0f s",
+				    opt.port, (double)TCP_ACCEPT_NS / 1e9);
+			if (e)
+				die(1, "waiting for the data connection: %s", strerror(-e));
+			fd = accept4(g_lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+			if (fd < 0) {
+				if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED)
+					continue;
+				die(1, "accept (data connection): %s", strerror(errno));
+			}
+			/* its first 8 bytes must be our cookie, within 2 s */
+			while (n < sizeof got && io_wait(fd, POLLIN, now_ns() + 2 * NS_PER_S) == 0) {
+				ssize_t r = recv(fd, (uint8_t *)&got + n, sizeof got - n, MSG_DONTWAIT);
+
+				if (r <= 0 && !(r < 0 && (errno == EAGAIN || errno == EINTR)))
+					break;
+				if (r > 0)
+					n += (size_t)r;
+			}
+			if (n == sizeof got && be64toh(got) == g_cookie) {
+				T.fd = fd;
+				break;
+			}
+			vlog("turned away a data connection without this run's cookie");
+			close(fd);
+		}
+	} else {
+		union dgv_sockaddr dst;
+		socklen_t dl;
+
+		ctl_recv(CTL_SETUP, &m, CTL_TIMEOUT_MS, "its data port");
+		g_cookie = m.v[0];
+		data_dst(ctl_peer, &dst, &dl);
+		T.fd = tcp_connect_to(&dst, dl);
+		be = htobe64(g_cookie);
+		if (!tcp_send_all((const uint8_t *)&be, sizeof be, now_ns() + (uint64_t)CTL_TIMEOUT_MS * NS_PER_MS))
+			die(1, "data connection: cannot send the cookie");
+	}
+	setsockopt(T.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+	memset(&mine, 0, sizeof mine);
+	memset(&peer, 0, sizeof peer);
+	getsockname(T.fd, &mine.sa, &ml);
+	getpeername(T.fd, &peer.sa, &pl);
+	sa_normalize(&mine, &ml);
+	sa_normalize(&peer, &pl);
+	vlog("raw TCP %s -> %s, TCP_NODELAY", sa_str(&mine, s1, sizeof s1), sa_str(&peer, s2, sizeof s2));
+}
+
+static void tcp_client_lat(uint64_t size, uint64_t iters, uint64_t warm, struct lat_run *out)
+{
+	uint64_t to = lat_timeout_ns(size, T.family);
+	uint64_t req = test_kind() == K_READ ? RAW_READ_REQ : size;
+
+	memset(out, 0, sizeof *out);
+	for (uint64_t i = 0, good = 0; out->nsamp < iters; i++) {
+		uint64_t t0 = now_ns(), t1 = 0, got = 0;
+
+		if (!tcp_send_all(T.tx, (size_t)req, t0 + to))
+			die(1, "%s: the data connection stayed full for %.1f s at %" PRIu64 " B",
+			    test_names[opt.test], (double)to / 1e9, size);
+		out->pings++;
+		for (unsigned spin = 1;; spin++) {
+			size_t r = tcp_recv_some(size - got);
+
+			if (r) {
+				got += r;
+				if (got >= size) {
+					t1 = now_ns();
+					break;
+				}
+				continue;
+			}
+			if ((spin & 255) == 0 && now_ns() > t0 + to) {
+				ctl_check_peer();
+				die(1, "%s: no reply within %.1f s at %" PRIu64 " B (iteration %" PRIu64 "): is "
+				    "the server alive?", test_names[opt.test], (double)to / 1e9, size, i);
+			}
+		}
+		if (good++ >= warm)
+			g_samples[out->nsamp++] = t1 - t0;
+	}
+}
+
+static void tcp_server_lat(uint64_t size, uint64_t budget_dl, struct report *rep)
+{
+	uint64_t need = test_kind() == K_READ ? RAW_READ_REQ : size, got = 0;
+	uint64_t next_ctl = now_ns() + CTL_POLL_NS;
+	struct watch w = { 0, 0, 0 };
+	struct ctl_msg m;
+
+	for (;;) {
+		size_t r = tcp_recv_some(need - got);
+		uint64_t t;
+
+		if (r) {
+			got += r;
+			rep->bytes += r;
+			rep->dgrams++;
+			if (got == need) {
+				got = 0;
+				rep->count++;
+				if (!tcp_send_all(T.tx, (size_t)size, now_ns() + 10 * NS_PER_S))
+					die(1, "could not send a reply within 10 s (the client stopped reading?)");
+			}
+			continue;
+		}
+		t = now_ns();
+		if (t >= next_ctl) {
+			next_ctl = t + CTL_POLL_NS;
+			if (ctl_readable()) {
+				ctl_recv(CTL_DONE, &m, CTL_TIMEOUT_MS, "DONE");
+				if (got)
+					die(1, "the client said DONE in the middle of a %" PRIu64 "-byte message", need);
+				return;
+			}
+			watch_client(&w, t, rep, size);
+			if (t > budget_dl)
+				die(1, "the client did not finish size %" PRIu64 " in time", size);
+		}
+	}
+}
+
+static void tcp_client_bw(uint64_t size, uint64_t iters, struct bw_run *out)
+{
+	uint64_t dl, next_check;
+
+	memset(out, 0, sizeof *out);
+	out->t_start = now_ns();
+	dl = out->t_start + 60 * NS_PER_S + iters * size * 1000;
+	next_check = out->t_start + CTL_CHECK_NS;
+	for (uint64_t i = 0; i < iters; i++) {
+		if (!tcp_send_all(T.tx, (size_t)size, dl))
+			die(1, "raw TCP: the connection stayed full (did the server stop reading?)");
+		out->posted++;
+		if ((i & 63) == 63 && now_ns() >= next_check) {
+			next_check = now_ns() + CTL_CHECK_NS;
+			ctl_check_peer();
+		}
+	}
+	out->t_end = now_ns();
+}
+
+/* Counts the stream's bytes until all iters x size arrived and the client said DONE. */
+static void tcp_server_bw(uint64_t size, uint64_t iters, uint64_t budget_dl, struct report *rep)
+{
+	uint64_t t_last = 0, next_ctl = now_ns() + CTL_POLL_NS, want = iters * size;
+	struct watch w = { 0, 0, 0 };
+	bool done = false;
+	struct ctl_msg m;
+
+	for (;;) {
+		uint64_t t;
+
+		if (rep->bytes < want) {
+			size_t r = tcp_recv_some(want - rep->bytes);
+
+			if (r) {
+				rep->bytes += r;
+				rep->dgrams++;
+				t_last = now_ns();
+				continue;
+			}
+		}
+		t = now_ns();
+		if (!done && (t >= next_ctl || rep->bytes >= want)) {
+			next_ctl = t + CTL_POLL_NS;
+			if (ctl_readable()) {
+				ctl_recv(CTL_DONE, &m, CTL_TIMEOUT_MS, "DONE");
+				done = true;
+			}
+		}
+		if (done && rep->bytes >= want)
+			break;
+		if (!done)
+			watch_client(&w, t, rep, size);
+		if (t > budget_dl)
+			die(1, "the client did not finish size %" PRIu64 " in time (%" PRIu64 " of %" PRIu64
+			    " bytes arrived)", size, rep->bytes, want);
+	}
+	rep->count = rep->bytes / size;
+	rep->delta_ns = t_last ? now_ns() - t_last : 0;
+}
+
 /* ---------------------------------------------------------------- phases */
 
 /*
@@ -2408,7 +2760,9 @@ static void client_phase(uint64_t phase, uint64_t size)
 		double scale = test_kind() == K_READ ? 1.0 : 0.5;
 		double vf = NAN;
 
-		if (opt.raw)
+		if (opt.raw_tcp)
+			tcp_client_lat(size, iters, warm, &lr);
+		else if (opt.raw)
 			raw_client_lat(size, iters, warm, &lr);
 		else
 			vb_client_lat(size, iters, warm, &lr);
@@ -2432,7 +2786,9 @@ static void client_phase(uint64_t phase, uint64_t size)
 
 		memset(&st1, 0, sizeof st1);
 
-		if (opt.raw)
+		if (opt.raw_tcp)
+			tcp_client_bw(size, iters, &br);
+		else if (opt.raw)
 			raw_client_bw(size, iters, &br);
 		else
 			vb_client_bw(size, iters, &br);
@@ -2507,7 +2863,12 @@ static void server_phases(void)
 		memset(&m, 0, sizeof m);
 		m.v[0] = expect;
 		ctl_send(CTL_READY, &m);
-		if (opt.raw) {
+		if (opt.raw_tcp) {
+			if (test_lat())
+				tcp_server_lat(size, budget, &rep);
+			else
+				tcp_server_bw(size, iters, budget, &rep);
+		} else if (opt.raw) {
 			if (test_lat())
 				raw_server_lat(size, budget, &rep);
 			else
@@ -2571,7 +2932,9 @@ int main(int argc, char **argv)
 	}
 	ctl_local_peer(&local, &llen, &peer, &plen);
 
-	if (opt.raw)
+	if (opt.raw_tcp)
+		tcp_setup(&local, &peer);
+	else if (opt.raw)
 		raw_setup(&local, &peer);
 	else
 		vb_setup(&local, &peer);
@@ -2583,14 +2946,19 @@ int main(int argc, char **argv)
 		int n = 0;
 		uint64_t phase = 0;
 
-		if (opt.raw)
+		if (opt.raw_tcp)
+			n += snprintf(extra + n, sizeof extra - (size_t)n, " (one plain TCP connection, "
+				      "TCP_NODELAY, one send() per message)");
+		else if (opt.raw)
 			n += snprintf(extra + n, sizeof extra - (size_t)n, " (plain UDP sockets), %u-byte datagrams",
 				      R.seg);
 		else if (opt.seg_set)
 			n += snprintf(extra + n, sizeof extra - (size_t)n, ", seg %u", opt.seg);
 		else
 			n += snprintf(extra + n, sizeof extra - (size_t)n, ", seg default");
-		n += snprintf(extra + n, sizeof extra - (size_t)n, ", loss %g%%", opt.loss_set ? opt.loss : 0.0);
+		if (!data_on_tcp())
+			n += snprintf(extra + n, sizeof extra - (size_t)n, ", loss %g%%",
+				      opt.loss_set ? opt.loss : 0.0);
 		if (!opt.raw && ((env_tx && *env_tx) || (!opt.loss_set && env_rx && *env_rx)))
 			snprintf(extra + n, sizeof extra - (size_t)n, " + environment faults");
 		print_header(opt.raw ? "none" : dgv_provider_name(V.ctx), extra);
@@ -2604,13 +2972,19 @@ int main(int argc, char **argv)
 		ctl_recv(CTL_BYE, &m, CTL_TIMEOUT_MS, "BYE");
 	}
 
-	if (opt.raw) {
+	if (opt.raw_tcp) {
+		close(T.fd);
+		free(T.tx);
+		free(T.rx);
+	} else if (opt.raw) {
 		close(R.fd);
 		free(R.txbuf);
 		free(R.rxbuf);
 	} else {
 		vb_teardown();
 	}
+	if (g_lfd >= 0)
+		close(g_lfd);
 	close(g_ctl);
 	g_ctl = -1;
 	free(g_samples);
