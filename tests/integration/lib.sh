@@ -195,3 +195,83 @@ dg_check_framed() {
 	fi
 	dg_log "$label: ${dir}_framed=$framed ${dir}_plain=$plain: OK"
 }
+
+# --- stream sockets (TCP carried over iWARP RC): vlc_http.sh, sipp_tcp.sh, tcp_interop.sh -----
+
+# dg_wait_tcp PORT SECONDS [PID]: waits until a TCP socket listens on 127.0.0.1:PORT (or
+# *:PORT). Returns 1 on timeout, 2 as soon as PID (the process expected to listen) has exited.
+dg_wait_tcp() {
+	local port=$1 secs=$2 pid=${3:-} i
+	for i in $(seq 0 $((secs * 10))); do
+		ss -Hltn 2>/dev/null | awk '{print $4}' | grep -Eq "^(127\.0\.0\.1|0\.0\.0\.0|\*|\[::\]):$port\$" && return 0
+		[ -z "$pid" ] || kill -0 "$pid" 2>/dev/null || return 2
+		[ "$i" -lt $((secs * 10)) ] && sleep 0.1
+	done
+	return 1
+}
+
+# dg_rc_summary LABEL FILE: common part of dg_check_rc and dg_check_rc_plain: the process(es)
+# logging to FILE wrote a summary and it has the stream keys. Prints the summary lines.
+dg_rc_summary() {
+	local label=$1 f=$2 n
+	n=$(dg_summaries "$f" | wc -l)
+	if [ "$n" -eq 0 ]; then
+		dg_log "$label: no 'dgshim[PID]: info: summary:' line in ${f#"$DG_TMP"/}: the shim was not loaded, took no socket in this process (a shim without stream sockets takes no TCP socket), DGSHIM_LOG was lost, or the process was killed"
+		grep -a 'dgshim\[[0-9]*\]' "$f" | tail -n 5 | cut -c1-300 | sed 's/^/    | /'
+		return 1
+	fi
+	dg_summaries "$f" | sed "s/^/$DG_NAME: $label: /"
+	if dg_summaries "$f" | grep -qv ' rc_conns=[0-9]'; then
+		dg_log "$label: summary has no rc_conns= key: this shim does not carry stream (TCP) sockets over RC"
+		return 1
+	fi
+}
+
+# dg_check_rc LABEL FILE [MIN_CONNS]: asserts the process(es) logging to FILE carried their TCP
+# connections over iWARP RC: rc_conns >= MIN_CONNS (default 1), rc_tx_bytes + rc_rx_bytes > 0,
+# and rc_plain = 0 (no stream socket fell back to plain TCP). Returns 1 (after printing why) on
+# failure.
+dg_check_rc() {
+	local label=$1 f=$2 min=${3:-1} conns plain tx rx bad=0
+	dg_rc_summary "$label" "$f" || return 1
+	conns=$(dg_sum "$f" rc_conns)
+	plain=$(dg_sum "$f" rc_plain)
+	tx=$(dg_sum "$f" rc_tx_bytes)
+	rx=$(dg_sum "$f" rc_rx_bytes)
+	if [ "$conns" -lt "$min" ]; then
+		dg_log "$label: rc_conns=$conns, expected >= $min: stream connections were not carried over RC"
+		bad=1
+	fi
+	if [ $((tx + rx)) -le 0 ]; then
+		dg_log "$label: rc_tx_bytes=$tx rc_rx_bytes=$rx: no payload went over RC"
+		bad=1
+	fi
+	if [ "$plain" -ne 0 ]; then
+		dg_log "$label: rc_plain=$plain: stream sockets fell back to plain TCP between two preloaded programs"
+		bad=1
+	fi
+	[ $bad -eq 0 ] || return 1
+	dg_log "$label: rc_conns=$conns rc_tx_bytes=$tx rc_rx_bytes=$rx rc_plain=0: OK"
+}
+
+# dg_check_rc_plain LABEL FILE: asserts the preloaded process(es) logging to FILE, talking to an
+# unmodified peer, fell back to plain TCP: rc_plain > 0 and rc_conns = 0 (and, with it, no RC
+# payload bytes). Returns 1 (after printing why) on failure.
+dg_check_rc_plain() {
+	local label=$1 f=$2 conns plain tx rx bad=0
+	dg_rc_summary "$label" "$f" || return 1
+	conns=$(dg_sum "$f" rc_conns)
+	plain=$(dg_sum "$f" rc_plain)
+	tx=$(dg_sum "$f" rc_tx_bytes)
+	rx=$(dg_sum "$f" rc_rx_bytes)
+	if [ "$plain" -le 0 ]; then
+		dg_log "$label: rc_plain=$plain: the stream socket to the unmodified peer was not taken and let go to plain TCP"
+		bad=1
+	fi
+	if [ "$conns" -ne 0 ] || [ $((tx + rx)) -ne 0 ]; then
+		dg_log "$label: rc_conns=$conns rc_tx_bytes=$tx rc_rx_bytes=$rx: RC used with an unmodified peer"
+		bad=1
+	fi
+	[ $bad -eq 0 ] || return 1
+	dg_log "$label: rc_plain=$plain rc_conns=0: OK (plain TCP to the unmodified peer)"
+}
