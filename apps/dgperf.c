@@ -79,6 +79,7 @@
 #define SEG_MIN 64u
 #define SEG_MAX 65507u
 #define SEG_OVERHEAD 64u              /* our datagram headers stay below this */
+#define CR_TAG 0xffffffffull          /* RC: wr_id >> 32 of a credit Write */
 
 /* ---------------------------------------------------------------- tests and options */
 
@@ -197,15 +198,16 @@ static inline uint64_t now_ns(void)
 static const char usage_text[] =
 "Usage: dgperf [options] [PEER]\n"
 "\n"
-"A perftest-style micro-benchmark of the dgshim verbs interface (and of plain UDP).\n"
+"A perftest-style micro-benchmark of the dgshim verbs interface (and of plain UDP and TCP).\n"
 "Start the server without PEER, then the client with PEER (an IPv4/IPv6 address or a name).\n"
-"Both sides must be given the same -c/-t/-s/-a/-n/--seg/--loss/--raw-udp options (checked at\n"
+"Both sides must be given the same -c/-t/-s/-a/-n/--seg/--loss/--raw-* options (checked at\n"
 "connect time: a mismatch is an error, exit 2). The client prints the results; the server\n"
 "prints nothing but errors unless -v, and exits after one client.\n"
 "\n"
 "Options:\n"
-"  -c, --connection UD|RD|RC  QP type (default UD). RC: if the provider does not implement\n"
-"                        it, dgperf says so and exits 2.\n"
+"  -c, --connection UD|RD|RC  QP type (default UD). RC: standard iWARP over TCP (see RC\n"
+"                        below); if the provider does not implement it, dgperf says so\n"
+"                        and exits 2.\n"
 "  -t, --test TEST       send_lat (default), send_bw, wr_lat, wr_bw, write_lat, write_bw,\n"
 "                        read_lat, read_bw (see TESTS).\n"
 "  -s, --size SIZE       message size in bytes, 1..16M; suffixes K and M are 1024-based\n"
@@ -215,7 +217,8 @@ static const char usage_text[] =
 "                        -a, or when -n is not given, large sizes get fewer iterations so\n"
 "                        that one size moves at most ~256 MiB. *_lat tests add a few\n"
 "                        untimed warm-up round trips (min(16, N/8)).\n"
-"      --loss PCT        drop PCT % (0..100) of the datagrams at the receiving edge of BOTH\n"
+"      --loss PCT        (UD, RD, --raw-udp only; TCP never loses a byte)\n"
+"                        drop PCT % (0..100) of the datagrams at the receiving edge of BOTH\n"
 "                        sides' QPs (struct dgv_fault loss_pct of fault_rx). Without --loss\n"
 "                        the provider reads DGSHIM_FAULT_RX/TX from the environment; with it,\n"
 "                        DGSHIM_FAULT_RX is ignored (DGSHIM_FAULT_TX still applies).\n"
@@ -223,10 +226,14 @@ static const char usage_text[] =
 "      --seg SIZE        UDP payload bytes per datagram, 64..65507 (QP seg_size, headers\n"
 "                        included; default: the provider's, 1472 for IPv4, 1452 for IPv6;\n"
 "                        65507 gives 64 KB datagrams). With --raw-udp: the datagram size.\n"
-"  -p, --port PORT       the server's port (default 18515): the control channel is TCP PORT,\n"
-"                        the server's data QP (or raw socket) is UDP PORT.\n"
+"                        RC: passed to the QP as is. Not with --raw-tcp.\n"
+"  -p, --port PORT       the server's port (default 18515): the control channel is TCP PORT;\n"
+"                        UD/RD: the server's data QP (or raw socket) is UDP PORT; RC and\n"
+"                        --raw-tcp: the data connection is a second TCP connection to PORT.\n"
 "      --raw-udp         baseline: the same traffic pattern over plain UDP sockets (below).\n"
 "      --raw-connected   the same over connected UDP sockets (below).\n"
+"      --raw-tcp         baseline for RC: the same patterns over one plain TCP connection\n"
+"                        (below).\n"
 "  -P, --provider soft|ibverbs|auto   verbs provider (default auto: DGSHIM_PROVIDER or the\n"
 "                        best available).\n"
 "      --json            print one JSON object per size instead of the text table.\n"
@@ -247,7 +254,9 @@ static const char usage_text[] =
 "             1024 receives posted; the wr_bw server counts Write-Record completions and sums\n"
 "             record.valid_bytes; read_bw counts the bytes its Reads fetched (UD: the\n"
 "             record's valid bytes). write_bw: a Write leaves no completion at the target;\n"
-"             on RD every completed Write was acknowledged, so placed; on UD the placed\n"
+"             on RD every completed Write was acknowledged, so placed; on RC every posted\n"
+"             Write is placed (TCP delivers or the connection fails), and the server's\n"
+"             QP counters tell when the last one arrived; on UD the placed\n"
 "             payload comes from the target QP's dgv_qp_stats (rx_bytes - rx_datagrams x\n"
 "             header overhead) and MsgRate counts message equivalents (bytes / SIZE).\n"
 "\n"
@@ -272,13 +281,42 @@ static const char usage_text[] =
 "  datagram is sent with sendto() to the peer's address, the pattern of a UD QP, which names\n"
 "  its destination (address handle) in every send. --raw-connected: the same over connect()ed\n"
 "  sockets and send(), which the kernel serves faster (cached route), a pattern a QP cannot\n"
-"  use since it receives from anyone. -c and -P are ignored. A SIZE-byte message is ceil(SIZE/seg) datagrams; receivers\n"
-"  count bytes. *_lat: ping-pong of SIZE-byte messages, half round trip (read_lat: a 16-byte\n"
-"  request answered by SIZE bytes, full round trip). *_bw: the client streams N messages to\n"
-"  the server (also for read_bw); valid[%] of wr_* = bytes received / bytes sent. Latency\n"
-"  loops busy-poll recv(MSG_DONTWAIT), like the verbs loops busy-poll the CQ; senders retry\n"
-"  on EAGAIN. A message missing datagrams is given up after 20 ms of silence (as UD\n"
-"  reassembly). --loss: each receiver drops that share of its datagrams itself.\n"
+"  use since it receives from anyone. -c and -P are ignored. A SIZE-byte message is\n"
+"  ceil(SIZE/seg) datagrams; receivers count bytes. *_lat: ping-pong of SIZE-byte messages,\n"
+"  half round trip (read_lat: a 16-byte request answered by SIZE bytes, full round trip).\n"
+"  *_bw: the client streams N messages to the server (also for read_bw); valid[%] of wr_* =\n"
+"  bytes received / bytes sent. Latency loops busy-poll recv(MSG_DONTWAIT), like the verbs\n"
+"  loops busy-poll the CQ; senders retry on EAGAIN. A message missing datagrams is given up\n"
+"  after 20 ms of silence (as UD reassembly). --loss: each receiver drops that share of its\n"
+"  datagrams itself.\n"
+"\n"
+"RC: the server's listening socket for the control connection stays open and the provider\n"
+"  listens on it (dgv_listen with adopt_fd), so the client's dgv_connect goes to TCP PORT too.\n"
+"  The MPA Request carries the client's buffer (address, length, STag) and a cookie the server\n"
+"  sent over the control channel; the MPA Reply carries the server's buffer and its credits.\n"
+"  A request without the cookie is rejected (MPA Reject) and the server keeps waiting; a\n"
+"  request that has it but does not fit is rejected and ends both sides. MPA revision 2, CRC\n"
+"  as the provider defaults (DGSHIM_MPA_CRC), no markers; the header line shows what was\n"
+"  negotiated. RC has no receiver-not-ready: a Send that finds no posted receive ends the\n"
+"  connection. So send_bw is flow-controlled the way rsockets does it: the server keeps 256\n"
+"  receives posted and RDMA-Writes the total it has ever posted into a credit word in the\n"
+"  client's buffer after every 64 it reposted; the client posts a Send only while that total\n"
+"  is ahead of what it sent. wr_bw uses the same credits for the server's receive CQ (1024\n"
+"  unpolled Write-Records at most). read_bw keeps at most the negotiated ORD Reads in flight.\n"
+"  The latency tests are the same ping-pongs as on UD (write_lat spins on the last byte).\n"
+"  At the end both sides dgv_disconnect() and wait up to 3 s for DISCONNECTED.\n"
+"\n"
+"--raw-tcp: one plain TCP connection (the second one to PORT; its first 8 bytes are the\n"
+"  cookie), TCP_NODELAY on both ends, kernel default buffers (autotuning), no framing and no\n"
+"  verbs; -c and -P are ignored. *_lat: a ping-pong of SIZE-byte messages, each side reading\n"
+"  the whole message before it answers (read_lat: a 16-byte request answered by SIZE bytes,\n"
+"  full round trip); both ends busy-poll recv(MSG_DONTWAIT) like the verbs loops busy-poll\n"
+"  the CQ. *_bw: the client writes N messages of SIZE bytes, one send() each (waiting in\n"
+"  poll() while the socket is full), the server counts bytes until N x SIZE arrived; BW and\n"
+"  MsgRate as for the verbs tests (bytes delivered over the client's first send to the\n"
+"  server's last byte). So 'RC send_lat vs --raw-tcp send_lat' compares a Send ping-pong over\n"
+"  MPA/DDP/RDMAP on TCP with the same ping-pong on bare TCP, and 'send_bw -s 64K' the stream\n"
+"  throughput of both; scripts/bench-verbs prints these ratios.\n"
 "\n"
 "OUTPUT (client): a '#' header line naming test, transport and provider, then one row per\n"
 "  size: '#bytes iters t_min[us] t_typical[us] t_avg[us] p99[us]' for *_lat,\n"
@@ -287,14 +325,19 @@ static const char usage_text[] =
 "  p99_us, bw_MBps, msg_rate_Mpps, valid_fraction (null where not applicable).\n"
 "\n"
 "TIMEOUTS AND EXIT STATUS: the client gives up connecting after 10 s (it retries while the\n"
-"  server is not listening yet); the server waits 120 s for a client; control messages time\n"
-"  out after 30 s; a latency client gives up after 30 s without a completed round trip, a\n"
+"  server is not listening yet); the server waits 120 s for a client; the RC and raw TCP\n"
+"  data connections must be up within 15 s (RC: ESTABLISHED, else the event's cause is\n"
+"  printed: connection refused, MPA Reject with the server's reason, timeout, Terminate);\n"
+"  a failed RC completion also prints the connection events behind it. Control messages\n"
+"  time out after 30 s; a latency client gives up after 30 s without a completed round trip, a\n"
 "  server after 60 s without a datagram from its client; a client sees a dead server at\n"
 "  once (control connection closed). Exit 0 on success, 1 on a runtime error\n"
 "  (peer unreachable or gone, timeout, failed completion: its status is printed), 2 on a bad\n"
 "  option, an option mismatch between the sides, or an unsupported transport.\n"
 "\n"
-"Example:  dgperf -c RD -t send_bw -a &   dgperf -c RD -t send_bw -a 127.0.0.1\n";
+"Examples: dgperf -c RD -t send_bw -a &   dgperf -c RD -t send_bw -a 127.0.0.1\n"
+"          dgperf -c RC -t send_lat -s 64 &   dgperf -c RC -t send_lat -s 64 127.0.0.1\n"
+"          dgperf --raw-tcp -t send_lat -s 64 &   dgperf --raw-tcp -t send_lat -s 64 127.0.0.1\n";
 
 /* Decimal digits only (no sign, no spaces), no overflow. */
 static bool parse_u64(const char *s, uint64_t *out)
@@ -1088,6 +1131,34 @@ static void hello_check(const struct ctl_msg *theirs)
 	}
 }
 
+/* ---------------------------------------------------------------- the data connection over TCP */
+
+/*
+ * RC and --raw-tcp carry their data on a second TCP connection to the server's control port:
+ * the server keeps the control port's listening socket (g_lfd) open; for RC the provider listens
+ * on it (dgv_listen with adopt_fd), for --raw-tcp dgperf accepts on it. The server sends a random
+ * cookie in its SETUP message and the client presents it (RC: in the MPA private data; raw TCP:
+ * the first 8 bytes of the stream), so a stray connection to the port is turned away.
+ */
+static uint64_t g_cookie;
+
+static uint64_t make_cookie(void)
+{
+	uint64_t c = 0;
+
+	if (getrandom(&c, sizeof c, 0) != (ssize_t)sizeof c)
+		c = now_ns() ^ ((uint64_t)getpid() << 40);
+	return c ? c : 1;
+}
+
+/* Where the client opens the data connection: the server's control address (port PORT). */
+static void data_dst(const union dgv_sockaddr *ctl_peer, union dgv_sockaddr *dst, socklen_t *len)
+{
+	*dst = *ctl_peer;
+	sa_set_port(dst, opt.port);
+	*len = dst->sa.sa_family == AF_INET ? sizeof dst->sin : sizeof dst->sin6;
+}
+
 /* ---------------------------------------------------------------- results */
 
 struct report { /* the receiver's view of one phase */
@@ -1318,6 +1389,19 @@ static struct {
 	struct dgv_wc wcs[WC_BATCH]; /* send CQ */
 	struct dgv_wc wcr[WC_BATCH]; /* receive CQ */
 	struct dgv_qp_stats st0;
+	/* RC */
+	struct dgv_cm_channel *ch;
+	struct dgv_listener *lst;
+	struct dgv_conn_info conn;
+	uint64_t buflen;        /* 2 x area + CTL_PAGE (credit words) */
+	uint64_t credit;        /* client: messages the server has room for, in total */
+	uint64_t cr_sent;       /* client: Sends (send_bw) or Write-Records (wr_bw) posted, in total */
+	uint64_t rq_total;      /* receives ever posted */
+	uint64_t rec_total;     /* server: Write-Record completions ever polled */
+	uint64_t cr_given;      /* server: the last credit total written to the client */
+	uint64_t cr_seq;
+	long cr_inflight;       /* server: credit Writes not completed */
+	bool rc_up;             /* ESTABLISHED seen */
 } V;
 
 static struct dgv_fault g_fault_rx;
@@ -1385,6 +1469,8 @@ static const char *wc_opcode_str(enum dgv_wc_opcode o)
 	return "?";
 }
 
+static void rc_explain(void);
+
 static void check_wc(const struct dgv_wc *wc, const char *cq)
 {
 	struct dgv_async_err e[4];
@@ -1399,6 +1485,7 @@ static void check_wc(const struct dgv_wc *wc, const char *cq)
 			dgv_err_str(e[i].layer, e[i].etype, e[i].ecode),
 			e[i].remote ? "reported by the peer" : "detected here", e[i].layer, e[i].etype,
 			e[i].ecode, e[i].msn);
+	rc_explain();
 	die(1, "failed completion on the %s CQ: status %s (%d), opcode %s, wr_id %#" PRIx64
 	    ", byte_len %u", cq, wc_status_str(wc->status), (int)wc->status,
 	    wc_opcode_str(wc->opcode), wc->wr_id, wc->byte_len);
@@ -1420,6 +1507,10 @@ static int drain_scq(void)
 
 		V.sq_out--;
 		check_wc(wc, "send");
+		if (wc->wr_id >> 32 == CR_TAG) {
+			V.cr_inflight--;
+			continue;
+		}
 		if (wc->wr_id >> 32 != V.phase)
 			continue;
 		V.c_done++;
@@ -1471,12 +1562,15 @@ static void post_recvs(void)
 		r = dgv_post_recv(V.qp, V.rwr, &bad);
 		if (r == 0) {
 			V.rq_posted += k;
+			V.rq_total += (uint64_t)k;
 			continue;
 		}
 		if (!transient(r))
 			die(1, "dgv_post_recv: %s", strerror(-r));
-		for (struct dgv_recv_wr *w = V.rwr; w && w != bad; w = w->next)
+		for (struct dgv_recv_wr *w = V.rwr; w && w != bad; w = w->next) {
 			V.rq_posted++;
+			V.rq_total++;
+		}
 		return; /* the receive queue is fuller than we thought: try again later */
 	}
 }
@@ -1542,15 +1636,412 @@ static void die_stats(void)
 	stats_log("at the failure:");
 }
 
+/* ---------------------------------------------------------------- verbs: RC connection set-up */
+
+/*
+ * RC: the client's dgv_connect() goes to the server's TCP PORT, where the provider listens on the
+ * control port's listening socket (dgv_listen with adopt_fd). Each side's buffer (address, length,
+ * STag) travels in the MPA private data: the client's in the MPA Request, the server's in the
+ * Reply. The same private data carries the run's cookie (a stray connection request is rejected)
+ * and the server's credits (below).
+ *
+ * Credits: an RC Send that finds no posted receive ends the connection (RFC 5040: no RNR on
+ * iWARP), and a local completion only says the data went to TCP. So for send_bw the client may
+ * post a Send only while the server has a receive posted for it: the server's Reply says how many
+ * receives it posts first, and the server RDMA-Writes the total it has ever posted into the
+ * client's credit word whenever it reposted a quarter of that (as rsockets do). wr_bw uses the
+ * same scheme for the server's receive CQ: at most RC_WR_WINDOW Write-Records the server has not
+ * polled yet. The credit word is 16 bytes (total, ~total) in a page after the two halves, so a
+ * torn read is recognised.
+ */
+#define RC_PD_MAGIC 0x44475243u /* "DGRC" */
+#define RC_RQ 256u              /* receives the RC server keeps posted (send_bw) */
+#define RC_WR_WINDOW 1024u
+#define CTL_PAGE 4096u          /* after the two halves: credit word, then CR_SLOTS sources */
+#define CR_SLOTS 32u
+#define RC_EVENT_NS ((uint64_t)(CONNECT_TIMEOUT_MS + 5000) * NS_PER_MS)
+
+struct rc_pdata { /* big-endian in the private data */
+	uint32_t magic, version;
+	uint64_t cookie, base, len, area;
+	uint32_t rkey, credits;
+};
+
+static uint8_t *credit_word(void) { return V.buf + 2 * V.area; }
+
+static void pdata_put(struct rc_pdata *p, uint32_t credits)
+{
+	p->magic = htobe32(RC_PD_MAGIC);
+	p->version = htobe32(CTL_VERSION);
+	p->cookie = htobe64(g_cookie);
+	p->base = htobe64((uintptr_t)V.buf);
+	p->len = htobe64(V.buflen);
+	p->area = htobe64(V.area);
+	p->rkey = htobe32(V.mr->rkey);
+	p->credits = htobe32(credits);
+}
+
+/* NULL when the private data is this run's (decoded into *p), else why not. */
+static const char *pdata_get(const uint8_t *d, uint16_t n, struct rc_pdata *p)
+{
+	if (n < sizeof *p)
+		return "no dgperf private data in the MPA frame";
+	memcpy(p, d, sizeof *p);
+	p->magic = be32toh(p->magic);
+	p->version = be32toh(p->version);
+	p->cookie = be64toh(p->cookie);
+	p->base = be64toh(p->base);
+	p->len = be64toh(p->len);
+	p->area = be64toh(p->area);
+	p->rkey = be32toh(p->rkey);
+	p->credits = be32toh(p->credits);
+	if (p->magic != RC_PD_MAGIC)
+		return "no dgperf private data in the MPA frame";
+	if (p->version != CTL_VERSION)
+		return "private data of another dgperf version";
+	if (p->cookie != g_cookie)
+		return "private data without this run's cookie";
+	if (p->area != V.area || p->len < 2 * V.area + CTL_PAGE)
+		return "the peer's buffer layout differs from ours";
+	return NULL;
+}
+
+static const char *cm_ev_name(enum dgv_cm_event_type t)
+{
+	switch (t) {
+	case DGV_CM_CONNECT_REQUEST: return "CONNECT_REQUEST";
+	case DGV_CM_ESTABLISHED: return "ESTABLISHED";
+	case DGV_CM_REJECTED: return "REJECTED";
+	case DGV_CM_CONNECT_ERROR: return "CONNECT_ERROR";
+	case DGV_CM_DISCONNECTED: return "DISCONNECTED";
+	case DGV_CM_PEER_CLOSED: return "PEER_CLOSED";
+	}
+	return "unknown event";
+}
+
+/* One line about an event: its type, status, the Terminate triple and printable private data. */
+static const char *cm_ev_str(const struct dgv_cm_event *ev, char *buf, size_t n)
+{
+	size_t k = 0;
+	int w = snprintf(buf, n, "%s", cm_ev_name(ev->type));
+
+	k = w > 0 && (size_t)w < n ? (size_t)w : n - 1;
+	if (ev->status && k < n) {
+		int e = -ev->status;
+
+		w = snprintf(buf + k, n - k, ": %s", e == ECONNREFUSED ? "connection refused (nobody listening)" :
+			     e == ETIMEDOUT ? "timed out (TCP connect or MPA exchange)" :
+			     e == EPROTO ? "protocol error (malformed or unexpected MPA/DDP/RDMAP)" :
+			     e == ECONNRESET ? "connection reset by the peer" : strerror(e));
+		k += w > 0 ? (size_t)w : 0;
+	}
+	if ((ev->term_layer || ev->term_etype || ev->term_ecode) && k < n) {
+		w = snprintf(buf + k, n - k, "; Terminate: %s (layer %u type %u code %u)",
+			     dgv_err_str(ev->term_layer, ev->term_etype, ev->term_ecode), ev->term_layer,
+			     ev->term_etype, ev->term_ecode);
+		k += w > 0 ? (size_t)w : 0;
+	}
+	if (ev->pdata_len && k < n) {
+		bool text = true;
+
+		for (uint16_t i = 0; i < ev->pdata_len && text; i++)
+			text = (ev->pdata[i] >= 0x20 && ev->pdata[i] < 0x7f) || (!ev->pdata[i] && i + 1 == ev->pdata_len);
+		if (text)
+			snprintf(buf + k, n - k, "; peer says \"%.*s\"", (int)ev->pdata_len, (const char *)ev->pdata);
+	}
+	return buf;
+}
+
+/* After a failed completion on RC: the connection events say why (printed, not consumed). */
+static void rc_explain(void)
+{
+	struct dgv_cm_event ev;
+	char b[400];
+
+	if (!V.ch)
+		return;
+	while (dgv_cm_get_event(V.ch, &ev) == 0)
+		fprintf(stderr, "dgperf: RC connection event: %s\n", cm_ev_str(&ev, b, sizeof b));
+}
+
+/* Client: the total number of messages the server has room for (see Credits above). */
+static uint64_t rc_credit(void)
+{
+	const volatile uint64_t *w = (const volatile uint64_t *)(const void *)credit_word();
+	uint64_t a = be64toh(w[0]), b = be64toh(w[1]);
+
+	__atomic_thread_fence(__ATOMIC_ACQUIRE);
+	if (b == ~a && a > V.credit)
+		V.credit = a;
+	return V.credit;
+}
+
+/* Server: tells the client its new total once it grew by a quarter of the window. */
+static void rc_give_credit(uint64_t total)
+{
+	uint64_t step = (test_kind() == K_SEND ? V.max_recv_wr : RC_WR_WINDOW) / 4, a, b;
+	struct dgv_send_wr wr, *bad = NULL;
+	struct dgv_sge sge;
+	uint8_t *slot;
+	int r;
+
+	if (total - V.cr_given < step)
+		return;
+	if (V.cr_inflight >= (long)CR_SLOTS) {
+		drain_scq();
+		if (V.cr_inflight >= (long)CR_SLOTS)
+			return;
+	}
+	slot = credit_word() + 64 + (V.cr_seq % CR_SLOTS) * 16; /* untouched until its Write completes */
+	a = htobe64(total);
+	b = htobe64(~total);
+	memcpy(slot, &a, 8);
+	memcpy(slot + 8, &b, 8);
+	memset(&wr, 0, sizeof wr);
+	sge.addr = (uintptr_t)slot;
+	sge.length = 16;
+	sge.lkey = V.mr->lkey;
+	wr.wr_id = CR_TAG << 32 | (V.cr_seq & 0xffffffffu);
+	wr.sg_list = &sge;
+	wr.num_sge = 1;
+	wr.opcode = DGV_WR_WRITE;
+	wr.send_flags = DGV_SEND_SIGNALED;
+	wr.remote_addr = V.r_base + 2 * V.area;
+	wr.rkey = V.r_rkey;
+	r = dgv_post_send(V.qp, &wr, &bad);
+	if (r) {
+		if (!transient(r))
+			die(1, "dgv_post_send (credit Write): %s", strerror(-r));
+		return; /* the send queue is full: next time */
+	}
+	V.sq_out++;
+	V.cr_inflight++;
+	V.cr_seq++;
+	V.cr_given = total;
+}
+
+/* The next connection event by deadline (false at the deadline); the peer's ERR or death on the
+ * control connection ends us meanwhile. */
+static bool rc_next_event(struct dgv_cm_event *ev, uint64_t deadline)
+{
+	for (;;) {
+		int r = dgv_cm_get_event(V.ch, ev);
+		uint64_t t;
+
+		if (r == 0)
+			return true;
+		if (r != -EAGAIN)
+			die(1, "dgv_cm_get_event: %s", strerror(-r));
+		ctl_check_peer();
+		t = now_ns();
+		if (t >= deadline)
+			return false;
+		r = dgv_cm_wait(V.ch, (int)((deadline - t) / NS_PER_MS < 100 ? (deadline - t) / NS_PER_MS + 1 : 100));
+		if (r && r != -ETIMEDOUT && r != -EINTR && r != -EAGAIN)
+			die(1, "dgv_cm_wait: %s", strerror(-r));
+	}
+}
+
+static void __attribute__((noreturn)) rc_unsupported(const char *call, int r)
+{
+	die(2, "transport RC is not supported by the %s provider (%s: %s)", dgv_provider_name(V.ctx), call,
+	    strerror(-r));
+}
+
+/* Waits for ESTABLISHED of our QP; anything else about it is fatal, naming the cause. */
+static void rc_wait_established(const char *what, struct rc_pdata *peer_pd)
+{
+	uint64_t dl = now_ns() + RC_EVENT_NS;
+	struct dgv_cm_event ev;
+	char b[400];
+
+	for (;;) {
+		if (!rc_next_event(&ev, dl))
+			die(1, "%s: no ESTABLISHED, REJECTED or CONNECT_ERROR within %.0f s", what,
+			    (double)RC_EVENT_NS / 1e9);
+		if (ev.type == DGV_CM_CONNECT_REQUEST) { /* server: a second request while we accept */
+			vlog("rejected a second connection request");
+			dgv_reject(ev.req, "dgperf: busy", 12);
+			continue;
+		}
+		if (ev.qp != V.qp) {
+			vlog("ignored %s about another connection", cm_ev_str(&ev, b, sizeof b));
+			continue;
+		}
+		if (ev.type == DGV_CM_REJECTED)
+			die(1, "%s: the server rejected the connection (MPA Reply with the Reject bit)%s", what,
+			    cm_ev_str(&ev, b, sizeof b) + strlen("REJECTED"));
+		if (ev.type != DGV_CM_ESTABLISHED)
+			die(1, "%s failed: %s", what, cm_ev_str(&ev, b, sizeof b));
+		if (peer_pd) {
+			const char *why = pdata_get(ev.pdata, ev.pdata_len, peer_pd);
+
+			if (why)
+				die(1, "%s: the server's MPA Reply: %s", what, why);
+		}
+		V.conn = ev.info;
+		V.rc_up = true;
+		return;
+	}
+}
+
+static void rc_setup(struct dgv_qp_init_attr *qa, const union dgv_sockaddr *ctl_peer)
+{
+	struct dgv_conn_param param;
+	struct rc_pdata mine, theirs;
+	struct ctl_msg m;
+	char s1[80], s2[80];
+	int r;
+
+	r = dgv_cm_create_channel(V.ctx, &V.ch);
+	if (r == -EOPNOTSUPP || r == -ENOSYS)
+		rc_unsupported("dgv_cm_create_channel", r);
+	if (r)
+		die(1, "dgv_cm_create_channel: %s", strerror(-r));
+	qa->cm_channel = V.ch;
+	memset(&param, 0, sizeof param);
+	param.crc = -1;
+	param.private_data = &mine;
+	param.private_data_len = sizeof mine;
+
+	if (g_server) {
+		uint32_t credits = test_kind() == K_SEND ? (test_lat() ? RQ_LAT : RC_RQ) : RC_WR_WINDOW;
+		uint64_t dl;
+		struct dgv_cm_event ev;
+
+		r = dgv_listen(V.ctx, NULL, 0, 4, g_lfd, V.ch, NULL, &V.lst);
+		if (r == -EOPNOTSUPP || r == -ENOSYS)
+			rc_unsupported("dgv_listen", r);
+		if (r)
+			die(1, "dgv_listen on TCP port %u: %s", opt.port, strerror(-r));
+		g_cookie = make_cookie();
+		memset(&m, 0, sizeof m);
+		m.v[0] = g_cookie;
+		ctl_send(CTL_SETUP, &m); /* "listening" */
+		dl = now_ns() + RC_EVENT_NS;
+		for (;;) {
+			const char *why;
+			char b[400];
+
+			if (!rc_next_event(&ev, dl))
+				die(1, "no RC connection request from the client on TCP port %u within %.0f s",
+				    opt.port, (double)RC_EVENT_NS / 1e9);
+			if (ev.type != DGV_CM_CONNECT_REQUEST) {
+				/* a connection that failed before its MPA Request was read */
+				vlog("listener: %s", cm_ev_str(&ev, b, sizeof b));
+				if (ev.req)
+					dgv_reject(ev.req, NULL, 0);
+				continue;
+			}
+			why = pdata_get(ev.pdata, ev.pdata_len, &theirs);
+			if (!why)
+				break;
+			if (theirs.magic == RC_PD_MAGIC && theirs.cookie == g_cookie) { /* our client, but wrong */
+				char text[120];
+
+				snprintf(text, sizeof text, "dgperf: %s", why);
+				dgv_reject(ev.req, text, (uint16_t)strlen(text));
+				die(1, "the client's MPA Request: %s (rejected)", why);
+			}
+			vlog("rejected a connection request from %s: %s", sa_str(&ev.info.peer, b, sizeof b), why);
+			dgv_reject(ev.req, "dgperf: not this run", 20);
+		}
+		pdata_put(&mine, credits);
+		r = dgv_accept(ev.req, V.pd, qa, &param, &V.qp);
+		if (r == -EOPNOTSUPP || r == -ENOSYS)
+			rc_unsupported("dgv_accept", r);
+		if (r)
+			die(1, "dgv_accept: %s", strerror(-r));
+		g_die_hook = die_stats;
+		rc_wait_established("RC accept", NULL);
+	} else {
+		union dgv_sockaddr dst;
+		socklen_t dlen;
+
+		ctl_recv(CTL_SETUP, &m, CTL_TIMEOUT_MS, "its RC listener");
+		g_cookie = m.v[0];
+		data_dst(ctl_peer, &dst, &dlen);
+		pdata_put(&mine, 0);
+		r = dgv_connect(V.pd, qa, &dst.sa, dlen, &param, &V.qp);
+		if (r == -EOPNOTSUPP || r == -ENOSYS)
+			rc_unsupported("dgv_connect", r);
+		if (r)
+			die(1, "dgv_connect to TCP %s: %s", sa_str(&dst, s1, sizeof s1), strerror(-r));
+		g_die_hook = die_stats;
+		snprintf(s2, sizeof s2, "RC connection to TCP %s", sa_str(&dst, s1, sizeof s1));
+		rc_wait_established(s2, &theirs);
+		V.credit = theirs.credits;
+	}
+	/* the peer's buffer: the client's came in its MPA Request, the server's in its Reply */
+	V.r_base = theirs.base;
+	V.r_rkey = theirs.rkey;
+	vlog("provider %s, RC %s -> %s, MPA rev %u, CRC %s, markers rx %s tx %s, IRD %u ORD %u, rkey %#x, "
+	     "buffer 2 x %" PRIu64 " B", dgv_provider_name(V.ctx), sa_str(&V.conn.local, s1, sizeof s1),
+	     sa_str(&V.conn.peer, s2, sizeof s2), V.conn.mpa_rev, V.conn.crc ? "on" : "off",
+	     V.conn.markers_rx ? "on" : "off", V.conn.markers_tx ? "on" : "off", V.conn.ird, V.conn.ord,
+	     V.r_rkey, V.area);
+}
+
+/* UD and RD: the QP is bound to a UDP address; address and MR go over the control channel. */
+static void dg_setup(struct dgv_qp_init_attr *qa, const union dgv_sockaddr *bind_addr,
+		     const union dgv_sockaddr *ctl_peer)
+{
+	union dgv_sockaddr mine, peer;
+	socklen_t mlen = sizeof mine, plen;
+	struct ctl_msg m;
+	char s1[80], s2[80];
+	int r;
+
+	r = dgv_create_qp(V.pd, qa, &V.qp);
+	if (r == -EINVAL && qa->max_recv_wr > 256) { /* the provider may cap the receive queue */
+		qa->max_recv_wr = 0;
+		r = dgv_create_qp(V.pd, qa, &V.qp);
+	}
+	if (r == -EADDRINUSE)
+		die(1, "cannot bind the QP to UDP %s: %s", sa_str(bind_addr, s1, sizeof s1), strerror(-r));
+	if (r == -EINVAL && opt.seg_set)
+		die(2, "invalid --seg value %u for the %s provider: dgv_create_qp rejects it (%s); it must "
+		    "leave room for the datagram headers and the provider's smallest segment",
+		    opt.seg, dgv_provider_name(V.ctx), strerror(-r));
+	if (r)
+		die(1, "dgv_create_qp (%s, seg %u, bound to %s): %s", tr_names[opt.transport], qa->seg_size,
+		    sa_str(bind_addr, s1, sizeof s1), strerror(-r));
+	g_die_hook = die_stats;
+	memset(&mine, 0, sizeof mine);
+	r = dgv_qp_local_addr(V.qp, &mine, &mlen);
+	if (r)
+		die(1, "dgv_qp_local_addr: %s", strerror(-r));
+	sa_normalize(&mine, &mlen);
+
+	/* exchange QP address and MR */
+	memset(&m, 0, sizeof m);
+	msg_put_addr(&m, &mine);
+	m.v[3] = (uintptr_t)V.buf;
+	m.v[4] = V.mr->rkey;
+	m.v[5] = V.buflen;
+	m.v[6] = V.area;
+	ctl_send(CTL_SETUP, &m);
+	ctl_recv(CTL_SETUP, &m, CTL_TIMEOUT_MS, "its QP address");
+	msg_get_addr(&m, ctl_peer, &peer, &plen);
+	if (m.v[6] != V.area || m.v[5] < 2 * V.area)
+		die(1, "the %s registered %" PRIu64 " bytes with %" PRIu64 "-byte halves, we expected %"
+		    PRIu64 "-byte halves", peer_role(), m.v[5], m.v[6], V.area);
+	V.r_base = m.v[3];
+	V.r_rkey = (uint32_t)m.v[4];
+	r = dgv_create_ah(V.pd, &peer.sa, plen, &V.ah);
+	if (r)
+		die(1, "dgv_create_ah(%s): %s", sa_str(&peer, s1, sizeof s1), strerror(-r));
+	vlog("provider %s, %s QP %s -> peer %s, rkey %#x, buffer 2 x %" PRIu64 " B",
+	     dgv_provider_name(V.ctx), tr_names[opt.transport], sa_str(&mine, s1, sizeof s1),
+	     sa_str(&peer, s2, sizeof s2), V.r_rkey, V.area);
+}
+
 static void vb_setup(const union dgv_sockaddr *ctl_local, const union dgv_sockaddr *ctl_peer)
 {
 	struct dgv_context_attr ca = { .provider = opt.provider, .progress = DGV_PROGRESS_AUTO };
 	struct dgv_qp_init_attr qa;
-	union dgv_sockaddr bind_addr, mine, peer;
-	socklen_t blen, mlen = sizeof mine, plen;
-	struct ctl_msg m;
-	char s1[80];
-	size_t blen_buf;
+	union dgv_sockaddr bind_addr;
+	socklen_t blen;
 	int r;
 
 	V.area = (max_msg_size() + 4095) & ~(uint64_t)4095;
@@ -1565,18 +2056,18 @@ static void vb_setup(const union dgv_sockaddr *ctl_local, const union dgv_sockad
 	r = dgv_alloc_pd(V.ctx, &V.pd);
 	if (r)
 		die(1, "dgv_alloc_pd: %s", strerror(-r));
-	blen_buf = (size_t)(2 * V.area);
-	if (posix_memalign((void **)&V.buf, 4096, blen_buf))
-		die(1, "cannot allocate %zu bytes", blen_buf);
-	memset(V.buf, 0, blen_buf);
+	V.buflen = 2 * V.area + CTL_PAGE;
+	if (posix_memalign((void **)&V.buf, 4096, (size_t)V.buflen))
+		die(1, "cannot allocate %" PRIu64 " bytes", V.buflen);
+	memset(V.buf, 0, (size_t)V.buflen);
 	V.tx = V.buf;
 	V.rx = V.buf + V.area;
 	for (uint64_t i = 0; i < V.area; i++)
 		V.tx[i] = (uint8_t)(i * 7 + 1);
-	r = dgv_reg_mr(V.pd, V.buf, blen_buf,
+	r = dgv_reg_mr(V.pd, V.buf, (size_t)V.buflen,
 		       DGV_ACCESS_LOCAL_WRITE | DGV_ACCESS_REMOTE_WRITE | DGV_ACCESS_REMOTE_READ, &V.mr);
 	if (r)
-		die(1, "dgv_reg_mr of %zu bytes: %s", blen_buf, strerror(-r));
+		die(1, "dgv_reg_mr of %" PRIu64 " bytes: %s", V.buflen, strerror(-r));
 	r = dgv_create_cq(V.ctx, SCQ_ENTRIES, &V.scq);
 	if (r)
 		die(1, "dgv_create_cq: %s", strerror(-r));
@@ -1602,56 +2093,19 @@ static void vb_setup(const union dgv_sockaddr *ctl_local, const union dgv_sockad
 		g_fault_rx.loss_pct = opt.loss;
 		qa.fault_rx = &g_fault_rx;
 	}
-	r = dgv_create_qp(V.pd, &qa, &V.qp);
-	if (r == -EINVAL && qa.max_recv_wr > 256) { /* the provider may cap the receive queue */
-		qa.max_recv_wr = 0;
-		r = dgv_create_qp(V.pd, &qa, &V.qp);
+	if (opt.transport == TR_RC) {
+		qa.max_recv_wr = RC_RQ;
+		if (g_server) { /* dgv_accept uses the request's socket */
+			qa.bind_addr = NULL;
+			qa.bind_len = 0;
+		} else {
+			sa_set_port(&bind_addr, 0);
+		}
+		rc_setup(&qa, ctl_peer);
+	} else {
+		dg_setup(&qa, &bind_addr, ctl_peer);
 	}
-	if ((r == -EOPNOTSUPP || r == -ENOSYS) && opt.transport == TR_RC)
-		die(2, "transport RC is not supported by the %s provider (dgv_create_qp: %s)",
-		    dgv_provider_name(V.ctx), strerror(-r));
-	if (r == -EADDRINUSE)
-		die(1, "cannot bind the QP to UDP %s: %s", sa_str(&bind_addr, s1, sizeof s1), strerror(-r));
-	if (r == -EINVAL && opt.seg_set)
-		die(2, "invalid --seg value %u for the %s provider: dgv_create_qp rejects it (%s); it must "
-		    "leave room for the datagram headers and the provider's smallest segment",
-		    opt.seg, dgv_provider_name(V.ctx), strerror(-r));
-	if (r)
-		die(1, "dgv_create_qp (%s, seg %u, bound to %s): %s", tr_names[opt.transport], qa.seg_size,
-		    sa_str(&bind_addr, s1, sizeof s1), strerror(-r));
 	V.max_recv_wr = qa.max_recv_wr ? qa.max_recv_wr : 256;
-	g_die_hook = die_stats;
-	memset(&mine, 0, sizeof mine);
-	r = dgv_qp_local_addr(V.qp, &mine, &mlen);
-	if (r)
-		die(1, "dgv_qp_local_addr: %s", strerror(-r));
-	sa_normalize(&mine, &mlen);
-
-	/* exchange QP address and MR */
-	memset(&m, 0, sizeof m);
-	msg_put_addr(&m, &mine);
-	m.v[3] = (uintptr_t)V.buf;
-	m.v[4] = V.mr->rkey;
-	m.v[5] = blen_buf;
-	m.v[6] = V.area;
-	ctl_send(CTL_SETUP, &m);
-	ctl_recv(CTL_SETUP, &m, CTL_TIMEOUT_MS, "its QP address");
-	msg_get_addr(&m, ctl_peer, &peer, &plen);
-	if (m.v[6] != V.area || m.v[5] < 2 * V.area)
-		die(1, "the %s registered %" PRIu64 " bytes with %" PRIu64 "-byte halves, we expected %"
-		    PRIu64 "-byte halves", peer_role(), m.v[5], m.v[6], V.area);
-	V.r_base = m.v[3];
-	V.r_rkey = (uint32_t)m.v[4];
-	r = dgv_create_ah(V.pd, &peer.sa, plen, &V.ah);
-	if (r)
-		die(1, "dgv_create_ah(%s): %s", sa_str(&peer, s1, sizeof s1), strerror(-r));
-	{
-		char s2[80];
-
-		vlog("provider %s, %s QP %s -> peer %s, rkey %#x, buffer 2 x %" PRIu64 " B",
-		     dgv_provider_name(V.ctx), tr_names[opt.transport], sa_str(&mine, s1, sizeof s1),
-		     sa_str(&peer, s2, sizeof s2), V.r_rkey, V.area);
-	}
 
 	V.rsge.addr = (uintptr_t)V.rx;
 	V.rsge.length = (uint32_t)V.area;
@@ -1671,14 +2125,63 @@ static void vb_setup(const union dgv_sockaddr *ctl_local, const union dgv_sockad
 	post_recvs();
 }
 
+/* RC: an orderly close (both sides call it after BYE), bounded; then the objects go. */
+static void rc_teardown(void)
+{
+	struct dgv_cm_event ev;
+	uint64_t dl = now_ns() + 3 * NS_PER_S;
+	char b[400];
+	int r;
+
+	if (!V.qp || !V.rc_up)
+		return;
+	r = dgv_disconnect(V.qp);
+	if (r) {
+		vlog("dgv_disconnect: %s", strerror(-r));
+		return;
+	}
+	for (;;) {
+		r = dgv_cm_get_event(V.ch, &ev);
+		if (r == 0) {
+			if (ev.type == DGV_CM_CONNECT_REQUEST) {
+				dgv_reject(ev.req, NULL, 0);
+				continue;
+			}
+			if (ev.qp == V.qp && ev.type == DGV_CM_DISCONNECTED) {
+				if (ev.status)
+					vlog("disconnect: %s", cm_ev_str(&ev, b, sizeof b));
+				return;
+			}
+			continue;
+		}
+		if (r != -EAGAIN || now_ns() >= dl)
+			break;
+		dgv_cm_wait(V.ch, 50);
+	}
+	vlog("no DISCONNECTED within 3 s of dgv_disconnect (QP state %d)", (int)dgv_qp_state(V.qp));
+}
+
 static void vb_teardown(void)
 {
 	int r;
 
-	if ((r = dgv_destroy_ah(V.ah)))
+	if (opt.transport == TR_RC)
+		rc_teardown();
+	if (V.ah && (r = dgv_destroy_ah(V.ah)))
 		fprintf(stderr, "dgperf: warning: dgv_destroy_ah: %s\n", strerror(-r));
 	if ((r = dgv_destroy_qp(V.qp)))
 		fprintf(stderr, "dgperf: warning: dgv_destroy_qp: %s\n", strerror(-r));
+	if (V.lst && (r = dgv_listener_destroy(V.lst)))
+		fprintf(stderr, "dgperf: warning: dgv_listener_destroy: %s\n", strerror(-r));
+	if (V.ch) {
+		struct dgv_cm_event ev;
+
+		while (dgv_cm_get_event(V.ch, &ev) == 0)
+			if (ev.type == DGV_CM_CONNECT_REQUEST)
+				dgv_reject(ev.req, NULL, 0);
+		if ((r = dgv_cm_destroy_channel(V.ch)))
+			fprintf(stderr, "dgperf: warning: dgv_cm_destroy_channel: %s\n", strerror(-r));
+	}
 	if ((r = dgv_destroy_cq(V.scq)))
 		fprintf(stderr, "dgperf: warning: dgv_destroy_cq: %s\n", strerror(-r));
 	if ((r = dgv_destroy_cq(V.rcq)))
@@ -1941,8 +2444,13 @@ static void vb_client_bw(uint64_t size, uint64_t iters, struct bw_run *out)
 	uint64_t posted = 0, last_progress, stall_ns, next_check;
 	bool ud = opt.transport == TR_UD;
 
+	bool credits = opt.transport == TR_RC && (test_kind() == K_SEND || test_kind() == K_WR);
+
 	if (depth > SQ_WR / 2)
 		depth = SQ_WR / 2;
+	/* RC Reads beyond the negotiated ORD would only wait in the provider's queue */
+	if (opt.transport == TR_RC && test_kind() == K_READ && V.conn.ord && depth > V.conn.ord)
+		depth = V.conn.ord;
 	stall_ns = !ud ? 60 * NS_PER_S : test_kind() == K_READ ? 2 * NS_PER_S : 10 * NS_PER_S;
 	for (int j = 0; j < SCHAIN; j++)
 		prepare_wr(&V.swr[j], &V.ssge[j], size, false);
@@ -1960,6 +2468,14 @@ static void vb_client_bw(uint64_t size, uint64_t iters, struct bw_run *out)
 				k = room;
 			if (k > SCHAIN)
 				k = SCHAIN;
+			if (credits) {
+				uint64_t c = rc_credit();
+
+				if (V.cr_sent >= c)
+					break; /* the server has no room: wait for its credit Write */
+				if (k > c - V.cr_sent)
+					k = c - V.cr_sent;
+			}
 			for (uint64_t j = 0; j < k; j++) {
 				V.swr[j].wr_id = V.phase << 32 | ((posted + j) & 0xffffffffu);
 				V.swr[j].next = j + 1 < k ? &V.swr[j + 1] : NULL;
@@ -1968,6 +2484,7 @@ static void vb_client_bw(uint64_t size, uint64_t iters, struct bw_run *out)
 			if (r == 0) {
 				posted += k;
 				V.sq_out += (long)k;
+				V.cr_sent += k;
 				continue;
 			}
 			if (!transient(r))
@@ -1975,6 +2492,7 @@ static void vb_client_bw(uint64_t size, uint64_t iters, struct bw_run *out)
 			for (struct dgv_send_wr *w = V.swr; w && w != bad; w = w->next) {
 				posted++;
 				V.sq_out++;
+				V.cr_sent++;
 			}
 			break;
 		}
@@ -1991,6 +2509,11 @@ static void vb_client_bw(uint64_t size, uint64_t iters, struct bw_run *out)
 				out->lost = posted - V.c_done;
 				break;
 			}
+			if (credits && V.c_done == posted)
+				die(1, "%s: no credit from the server for %.0f s at %" PRIu64 " B (%" PRIu64
+				    " of %" PRIu64 " done; room for %" PRIu64 " messages in total, %" PRIu64
+				    " sent)", test_names[opt.test], (double)stall_ns / 1e9, size, V.c_done, iters,
+				    V.credit, V.cr_sent);
 			die(1, "%s: no completion for %.0f s at %" PRIu64 " B (%" PRIu64 " of %" PRIu64
 			    " done)", test_names[opt.test], (double)stall_ns / 1e9, size, V.c_done, iters);
 		}
@@ -2030,11 +2553,13 @@ static void vb_server_bw(uint64_t size, uint64_t iters, uint64_t budget_dl, stru
 						rep->count++;
 						rep->bytes += wc->byte_len;
 					}
-				} else if (wc->opcode == DGV_WC_RECV_WRITE_RECORD && kind == K_WR &&
-					   wc->record.length == size) {
-					rep->count++;
-					rep->valid += wc->record.valid_bytes;
-					rep->lensum += wc->record.length;
+				} else if (wc->opcode == DGV_WC_RECV_WRITE_RECORD && kind == K_WR) {
+					V.rec_total++;
+					if (wc->record.length == size) {
+						rep->count++;
+						rep->valid += wc->record.valid_bytes;
+						rep->lensum += wc->record.length;
+					}
 				}
 			}
 			if (consumed) {
@@ -2042,6 +2567,11 @@ static void vb_server_bw(uint64_t size, uint64_t iters, uint64_t budget_dl, stru
 				post_recvs();
 			}
 			arrivals = n;
+			if (opt.transport == TR_RC) {
+				rc_give_credit(kind == K_SEND ? V.rq_total : RC_WR_WINDOW + V.rec_total);
+				if (V.cr_inflight > 0 && (n == 0 || V.cr_inflight >= (long)CR_SLOTS / 2))
+					drain_scq();
+			}
 		} else {
 			drain_scq(); /* nothing completes here, but it drives progress */
 			/* Plain Writes leave no trace but the QP's counters: watch them. */
@@ -2360,34 +2890,6 @@ static void raw_server_bw(uint64_t size, uint64_t iters, uint64_t budget_dl, str
 	}
 	rep->count = rep->bytes / size;
 	rep->delta_ns = t_last ? now_ns() - t_last : 0;
-}
-
-/* ---------------------------------------------------------------- the data connection over TCP */
-
-/*
- * RC and --raw-tcp carry their data on a second TCP connection to the server's control port:
- * the server keeps the control port's listening socket (g_lfd) open; for RC the provider listens
- * on it (dgv_listen with adopt_fd), for --raw-tcp dgperf accepts on it. The server sends a random
- * cookie in its SETUP message and the client presents it (RC: in the MPA private data; raw TCP:
- * the first 8 bytes of the stream), so a stray connection to the port is turned away.
- */
-static uint64_t g_cookie;
-
-static uint64_t make_cookie(void)
-{
-	uint64_t c = 0;
-
-	if (getrandom(&c, sizeof c, 0) != (ssize_t)sizeof c)
-		c = now_ns() ^ ((uint64_t)getpid() << 40);
-	return c ? c : 1;
-}
-
-/* Where the client opens the data connection: the server's control address (port PORT). */
-static void data_dst(const union dgv_sockaddr *ctl_peer, union dgv_sockaddr *dst, socklen_t *len)
-{
-	*dst = *ctl_peer;
-	sa_set_port(dst, opt.port);
-	*len = dst->sa.sa_family == AF_INET ? sizeof dst->sin : sizeof dst->sin6;
 }
 
 /* ---------------------------------------------------------------- raw TCP */
@@ -2952,6 +3454,10 @@ int main(int argc, char **argv)
 		else if (opt.raw)
 			n += snprintf(extra + n, sizeof extra - (size_t)n, " (plain UDP sockets), %u-byte datagrams",
 				      R.seg);
+		else if (opt.transport == TR_RC)
+			n += snprintf(extra + n, sizeof extra - (size_t)n, ", MPA rev %u, CRC %s, markers %s",
+				      V.conn.mpa_rev, V.conn.crc ? "on" : "off",
+				      V.conn.markers_rx || V.conn.markers_tx ? "on" : "off");
 		else if (opt.seg_set)
 			n += snprintf(extra + n, sizeof extra - (size_t)n, ", seg %u", opt.seg);
 		else
