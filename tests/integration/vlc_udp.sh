@@ -169,27 +169,72 @@ if [ -n "$DG_ASAN_RT" ] &&
 	exit 77
 fi
 
+# udp_rcvbuf_errors: the kernel's count of UDP datagrams dropped because a receive buffer was
+# full (/proc/net/snmp RcvbufErrors), host-wide.
+udp_rcvbuf_errors() {
+	awk '/^Udp:/ { if (!h) { for (i = 1; i <= NF; i++) if ($i == "RcvbufErrors") c = i; h = 1 } else print $c }' /proc/net/snmp
+}
+
+# The receiving VLC does not size its socket buffer, so it gets net.core.rmem_default (208 KiB
+# on a stock kernel: ~6 blocks of datagrams). Seen in CI: a receiver descheduled for ~150 ms on
+# a loaded 2-core machine overflowed it and the *native* run lost 16 datagrams. As root, raise
+# the default for the duration of the test (restored on exit) so a stall is absorbed.
+old_rmem=
+if [ "$(id -u)" = 0 ] && [ -w /proc/sys/net/core/rmem_default ]; then
+	old_rmem=$(cat /proc/sys/net/core/rmem_default)
+	if [ "$old_rmem" -lt 4194304 ]; then
+		echo 4194304 >/proc/sys/net/core/rmem_default && dg_log "net.core.rmem_default $old_rmem -> 4194304 for this test"
+		trap 'rc=$?; echo "$old_rmem" >/proc/sys/net/core/rmem_default; (exit $rc); dg_cleanup' EXIT
+	fi
+fi
+
+# run_exact TAG REF ENV...: run_case until TAG's dump equals REF. A run that differs is retried
+# (3 runs at most) only when the kernel counted receive-buffer drops during it: that loss is the
+# OS dropping datagrams a descheduled receiver did not read in time (UD is unreliable by design,
+# and the native run shows the same), not the shim. Any other difference fails at once.
+run_exact() {
+	local tag=$1 ref=$2 try e0 e1
+	shift 2
+	for try in 1 2 3; do
+		e0=$(udp_rcvbuf_errors)
+		run_case "$tag" "$@" || return 1
+		e1=$(udp_rcvbuf_errors)
+		cmp -s "$ref" "$vdir/$tag.ts" && return 0
+		diff_report "$ref" "$vdir/$tag.ts"
+		if [ "$e1" -le "$e0" ]; then
+			dg_log "$tag: dump differs and the kernel dropped no datagram (RcvbufErrors unchanged)"
+			return 2
+		fi
+		dg_log "$tag: run $try: the kernel dropped $((e1 - e0)) datagram(s) for a full receive buffer (receiver descheduled); running again"
+	done
+	dg_log "$tag: receive-buffer drops in 3 runs in a row"
+	return 2
+}
+
 # --- native: must equal the media byte for byte, or the setup (not the shim) is broken
-run_case native || dg_fail "native VLC run failed (without the shim): environment problem, not the shim"
-if ! cmp -s "$media" "$vdir/native.ts"; then
-	diff_report "$media" "$vdir/native.ts"
+run_exact native "$media"
+case $? in
+1) dg_fail "native VLC run failed (without the shim): environment problem, not the shim" ;;
+2)
 	dg_tail "$vdir/native.send.log"
 	dg_tail "$vdir/native.recv.log"
 	dg_fail "native dump differs from the media file: the VLC setup is not exact (without the shim)"
-fi
+	;;
+esac
 dg_log "native dump identical to the media file"
 
 # --- through the shim
 dg_log "shim: ${DG_SHIM_ENV[*]}"
-run_case shim "${DG_SHIM_ENV[@]}" || dg_fail "VLC run with the shim failed"
 ok=1
-if ! cmp -s "$vdir/native.ts" "$vdir/shim.ts"; then
-	diff_report "$vdir/native.ts" "$vdir/shim.ts"
+run_exact shim "$vdir/native.ts" "${DG_SHIM_ENV[@]}"
+case $? in
+1) dg_fail "VLC run with the shim failed" ;;
+2)
 	dg_log "dump through the shim differs from the native dump"
 	ok=0
-else
-	dg_log "shim dump identical to the native dump"
-fi
+	;;
+*) dg_log "shim dump identical to the native dump" ;;
+esac
 dg_check_framed "sender" "$vdir/shim.send.log" tx || ok=0
 dg_check_framed "receiver" "$vdir/shim.recv.log" rx || ok=0
 if [ $ok -ne 1 ]; then
