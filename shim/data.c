@@ -167,6 +167,11 @@ static ssize_t recv_plain_os(int fd, const struct iovec *iov, int iovcnt, int fl
 ssize_t sock_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt, int flags,
 		  struct sockaddr *src, socklen_t *srclen, int *mflags)
 {
+	if (s->strm) {
+		if (srclen)
+			*srclen = 0; /* a stream names no source, as TCP */
+		return stream_recv(s, fd, iov, iovcnt, flags);
+	}
 	pthread_mutex_lock(&s->lock);
 	if (unlikely(s->gen != G.gen))
 		sock_reset_after_fork(s);
@@ -231,6 +236,8 @@ out:
 
 int sock_fionread(struct sock *s, int *out)
 {
+	if (s->strm)
+		return stream_fionread(s, out);
 	pthread_mutex_lock(&s->lock);
 	if (!s->qp) {
 		pthread_mutex_unlock(&s->lock);
@@ -255,6 +262,8 @@ int sock_is_bound(int fd)
 
 int sock_poll_in(struct sock *s, int fd)
 {
+	if (s->strm)
+		return stream_poll_in(s);
 	pthread_mutex_lock(&s->lock);
 	if (unlikely(s->gen != G.gen))
 		sock_reset_after_fork(s);
@@ -271,8 +280,18 @@ int sock_poll_in(struct sock *s, int fd)
 	return r;
 }
 
+int sock_poll_out(struct sock *s, int fd)
+{
+	return s->strm ? stream_poll_out(s) : -1; /* datagrams: the kernel's send buffer decides */
+}
+
 int sock_wait_fds(struct sock *s, int *qfd, int *cqfd)
 {
+	if (s->strm) {
+		*qfd = -1;
+		*cqfd = stream_wait_fd(s);
+		return *cqfd >= 0 ? 0 : -1;
+	}
 	pthread_mutex_lock(&s->lock);
 	int r = -1;
 	if (s->qp) {
@@ -287,6 +306,10 @@ int sock_wait_fds(struct sock *s, int *qfd, int *cqfd)
 
 void sock_cq_ack(struct sock *s)
 {
+	if (s->strm) {
+		stream_cq_ack(s);
+		return;
+	}
 	pthread_mutex_lock(&s->lock);
 	if (s->cq)
 		dgv_cq_ack_event(s->cq);
@@ -392,6 +415,8 @@ void zc_cache_clear(struct sock *s)
 ssize_t sock_send(struct sock *s, int fd, const struct iovec *iov, int iovcnt, int flags,
 		  const struct sockaddr *dest, socklen_t destlen)
 {
+	if (s->strm)
+		return stream_send(s, fd, iov, iovcnt, flags); /* TCP ignores a destination once connected */
 	size_t total = iov_total(iov, iovcnt);
 	pthread_mutex_lock(&s->lock);
 	if (unlikely(s->gen != G.gen))

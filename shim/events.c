@@ -42,10 +42,12 @@ int ev_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 		return real.poll(fds, n, timeout_ms);
 	}
 	struct pollfd stack[POLL_STACK];
-	int8_t sready[POLL_STACK];
+	int16_t sready[POLL_STACK];
 	nfds_t cap = n + ntaken;
 	struct pollfd *p = cap <= POLL_STACK ? stack : malloc(cap * sizeof *p);
-	int8_t *ready = cap <= POLL_STACK ? sready : malloc(n);
+	/* per entry: -1 the kernel decides everything; else the events the shim decides (high
+	 * byte) and those of them ready (low byte) */
+	int16_t *ready = cap <= POLL_STACK ? sready : malloc(n * sizeof *ready);
 	if (!p || !ready) {
 		if (p != stack)
 			free(p);
@@ -64,13 +66,22 @@ int ev_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 			p[i] = fds[i];
 			ready[i] = -1;
 			struct sock *s = fds[i].fd >= 0 ? fd_sock(fds[i].fd) : NULL;
-			if (!s || !(fds[i].events & POLLIN))
+			if (!s || !(fds[i].events & (POLLIN | POLLOUT)))
 				continue;
-			int in = sock_poll_in(s, fds[i].fd);
-			if (in < 0)
+			int in = (fds[i].events & POLLIN) ? sock_poll_in(s, fds[i].fd) : -1;
+			int out = (fds[i].events & POLLOUT) ? sock_poll_out(s, fds[i].fd) : -1;
+			if (in < 0 && out < 0)
 				continue; /* the OS carries it: its readiness is the truth */
-			ready[i] = (int8_t)(in > 0);
-			if (in > 0) {
+			int own = (in >= 0 ? POLLIN : 0) | (out >= 0 ? POLLOUT : 0);
+			int rdy = (in > 0 ? POLLIN : 0) | (out > 0 ? POLLOUT : 0);
+			ready[i] = (int16_t)(own << 8 | rdy);
+			/* a carried stream: the kernel socket is the provider's, its data and send room
+			 * are not the program's (errors and hang-ups still are) */
+			if (sock_is_stream(s))
+				p[i].events &= (short)~own;
+			else if (own & POLLOUT)
+				p[i].events &= (short)~POLLOUT;
+			if (rdy) {
 				any_ready = true;
 				continue;
 			}
@@ -96,14 +107,16 @@ int ev_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 		for (nfds_t i = 0; i < n; i++) {
 			short rev = p[i].revents;
 			if (ready[i] >= 0) {
-				rev &= (short)~POLLIN;
-				bool in = ready[i] > 0;
-				if (!in && r > 0) {
+				int own = ready[i] >> 8, rdy = ready[i] & 0xff;
+				rev &= (short)~own;
+				if (r > 0 && (own & ~rdy)) {
 					struct sock *s = fd_sock(fds[i].fd);
-					in = s && sock_poll_in(s, fds[i].fd) > 0;
+					if (s && (own & ~rdy & POLLIN) && sock_poll_in(s, fds[i].fd) > 0)
+						rdy |= POLLIN;
+					if (s && (own & ~rdy & POLLOUT) && sock_poll_out(s, fds[i].fd) > 0)
+						rdy |= POLLOUT;
 				}
-				if (in)
-					rev |= POLLIN;
+				rev |= (short)rdy;
 			}
 			fds[i].revents = rev;
 			if (rev)
@@ -211,6 +224,7 @@ struct reg {
 	int cqfd;             /* registered too, or -1 */
 	uint32_t round;       /* last epoll_wait that reported it (dedupe) */
 	bool armed;           /* EPOLLONESHOT: not reported since the last ADD/MOD */
+	bool pending;         /* a stream not carried yet: attach once it connects */
 };
 
 struct ep {
@@ -221,6 +235,7 @@ struct ep {
 	uint32_t *free_idx;
 	uint32_t nfree, free_cap;
 	_Atomic int ntaken;   /* registrations of taken sockets */
+	_Atomic int npending; /* registrations with pending set */
 	_Atomic uint32_t round;
 };
 
@@ -298,9 +313,18 @@ static struct reg *reg_new(struct ep *ep, uint32_t *idx)
 	return reg_at(ep, i);
 }
 
+static void pending_set(struct ep *ep, struct reg *r, bool on)
+{
+	if (r->pending == on)
+		return;
+	r->pending = on;
+	atomic_fetch_add(&ep->npending, on ? 1 : -1);
+}
+
 static void reg_release(struct ep *ep, struct reg *r, uint32_t i)
 {
 	atomic_fetch_add(&r->gen, 1); /* even: free; stale kernel events no longer match */
+	pending_set(ep, r, false);
 	if (r->s)
 		atomic_fetch_sub(&ep->ntaken, 1);
 	r->s = NULL;
@@ -320,10 +344,32 @@ static inline uint64_t tag(struct reg *r, uint32_t i, bool cq)
 }
 
 /* Kernel events for a registration: the socket's own events; EPOLLIN of a taken socket is
- * checked before the program sees it. */
+ * checked before the program sees it; a carried stream's EPOLLIN/EPOLLOUT come from the
+ * shim alone (the kernel socket's data and room are the provider's). */
 static uint32_t kernel_events(const struct reg *r)
 {
+	if (r->s && sock_is_stream(r->s))
+		return r->events & ~(uint32_t)(EPOLLIN | EPOLLOUT);
 	return r->events;
+}
+
+/* Readiness the shim decides for r's socket among the events asked: a mask of EPOLLIN and
+ * EPOLLOUT in *own (what it decides) and the return value (what is ready). */
+static uint32_t shim_ready(struct reg *r, uint32_t asked, uint32_t *own)
+{
+	uint32_t o = 0, rdy = 0;
+	if (asked & EPOLLIN) {
+		int in = sock_poll_in(r->s, r->fd);
+		if (in >= 0)
+			o |= EPOLLIN, rdy |= in > 0 ? EPOLLIN : 0;
+	}
+	if (asked & EPOLLOUT) {
+		int out = sock_poll_out(r->s, r->fd);
+		if (out >= 0)
+			o |= EPOLLOUT, rdy |= out > 0 ? EPOLLOUT : 0;
+	}
+	*own = o;
+	return rdy;
 }
 
 /* Makes r a taken socket's registration (its CQ's descriptor registered too) once the socket
@@ -335,14 +381,23 @@ static bool reg_attach(struct ep *ep, int epfd, struct reg *r, uint32_t idx)
 		return true;
 	struct sock *s = fd_sock(r->fd);
 	int qfd, cqfd;
-	if (!s || sock_poll_in(s, r->fd) < 0 || sock_wait_fds(s, &qfd, &cqfd))
+	if (!s)
 		return false;
+	if (sock_poll_in(s, r->fd) < 0 || sock_wait_fds(s, &qfd, &cqfd)) {
+		pending_set(ep, r, sock_is_stream(s)); /* a stream may connect later */
+		return false;
+	}
+	pending_set(ep, r, false);
 	struct epoll_event cev = {.events = EPOLLIN | (r->events & EPOLLET), .data.u64 = tag(r, idx, true)};
 	if (real.epoll_ctl(epfd, EPOLL_CTL_ADD, cqfd, &cev) == 0)
 		r->cqfd = cqfd;
 	r->s = s;
 	atomic_fetch_add(&ep->ntaken, 1);
 	sock_ep_link(s, ep, 1);
+	if (sock_is_stream(s)) {
+		struct epoll_event kev = {.events = kernel_events(r), .data.u64 = tag(r, idx, false)};
+		real.epoll_ctl(epfd, EPOLL_CTL_MOD, r->fd, &kev);
+	}
 	return true;
 }
 
@@ -369,6 +424,7 @@ int ev_epoll_ctl(struct ep *ep, int epfd, int op, int fd, struct epoll_event *ev
 		r->fd = fd, r->events = ev->events, r->data = ev->data.u64, r->cqfd = -1, r->s = NULL;
 		r->round = 0;
 		r->armed = true;
+		r->pending = false;
 		atomic_fetch_add(&r->gen, 1); /* odd: in use */
 		struct epoll_event kev = {.events = kernel_events(r), .data.u64 = tag(r, idx, false)};
 		if (real.epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &kev) < 0) {
@@ -465,18 +521,38 @@ int ev_epoll_wait(struct ep *ep, int epfd, struct epoll_event *evs, int max, int
 	for (;;) {
 		uint32_t round = atomic_fetch_add(&ep->round, 1) + 1;
 		out = 0;
-		if (atomic_load(&ep->ntaken)) {
+		if (atomic_load(&ep->ntaken) || atomic_load(&ep->npending)) {
 			/* level-triggered: data still queued from an earlier burst is readiness the
 			 * kernel no longer shows */
 			uint32_t nr = __atomic_load_n(&ep->nregs, __ATOMIC_ACQUIRE);
 			for (uint32_t i = 0; i < nr && out < max; i++) {
 				struct reg *r = reg_at(ep, i);
-				if (!r || !(atomic_load(&r->gen) & 1) || !r->s)
+				if (!r || !(atomic_load(&r->gen) & 1))
 					continue;
-				uint32_t e = r->events;
-				if ((e & EPOLLET) || ((e & EPOLLONESHOT) && !r->armed) || !(e & EPOLLIN) ||
-				    !cheap_ready(r->s))
+				if (r->pending && !r->s) {
+					/* a stream that connected since it was added: carried from now on */
+					shim_depth++;
+					pthread_mutex_lock(&ep->lock);
+					if ((atomic_load(&r->gen) & 1) && !r->s)
+						reg_attach(ep, epfd, r, i);
+					pthread_mutex_unlock(&ep->lock);
+					shim_depth--;
+				}
+				if (!r->s)
 					continue;
+				uint32_t e = r->events, got = EPOLLIN;
+				if ((e & EPOLLET) || ((e & EPOLLONESHOT) && !r->armed))
+					continue;
+				if (sock_is_stream(r->s)) {
+					uint32_t own;
+					shim_depth++;
+					got = shim_ready(r, e & (EPOLLIN | EPOLLOUT), &own);
+					shim_depth--;
+					if (!got)
+						continue;
+				} else if (!(e & EPOLLIN) || !cheap_ready(r->s)) {
+					continue;
+				}
 				r->round = round;
 				if (e & EPOLLONESHOT) {
 					r->armed = false;
@@ -484,7 +560,7 @@ int ev_epoll_wait(struct ep *ep, int epfd, struct epoll_event *evs, int max, int
 					struct epoll_event kev = {.events = 0, .data.u64 = tag(r, i, false)};
 					real.epoll_ctl(epfd, EPOLL_CTL_MOD, r->fd, &kev);
 				}
-				evs[out++] = (struct epoll_event){.events = EPOLLIN, .data.u64 = r->data};
+				evs[out++] = (struct epoll_event){.events = got, .data.u64 = r->data};
 			}
 		}
 		int wt = out ? 0 : t;
@@ -515,18 +591,21 @@ int ev_epoll_wait(struct ep *ep, int epfd, struct epoll_event *evs, int max, int
 			if (r->s) {
 				if (cq)
 					sock_cq_ack(r->s);
-				if ((e & EPOLLIN) || cq) {
+				if (sock_is_stream(r->s)) {
+					uint32_t own, rdy = shim_ready(r, r->events & (EPOLLIN | EPOLLOUT), &own);
+					e = (e & ~own) | rdy;
+				} else if ((e & EPOLLIN) || cq) {
 					int in = (r->events & EPOLLIN) ? sock_poll_in(r->s, r->fd) : 0;
 					if (in >= 0) /* < 0: the OS carries it, the kernel's word stands */
 						e = (e & ~EPOLLIN) | (in > 0 ? EPOLLIN : 0);
 				}
 				if (cq)
-					e &= EPOLLIN;
+					e &= EPOLLIN | EPOLLOUT;
 				e &= r->events | EPOLLERR | EPOLLHUP;
 				if (!e) {
 					if ((r->events & EPOLLONESHOT) && !cq) {
 						/* the kernel disarmed it for nothing: arm it again */
-						struct epoll_event kev = {.events = r->events, .data.u64 = d};
+						struct epoll_event kev = {.events = kernel_events(r), .data.u64 = d};
 						real.epoll_ctl(epfd, EPOLL_CTL_MOD, r->fd, &kev);
 					}
 					continue;

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "shim.h"
+#include "stream.h"
 
 struct real_fns real;
 __thread int shim_depth __attribute__((tls_model("initial-exec")));
@@ -34,6 +35,7 @@ static pthread_once_t real_once = PTHREAD_ONCE_INIT;
 static void real_load(void)
 {
 	LOAD(socket), LOAD(bind), LOAD(connect), LOAD(close), LOAD(shutdown);
+	LOAD(listen), LOAD(accept), LOAD(accept4);
 	LOAD(close_range), LOAD(closefrom);
 	LOAD(dup), LOAD(dup2), LOAD(dup3), LOAD(fcntl), LOAD(ioctl);
 	LOAD(setsockopt), LOAD(getsockopt);
@@ -336,6 +338,42 @@ SHIM_EXPORT int bind(int fd, const struct sockaddr *a, socklen_t l)
 SHIM_EXPORT int connect(int fd, const struct sockaddr *a, socklen_t l)
 {
 	CONTROL(fd, real.connect(fd, a, l), sock_connect(s, fd, a, l));
+}
+
+SHIM_EXPORT int listen(int fd, int backlog)
+{
+	shim_real_init();
+	struct sock *s = taken(fd);
+	if (!s || !sock_is_stream(s))
+		return real.listen(fd, backlog);
+	ENTER();
+	int r = stream_listen(s, fd, backlog);
+	LEAVE();
+	return (int)ret(r);
+}
+
+/* accept blocks like the kernel's (no shim lock is held while it waits) and stays a
+ * cancellation point; only the MPA exchange of a connection found to be ours runs inside. */
+static int accept_common(int fd, struct sockaddr *a, socklen_t *l, int flags)
+{
+	shim_real_init();
+	struct sock *s = taken(fd);
+	if (!s || !sock_is_stream(s))
+		return real.accept4(fd, a, l, flags);
+	ENTER();
+	int r = stream_accept(fd, a, l, flags);
+	LEAVE();
+	return (int)ret(r);
+}
+
+SHIM_EXPORT int accept(int fd, struct sockaddr *a, socklen_t *l)
+{
+	return accept_common(fd, a, l, 0);
+}
+
+SHIM_EXPORT int accept4(int fd, struct sockaddr *a, socklen_t *l, int flags)
+{
+	return accept_common(fd, a, l, flags);
 }
 
 SHIM_EXPORT int shutdown(int fd, int how)

@@ -87,7 +87,7 @@ void peer_after_fork(void)
 			}
 }
 
-static bool ip_local(const union dgv_sockaddr *a)
+bool ip_local(const union dgv_sockaddr *a)
 {
 	if (a->sa.sa_family == AF_INET) {
 		uint32_t ip = ntohl(a->sin.sin_addr.s_addr);
@@ -184,8 +184,8 @@ static struct peer *find(const union dgv_sockaddr *a, socklen_t alen, uint32_t h
 	return NULL;
 }
 
-/* Does the registry name for (port, svc) exist on this host? */
-static bool registry_has(unsigned port, int svc)
+/* Is the abstract unix name a bound somewhere in this network namespace? */
+bool registry_exists(const struct sockaddr_un *a, socklen_t al)
 {
 	if (probe_fd < 0) {
 		int fd = real.socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
@@ -195,11 +195,17 @@ static bool registry_has(unsigned port, int svc)
 		if (!__atomic_compare_exchange_n(&probe_fd, &expect, fd, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
 			real.close(fd);
 	}
+	/* connecting a datagram unix socket only checks that the name is bound */
+	return real.connect(probe_fd, (const struct sockaddr *)a, al) == 0;
+}
+
+/* Does the registry name for (port, svc) exist on this host? */
+static bool registry_has(unsigned port, int svc)
+{
 	struct sockaddr_un u;
 	socklen_t ul;
 	registry_name(&u, &ul, svc, port);
-	/* connecting a datagram unix socket only checks that the name is bound */
-	return real.connect(probe_fd, (struct sockaddr *)&u, ul) == 0;
+	return registry_exists(&u, ul);
 }
 
 struct dgv_ah *peer_route(const union dgv_sockaddr *to, socklen_t tolen, int svc)

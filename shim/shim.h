@@ -47,6 +47,9 @@ struct real_fns {
 	int (*socket)(int, int, int);
 	int (*bind)(int, const struct sockaddr *, socklen_t);
 	int (*connect)(int, const struct sockaddr *, socklen_t);
+	int (*listen)(int, int);
+	int (*accept)(int, struct sockaddr *, socklen_t *);
+	int (*accept4)(int, struct sockaddr *, socklen_t *, int);
 	int (*close)(int);
 	int (*close_range)(unsigned, unsigned, int);
 	void (*closefrom)(int);
@@ -157,6 +160,11 @@ ssize_t sock_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt, i
 /* Drives progress; returns POLLIN if a datagram is ready to read, 0 if not, -1 if the OS
  * carries the socket (its own readiness is the truth). Never blocks. */
 int sock_poll_in(struct sock *s, int fd);
+/* POLLOUT of a stream the shim carries (> 0 ready, 0 wait on the CQ fd), -1: the kernel's. */
+int sock_poll_out(struct sock *s, int fd);
+/* True when fd is a socket whose POLLIN/POLLOUT the shim decides entirely (a carried stream:
+ * the kernel socket's own readiness says nothing the program should see). */
+bool sock_is_stream(struct sock *s);
 /* The descriptors to wait on for the socket's input: the kernel socket and the CQ's fd. */
 int sock_wait_fds(struct sock *s, int *qfd, int *cqfd);
 /* After the CQ fd polled readable. */

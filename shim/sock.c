@@ -48,7 +48,7 @@ static void *pages(size_t n)
 }
 
 /* A descriptor number for the shim's own use, away from the low numbers programs expect. */
-static int high_fd(int fd)
+int high_fd(int fd)
 {
 	struct rlimit rl;
 	int lo = 3;
@@ -60,7 +60,7 @@ static int high_fd(int fd)
 	return n;
 }
 
-static int lock_sock(struct sock *s)
+int sock_lock(struct sock *s)
 {
 	pthread_mutex_lock(&s->lock);
 	if (unlikely(s->gen != G.gen))
@@ -68,7 +68,9 @@ static int lock_sock(struct sock *s)
 	return 0;
 }
 
-static void unlock_sock(struct sock *s) { pthread_mutex_unlock(&s->lock); }
+void sock_unlock(struct sock *s) { pthread_mutex_unlock(&s->lock); }
+#define lock_sock sock_lock
+#define unlock_sock sock_unlock
 
 /* ------------------------------------------------------------------ process start */
 
@@ -122,7 +124,7 @@ int shim_default_mode(void)
  * thread must not start in a constructor). Returns 0 or -errno. */
 static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static int ctx_get(void)
+int ctx_get(void)
 {
 	if (likely(G.pd && G.ctx_gen == G.gen))
 		return 0;
@@ -172,6 +174,26 @@ static struct sock *sock_new(int fd, int domain, int mode)
 	return s;
 }
 
+/* A stream socket object installed at fd (accepted or created). Returns it, or NULL (out of
+ * memory: the OS carries the socket). */
+struct sock *sock_new_stream(int fd, int domain, bool nonblock, int mode)
+{
+	struct sock *s = sock_new(fd, domain, mode);
+	if (!s)
+		return NULL;
+	if (stream_attach(s)) {
+		stats_release(s);
+		pthread_mutex_destroy(&s->lock);
+		free(s);
+		return NULL;
+	}
+	s->user_nonblock = nonblock;
+	struct ent *old = fd_set_ent(fd, &s->ent);
+	if (old && old->kind == ENT_SOCK)
+		sock_put((struct sock *)old);
+	return s;
+}
+
 static void sock_take(int fd, int domain, int type, int protocol);
 
 void sock_created(int fd, int domain, int type, int protocol)
@@ -185,8 +207,14 @@ static void sock_take(int fd, int domain, int type, int protocol)
 {
 	if (G.disabled)
 		return;
+	if ((type & 0xff) == SOCK_STREAM && (protocol == 0 || protocol == IPPROTO_TCP)) {
+		/* TCP: whether it is carried is decided at connect/listen (stream.c) */
+		bool off = G.rules && dg_rules_match(G.rules, IPPROTO_TCP, DG_ROLE_ANY, NULL, 0) == IWARP_MODE_OFF;
+		sock_new_stream(fd, domain, (type & SOCK_NONBLOCK) != 0, off ? IWARP_MODE_OFF : IWARP_MODE_AUTO);
+		return;
+	}
 	if ((type & 0xff) != SOCK_DGRAM || (protocol != 0 && protocol != IPPROTO_UDP))
-		return; /* streams are the RC issue's; raw, ICMP and UDP-Lite stay with the OS */
+		return; /* raw, ICMP, SCTP and UDP-Lite stay with the OS */
 	int mode = shim_default_mode();
 	if (mode == IWARP_MODE_OFF || mode == IWARP_MODE_RC)
 		mode = IWARP_MODE_OFF;
@@ -306,6 +334,10 @@ void sock_put(struct sock *s)
 	pthread_mutex_unlock(&s->lock);
 	ev_sock_gone(s, eps, n);
 	pthread_mutex_lock(&s->lock);
+	if (s->strm && s->gen == G.gen)
+		stream_teardown(s);
+	else if (s->strm)
+		free(s->strm), s->strm = NULL; /* a forked child's copy: the parent owns the QP */
 	if (s->gen == G.gen)
 		qp_teardown(s, true);
 	stats_release(s);
@@ -473,6 +505,7 @@ void qp_teardown(struct sock *s, bool all)
  * parent had queued stays the parent's. Needs s->lock (re-initialised by the atfork handler). */
 void sock_reset_after_fork(struct sock *s)
 {
+	stream_after_fork(s);
 	s->qp = NULL, s->cq = NULL, s->rx_mr = NULL, s->tx_mr = NULL;
 	s->pend_head = s->pend_n = 0;
 	s->rx_free_n = 0, s->tx_free_n = 0; /* qp_setup fills them with the new areas */
@@ -506,18 +539,48 @@ void shim_atfork_child(void)
 
 /* ------------------------------------------------------------------ discovery registry */
 
-/* The name under which a socket bound to port says "I speak datagram-iWARP, service svc". */
-void registry_name(struct sockaddr_un *u, socklen_t *len, int svc, unsigned port)
+/* u = the abstract unix name "name" (no trailing NUL: abstract names are length-delimited). */
+void abstract_name(struct sockaddr_un *u, socklen_t *len, const char *name)
 {
 	memset(u, 0, sizeof *u);
 	u->sun_family = AF_UNIX;
-	int n = snprintf(u->sun_path + 1, sizeof u->sun_path - 1, "dgshim/%s/%u",
-			 svc == IWARP_MODE_RD ? "rd" : "ud", port);
-	*len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+	size_t n = strlen(name);
+	if (n > sizeof u->sun_path - 2)
+		n = sizeof u->sun_path - 2;
+	memcpy(u->sun_path + 1, name, n);
+	*len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
 }
 
-/* Binds the registry name of the socket's current service (abstract namespace: per network
- * namespace like UDP ports, and gone with the process). Needs s->lock. */
+/* The name under which a socket bound to port says "I speak datagram-iWARP, service svc". */
+void registry_name(struct sockaddr_un *u, socklen_t *len, int svc, unsigned port)
+{
+	char name[48];
+	snprintf(name, sizeof name, "dgshim/%s/%u", svc == IWARP_MODE_RD ? "rd" : "ud", port);
+	abstract_name(u, len, name);
+}
+
+/* Binds the abstract name on a private unix socket at a high descriptor number (per network
+ * namespace like ports, and gone with the process). Returns the fd or -errno (-EADDRINUSE:
+ * someone holds the name). */
+int registry_bind(const struct sockaddr_un *a, socklen_t al)
+{
+	int u = real.socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (u < 0)
+		return -errno;
+	int hu = high_fd(u);
+	if (hu >= 0) {
+		real.close(u);
+		u = hu;
+	}
+	if (real.bind(u, (const struct sockaddr *)a, al)) {
+		int e = errno;
+		real.close(u);
+		return -e;
+	}
+	return u;
+}
+
+/* Binds the registry name of the socket's current service. Needs s->lock. */
 static void registry_set(struct sock *s)
 {
 	if (s->regfd >= 0)
@@ -529,21 +592,13 @@ static void registry_set(struct sock *s)
 	if (getsockname(s->qfd, &la.sa, &ll))
 		return;
 	unsigned port = ntohs(la.sa.sa_family == AF_INET ? la.sin.sin_port : la.sin6.sin6_port);
-	int u = real.socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-	if (u < 0)
-		return;
-	int hu = high_fd(u);
-	if (hu >= 0) {
-		real.close(u);
-		u = hu;
-	}
 	struct sockaddr_un a;
 	socklen_t al;
 	registry_name(&a, &al, s->qp_type == DGV_QPT_RD ? IWARP_MODE_RD : IWARP_MODE_UD, port);
-	if (real.bind(u, (struct sockaddr *)&a, al)) {
+	int u = registry_bind(&a, al);
+	if (u < 0) {
 		DG_DBG("registry name for port %u taken (%s): another socket on this port answers",
-		       port, strerror(errno));
-		real.close(u);
+		       port, strerror(-u));
 		return;
 	}
 	s->regfd = u;
@@ -556,6 +611,8 @@ int sock_bind(struct sock *s, int fd, const struct sockaddr *a, socklen_t l)
 	int r = real.bind(fd, a, l);
 	if (r < 0)
 		return -errno;
+	if (s->strm)
+		return 0; /* TCP: listen or connect decides */
 	lock_sock(s);
 	if (!s->explicit_mode && G.rules) {
 		int m = dg_rules_match(G.rules, IPPROTO_UDP, DG_ROLE_RECEIVER, a, l);
@@ -572,6 +629,8 @@ int sock_bind(struct sock *s, int fd, const struct sockaddr *a, socklen_t l)
 
 int sock_connect(struct sock *s, int fd, const struct sockaddr *a, socklen_t l)
 {
+	if (s->strm)
+		return stream_connect(s, fd, a, l);
 	int r = real.connect(fd, a, l);
 	if (r < 0)
 		return -errno;
@@ -592,6 +651,8 @@ int sock_connect(struct sock *s, int fd, const struct sockaddr *a, socklen_t l)
 
 int sock_shutdown(struct sock *s, int fd, int how)
 {
+	if (s->strm)
+		return stream_shutdown(s, fd, how);
 	int r = real.shutdown(fd, how);
 	if (r < 0 && errno != ENOTCONN)
 		return -errno;
@@ -644,7 +705,8 @@ static int iwarp_get(struct sock *s, int name, void *v, socklen_t *l)
 		if (s) {
 			lock_sock(s);
 			x = name == IWARP_MODE ? s->mode : name == IWARP_ZCOPY_THRESHOLD ? s->zcopy
-			    : (s->mode != IWARP_MODE_OFF && !s->broken);
+			    : s->strm ? stream_carried(s)
+				      : (s->mode != IWARP_MODE_OFF && !s->broken);
 			unlock_sock(s);
 		} else {
 			x = name == IWARP_MODE ? IWARP_MODE_OFF : name == IWARP_ZCOPY_THRESHOLD ? G.zcopy_default : 0;
@@ -725,7 +787,7 @@ int sock_setsockopt(struct sock *s, int fd, int level, int name, const void *v, 
 		int x;
 		memcpy(&x, v, sizeof x);
 		if (name == IWARP_MODE)
-			return set_mode(s, fd, x);
+			return s->strm ? stream_setmode(s, x) : set_mode(s, fd, x);
 		if (name == IWARP_ZCOPY_THRESHOLD) {
 			if (x < 0)
 				return -EINVAL;
@@ -758,6 +820,19 @@ int sock_getsockopt(struct sock *s, int fd, int level, int name, void *v, sockle
 {
 	if (level == SOL_IWARP)
 		return iwarp_get(s, name, v, l);
+	if (level == SOL_SOCKET && name == SO_ERROR && v && l && *l >= sizeof(int) && s->strm) {
+		int e = 0;
+		if (stream_so_error(s, &e) == 0) {
+			int k = 0;
+			socklen_t kl = sizeof k;
+			real.getsockopt(fd, level, name, &k, &kl); /* the kernel's (a TCP error) */
+			if (!e)
+				e = k;
+			memcpy(v, &e, sizeof e);
+			*l = sizeof e;
+			return 0;
+		}
+	}
 	if (level == SOL_SOCKET && name == SO_ERROR && v && l && *l >= sizeof(int)) {
 		/* an asynchronous error of ours (RD peer gone) reads like ECONNREFUSED would */
 		lock_sock(s);

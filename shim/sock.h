@@ -7,6 +7,7 @@
 #include <sys/un.h>
 
 #include "shim.h"
+#include "stream.h"
 
 /* Receive and send slots: one datagram each (UDP's largest fits), in mapped pages that are
  * touched only as far as datagrams reach, reused warm-first. */
@@ -87,6 +88,8 @@ struct sock {
 	struct ep *eps[SHIM_MAX_EPS]; /* epoll instances watching it */
 	int neps;
 
+	struct stream *strm;          /* SOCK_STREAM: the stream part (stream.c), else NULL */
+
 	struct iwarp_stats *st;       /* in the shared counters file, or own */
 	struct iwarp_stats own_st;
 	int stat_slot;
@@ -103,6 +106,20 @@ void qp_teardown(struct sock *s, bool all);
 void sock_reset_after_fork(struct sock *s);
 void stats_pull(struct sock *s);
 void registry_name(struct sockaddr_un *u, socklen_t *len, int svc, unsigned port);
+void abstract_name(struct sockaddr_un *u, socklen_t *len, const char *name);
+int registry_bind(const struct sockaddr_un *a, socklen_t al);
+bool registry_exists(const struct sockaddr_un *a, socklen_t al);
+/* a on this host (loopback or one of its addresses): discovery applies */
+bool ip_local(const union dgv_sockaddr *a);
+/* A private duplicate of fd at a high descriptor number (close-on-exec), or -1. */
+int high_fd(int fd);
+/* s->lock, resetting a forked child's copy first. */
+int sock_lock(struct sock *s);
+void sock_unlock(struct sock *s);
+/* A stream socket object installed at fd, mode IWARP_MODE_AUTO/RC/OFF; NULL: out of memory. */
+struct sock *sock_new_stream(int fd, int domain, bool nonblock, int mode);
+/* The verbs context and PD (made once per process and after fork). Returns 0 or -errno. */
+int ctx_get(void);
 void zc_cache_clear(struct sock *s);
 /* Moves finished work from the CQ to the pending and free lists. Needs s->lock. */
 void consume_cq(struct sock *s);

@@ -1,0 +1,1254 @@
+/*
+ * stream.c - TCP sockets carried over RC queue pairs (iWARP on the program's own TCP connection).
+ *
+ * Who speaks it. A preloaded listener binds the abstract name "dgshim/rc/<port>"; a preloaded
+ * client that finds that name (destination on this host) binds "dgshim/rcc/<cport>-<sport>"
+ * before its TCP connect, then runs MPA on the connection. The server's accept looks the
+ * client's name up for each connection: found, the connection is iWARP (it reads the MPA
+ * Request); not found, the program gets the plain TCP connection untouched. So an unmodified
+ * peer, client or server, never sees an iWARP byte, and nobody waits to learn who speaks first.
+ * Remote destinations are iWARP only when a rules line says mode=rc for them.
+ *
+ * The byte stream. Each side registers a receive ring (power of two) followed by control slots
+ * and tells the peer where they are in the MPA private data (struct stream_hello). send()
+ * copies into a local ring and posts RDMA Write-Records into the peer's ring at the same stream
+ * position modulo its size; the peer's record completion says which bytes arrived (paper 000:
+ * Write-Record on a reliable transport needs no posted receive). The reader returns credit
+ * (bytes consumed, records polled) with a small Write-Record into the writer's control slots
+ * when a quarter of the ring or of the record budget has been used: the writer never overruns
+ * the ring or the reader's CQ. FIN travels in a control message (with the stream's total
+ * length), so half-close works without closing TCP, whose direction still carries credit.
+ * One receive stays posted as a sentinel: a connection that fails flushes it, which wakes a
+ * waiter on the CQ descriptor, the only descriptor a poll needs for a carried stream.
+ *
+ * Locking: everything here runs under s->lock (sock.c), provider locks nest inside.
+ */
+#include <endian.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "rules.h"
+#include "sock.h"
+
+#define RING_DEFAULT (512u << 10)
+#define RING_MIN (16u << 10)
+#define RING_MAX (64u << 20)
+#define CTL_SLOTS 64u
+#define CTL_SLOT_SZ 64u
+#define MAX_RECS 256u          /* data records a peer may have in flight towards us */
+#define SQ_DEPTH 512u
+#define CQ_DEPTH (MAX_RECS + SQ_DEPTH + CTL_SLOTS + 64u)
+#define CHUNK (64u << 10)      /* one Write-Record at most: the reader sees data as it streams */
+#define CONNECT_WAIT_MS 15000  /* MPA exchange of a blocking connect, at most */
+#define ACCEPT_WAIT_MS 5000    /* the MPA Request of a connection found to be ours */
+
+enum { WR_DATA = 1, WR_CTL = 2, WR_SENTINEL = 3 };
+
+struct stream {
+	enum stream_state state;
+	int err;                 /* error to report once to recv/send (then EOF / EPIPE) */
+	int so_error;            /* SO_ERROR of a failed non-blocking connect */
+	bool connect_pending;    /* EINPROGRESS given: the next connect after success returns 0 */
+	bool counted;            /* in the conns total */
+	int mode;                /* IWARP_MODE_AUTO, _RC or _OFF */
+	struct dgv_cm_channel *ch;
+	struct dgv_qp *qp;
+	struct dgv_cq *cq;
+	int qfd, regfd;
+	uint8_t *area;
+	size_t area_len;
+	struct dgv_mr *mr_in, *mr_out;
+	uint32_t ring;           /* our receive ring and send ring size */
+	uint8_t *rx, *tx, *ctl_in, *ctl_out, *sentinel;
+	/* the peer's ring, from its hello (host order) */
+	uint32_t p_ring, p_stag, p_slots, p_max_recs;
+	uint64_t p_ring_addr, p_ctl_addr;
+	/* sending */
+	uint64_t sent, peer_consumed, recs_sent, peer_recs;
+	uint32_t tx_out, ctl_out_n, ctl_seq;
+	bool fin_sent, shut_wr;
+	bool ctl_owed;           /* a control message could not be posted (SQ full): retry */
+	/* receiving */
+	uint64_t arrived, consumed, recs_polled, adv_consumed, adv_recs;
+	bool peer_fin, peer_close, tcp_down, shut_rd;
+	uint64_t fin_total;
+};
+
+static struct {
+	_Atomic uint64_t conns, plain, tx_bytes, rx_bytes;
+} T;
+
+void stream_totals(struct stream_totals *t)
+{
+	t->conns = atomic_load(&T.conns), t->plain = atomic_load(&T.plain);
+	t->tx_bytes = atomic_load(&T.tx_bytes), t->rx_bytes = atomic_load(&T.rx_bytes);
+}
+
+static unsigned port_of(const union dgv_sockaddr *a)
+{
+	return ntohs(a->sa.sa_family == AF_INET ? a->sin.sin_port : a->sin6.sin6_port);
+}
+
+/* STREAM_RING from the environment (bytes, rounded up to a power of two), once. */
+static uint32_t ring_size(void)
+{
+	static uint32_t v;
+	if (v)
+		return v;
+	uint32_t r = RING_DEFAULT;
+	const char *e = getenv("DGSHIM_STREAM_BUF");
+	if (e && *e) {
+		char *end;
+		unsigned long x = strtoul(e, &end, 10);
+		if (*end == 'k' || *end == 'K')
+			x <<= 10, end++;
+		else if (*end == 'm' || *end == 'M')
+			x <<= 20, end++;
+		if (*end || x < RING_MIN || x > RING_MAX)
+			dg_log_always("DGSHIM_STREAM_BUF=%s: expected %u..%u bytes (k/M suffix allowed); using %u",
+				      e, RING_MIN, RING_MAX, RING_DEFAULT);
+		else
+			for (r = RING_MIN; r < x; r <<= 1)
+				;
+	}
+	v = r;
+	return r;
+}
+
+int stream_attach(struct sock *s)
+{
+	struct stream *t = calloc(1, sizeof *t);
+	if (!t)
+		return -ENOMEM;
+	t->qfd = -1, t->regfd = -1;
+	t->mode = s->mode;
+	s->strm = t;
+	return 0;
+}
+
+/* ------------------------------------------------------------------ resources */
+
+static size_t ctl_bytes(void) { return (size_t)CTL_SLOTS * CTL_SLOT_SZ; }
+
+/* The ring area, its two regions and the CQ. Returns 0 or -errno. */
+static int res_setup(struct stream *t)
+{
+	int rc = ctx_get();
+	if (rc)
+		return rc;
+	t->ring = ring_size();
+	size_t half = t->ring + ctl_bytes() + 4096; /* ring, control slots, sentinel (out side) */
+	t->area_len = 2 * half;
+	void *p = mmap(NULL, t->area_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+		       -1, 0);
+	if (p == MAP_FAILED)
+		return -ENOMEM;
+	t->area = p;
+	t->rx = t->area;
+	t->ctl_in = t->rx + t->ring;
+	t->tx = t->area + half;
+	t->ctl_out = t->tx + t->ring;
+	t->sentinel = t->ctl_out + ctl_bytes();
+	if ((rc = dgv_reg_mr(G.pd, t->rx, t->ring + ctl_bytes(),
+			     DGV_ACCESS_LOCAL_WRITE | DGV_ACCESS_REMOTE_WRITE, &t->mr_in)) ||
+	    (rc = dgv_reg_mr(G.pd, t->tx, half, DGV_ACCESS_LOCAL_WRITE, &t->mr_out)) ||
+	    (rc = dgv_create_cq(G.ctx, (int)CQ_DEPTH, &t->cq)) ||
+	    (rc = dgv_cm_create_channel(G.ctx, &t->ch)))
+		return rc;
+	dgv_cq_notify_background(t->cq, 1);
+	return 0;
+}
+
+static void res_free(struct stream *t)
+{
+	if (t->qp)
+		dgv_destroy_qp(t->qp), t->qp = NULL;
+	if (t->ch)
+		dgv_cm_destroy_channel(t->ch), t->ch = NULL;
+	if (t->cq)
+		dgv_destroy_cq(t->cq), t->cq = NULL;
+	if (t->mr_in)
+		dgv_dereg_mr(t->mr_in), t->mr_in = NULL;
+	if (t->mr_out)
+		dgv_dereg_mr(t->mr_out), t->mr_out = NULL;
+	if (t->area)
+		munmap(t->area, t->area_len), t->area = NULL;
+	if (t->qfd >= 0)
+		real.close(t->qfd), t->qfd = -1;
+	if (t->regfd >= 0)
+		real.close(t->regfd), t->regfd = -1;
+}
+
+static void hello_make(const struct stream *t, struct stream_hello *h)
+{
+	h->magic = htobe32(STREAM_MAGIC);
+	h->ring_size = htobe32(t->ring);
+	h->ring_stag = htobe32(t->mr_in->rkey);
+	h->ctl_slots = htobe32(CTL_SLOTS);
+	h->ring_addr = htobe64((uint64_t)(uintptr_t)t->rx);
+	h->ctl_addr = htobe64((uint64_t)(uintptr_t)t->ctl_in);
+	h->max_recs = htobe32(MAX_RECS);
+	h->rsvd = 0;
+}
+
+/* Takes the peer's hello. Returns 0 or -EPROTO (not ours, or nonsense). */
+static int hello_take(struct stream *t, const uint8_t *pd, unsigned len)
+{
+	struct stream_hello h;
+	if (len < sizeof h)
+		return -EPROTO;
+	memcpy(&h, pd, sizeof h);
+	uint32_t ring = be32toh(h.ring_size), slots = be32toh(h.ctl_slots), recs = be32toh(h.max_recs);
+	if (be32toh(h.magic) != STREAM_MAGIC || ring < RING_MIN || ring > RING_MAX || (ring & (ring - 1)) ||
+	    !slots || slots > 4096 || !recs) {
+		DG_WARN("stream: the peer's hello is not a dgshim stream hello (magic %08x ring %u slots %u)",
+			be32toh(h.magic), ring, slots);
+		return -EPROTO;
+	}
+	t->p_ring = ring, t->p_slots = slots, t->p_max_recs = recs;
+	t->p_stag = be32toh(h.ring_stag);
+	t->p_ring_addr = be64toh(h.ring_addr);
+	t->p_ctl_addr = be64toh(h.ctl_addr);
+	return 0;
+}
+
+static void post_sentinel(struct stream *t)
+{
+	struct dgv_sge sge = {(uint64_t)(uintptr_t)t->sentinel, 64, t->mr_out->lkey};
+	struct dgv_recv_wr wr = {.wr_id = WR_SENTINEL, .sg_list = &sge, .num_sge = 1}, *bad;
+	dgv_post_recv(t->qp, &wr, &bad);
+}
+
+static struct dgv_qp_init_attr rc_attr(struct stream *t, struct sock *s)
+{
+	return (struct dgv_qp_init_attr){.qp_type = DGV_QPT_RC, .send_cq = t->cq, .recv_cq = t->cq,
+					 .max_send_wr = SQ_DEPTH, .max_recv_wr = 4, .max_sge = 2,
+					 .use_adopt_fd = 1, .adopt_fd = t->qfd, .cm_channel = t->ch,
+					 .cm_user = s};
+}
+
+/* ------------------------------------------------------------------ control messages */
+
+/* Posts a control message with the current credit (and flags). Returns 0 or -errno; an SQ
+ * without room leaves it owed. */
+static int ctl_send(struct stream *t, uint32_t flags)
+{
+	if (!t->qp || t->tcp_down || !t->p_ring)
+		return -ENOTCONN;
+	if (t->ctl_out_n >= CTL_SLOTS) {
+		t->ctl_owed = true;
+		return -EAGAIN;
+	}
+	uint32_t seq = t->ctl_seq;
+	uint8_t *slot = t->ctl_out + (size_t)(seq % CTL_SLOTS) * CTL_SLOT_SZ;
+	struct stream_ctl c = {.consumed = htobe64(t->consumed), .recs = htobe64(t->recs_polled),
+			       .fin_total = htobe64(t->sent), .flags = htobe32(flags), .seq = htobe32(seq)};
+	memcpy(slot, &c, sizeof c);
+	struct dgv_sge sge = {(uint64_t)(uintptr_t)slot, sizeof c, t->mr_out->lkey};
+	struct dgv_send_wr wr = {.wr_id = WR_CTL, .sg_list = &sge, .num_sge = 1,
+				 .opcode = DGV_WR_WRITE_RECORD, .send_flags = DGV_SEND_SIGNALED,
+				 .remote_addr = t->p_ctl_addr + (uint64_t)(seq % t->p_slots) * CTL_SLOT_SZ,
+				 .rkey = t->p_stag},
+			   *bad;
+	int rc = dgv_post_send(t->qp, &wr, &bad);
+	if (rc) {
+		t->ctl_owed = true;
+		return rc;
+	}
+	t->ctl_seq++;
+	t->ctl_out_n++;
+	t->ctl_owed = false;
+	t->adv_consumed = t->consumed, t->adv_recs = t->recs_polled;
+	return 0;
+}
+
+/* Credit back to the writer when a quarter of the ring or of its record budget is used up. */
+static void credit_maybe(struct stream *t)
+{
+	if (t->state != SS_ESTAB || t->tcp_down)
+		return;
+	if (t->ctl_owed || t->consumed - t->adv_consumed >= t->ring / 4 ||
+	    t->recs_polled - t->adv_recs >= MAX_RECS / 4)
+		ctl_send(t, t->fin_sent ? CTL_FIN : 0);
+}
+
+static void fail(struct stream *t, int err, const char *why)
+{
+	if (!t->err && !t->peer_fin) {
+		t->err = err;
+		DG_INFO("stream: connection ends: %s (%s)", why, strerror(err));
+	}
+	t->tcp_down = true;
+}
+
+/* ------------------------------------------------------------------ progress */
+
+static void take_ctl(struct stream *t, const struct dgv_record *rec)
+{
+	uint64_t off = rec->base - (uint64_t)(uintptr_t)t->ctl_in;
+	if (rec->length != sizeof(struct stream_ctl) || off % CTL_SLOT_SZ || off >= ctl_bytes()) {
+		fail(t, EPROTO, "control record outside the control slots");
+		return;
+	}
+	struct stream_ctl c;
+	memcpy(&c, t->ctl_in + off, sizeof c);
+	uint64_t consumed = be64toh(c.consumed), recs = be64toh(c.recs);
+	uint32_t flags = be32toh(c.flags);
+	if (consumed > t->sent || recs > t->recs_sent) {
+		fail(t, EPROTO, "peer acknowledged bytes never sent");
+		return;
+	}
+	if (consumed > t->peer_consumed)
+		t->peer_consumed = consumed;
+	if (recs > t->peer_recs)
+		t->peer_recs = recs;
+	if (flags & CTL_FIN) {
+		uint64_t total = be64toh(c.fin_total);
+		if (!t->peer_fin) {
+			t->peer_fin = true;
+			t->fin_total = total;
+		}
+	}
+	if (flags & CTL_CLOSE)
+		t->peer_close = true;
+}
+
+static void take_data(struct sock *s, struct stream *t, const struct dgv_record *rec)
+{
+	uint64_t want = (uint64_t)(uintptr_t)t->rx + (t->arrived & (t->ring - 1));
+	if (rec->base != want || rec->length > t->ring - (t->arrived - t->consumed) ||
+	    (t->peer_fin && t->arrived + rec->length > t->fin_total)) {
+		fail(t, EPROTO, "data record out of stream order or beyond the credit given");
+		return;
+	}
+	t->arrived += rec->length;
+	t->recs_polled++;
+	s->st->rx_framed++;
+	s->st->rx_framed_bytes += rec->length;
+}
+
+/* Drains the CQ and the connection events. Needs s->lock. */
+static void progress(struct sock *s, struct stream *t)
+{
+	if (!t->cq)
+		return;
+	struct dgv_wc wc[16];
+	int n;
+	while ((n = dgv_poll_cq(t->cq, 16, wc)) > 0) {
+		for (int i = 0; i < n; i++) {
+			struct dgv_wc *w = &wc[i];
+			if (w->opcode == DGV_WC_RECV_WRITE_RECORD) {
+				if (w->status != DGV_WC_SUCCESS || w->record.stag != t->mr_in->rkey)
+					fail(t, EPROTO, "bad record");
+				else if (w->record.base >= (uint64_t)(uintptr_t)t->ctl_in)
+					take_ctl(t, &w->record);
+				else
+					take_data(s, t, &w->record);
+				continue;
+			}
+			if (w->wr_id == WR_DATA && t->tx_out)
+				t->tx_out--;
+			else if (w->wr_id == WR_CTL && t->ctl_out_n)
+				t->ctl_out_n--;
+			if (w->status != DGV_WC_SUCCESS) {
+				/* the sentinel flushed, or a send failed: the connection is over */
+				if (w->wr_id == WR_SENTINEL && w->status == DGV_WC_WR_FLUSH_ERR)
+					fail(t, ECONNRESET, "connection closed without an end of stream");
+				else
+					fail(t, ECONNRESET, "work request failed");
+			}
+		}
+	}
+	if (n < 0)
+		fail(t, -n, "completion queue error");
+	if (!t->ch)
+		return;
+	struct dgv_cm_event ev;
+	while (dgv_cm_get_event(t->ch, &ev) == 0) {
+		switch (ev.type) {
+		case DGV_CM_ESTABLISHED:
+			if (t->state == SS_CONNECTING) {
+				if (!t->p_ring && hello_take(t, ev.pdata, ev.pdata_len)) {
+					fail(t, EPROTO, "peer is not a dgshim stream");
+					t->so_error = ECONNRESET;
+					t->state = SS_DEAD;
+					break;
+				}
+				t->state = SS_ESTAB;
+				if (!t->counted)
+					t->counted = true, atomic_fetch_add(&T.conns, 1);
+				DG_DBG("stream: connected over RC (MPA rev %u, crc %s)", ev.info.mpa_rev,
+				       ev.info.crc ? "on" : "off");
+			}
+			break;
+		case DGV_CM_REJECTED:
+		case DGV_CM_CONNECT_ERROR: {
+			int e = ev.type == DGV_CM_REJECTED ? ECONNREFUSED : (ev.status < 0 ? -ev.status : EPROTO);
+			DG_WARN("stream: iWARP connection set-up failed: %s", strerror(e));
+			t->so_error = e;
+			t->err = e;
+			t->tcp_down = true;
+			t->state = SS_DEAD;
+			break;
+		}
+		case DGV_CM_PEER_CLOSED:
+			if (!t->peer_fin) {
+				/* TCP ended without our FIN: everything sent has completed already */
+				t->peer_fin = true;
+				t->fin_total = t->arrived;
+			}
+			break;
+		case DGV_CM_DISCONNECTED:
+			if (ev.status < 0)
+				fail(t, -ev.status, ev.term_layer || ev.term_etype ? "Terminate" : "TCP error");
+			t->tcp_down = true;
+			break;
+		default:
+			break;
+		}
+	}
+	if (t->ctl_owed)
+		credit_maybe(t);
+}
+
+/* Waits until the CQ or the connection has news, the timeout passes (-EAGAIN) or a signal
+ * (-EINTR). Called with s->lock held; drops it while waiting. */
+static int stream_wait(struct sock *s, struct stream *t, int *timeout_ms)
+{
+	if (!t->cq)
+		return -ENOTCONN;
+	int cqfd = dgv_cq_fd(t->cq), chfd = t->ch ? dgv_cm_channel_fd(t->ch) : -1;
+	dgv_req_notify_cq(t->cq, 0);
+	sock_unlock(s);
+	struct pollfd p[2] = {{.fd = cqfd, .events = POLLIN}, {.fd = chfd, .events = POLLIN}};
+	uint64_t t0 = *timeout_ms > 0 ? shim_now_us() : 0;
+	int ms = *timeout_ms < 0 || *timeout_ms > 200 ? 200 : *timeout_ms;
+	int r;
+	if (shim_cancel_prev == PTHREAD_CANCEL_ENABLE) {
+		int depth = shim_depth;
+		pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, NULL);
+		shim_depth = 0;
+		r = real.poll(p, 2, ms);
+		int e = errno;
+		shim_depth = depth;
+		pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
+		errno = e;
+	} else {
+		r = real.poll(p, 2, ms);
+	}
+	int err = errno;
+	sock_lock(s);
+	if (r < 0 && err == EINTR)
+		return -EINTR;
+	if (r > 0 && (p[0].revents & POLLIN) && t->cq)
+		dgv_cq_ack_event(t->cq);
+	if (*timeout_ms > 0) {
+		uint64_t spent = (shim_now_us() - t0) / 1000;
+		*timeout_ms = spent >= (uint64_t)*timeout_ms ? 0 : *timeout_ms - (int)spent;
+		if (*timeout_ms == 0)
+			return -EAGAIN;
+	}
+	return 0;
+}
+
+/* ------------------------------------------------------------------ who speaks it */
+
+static void name_listen(struct sockaddr_un *u, socklen_t *l, unsigned port)
+{
+	char n[48];
+	snprintf(n, sizeof n, "dgshim/rc/%u", port);
+	abstract_name(u, l, n);
+}
+
+static void name_client(struct sockaddr_un *u, socklen_t *l, unsigned cport, unsigned sport)
+{
+	char n[48];
+	snprintf(n, sizeof n, "dgshim/rcc/%u-%u", cport, sport);
+	abstract_name(u, l, n);
+}
+
+/* The mode for a connection of ours to/from a (role): IWARP_MODE_RC (trust the rules), _AUTO
+ * (discovery) or _OFF. */
+static int decide(struct stream *t, int role, const union dgv_sockaddr *a, socklen_t al)
+{
+	if (t->mode == IWARP_MODE_OFF)
+		return IWARP_MODE_OFF;
+	if (t->mode == IWARP_MODE_RC)
+		return IWARP_MODE_RC; /* the program asked (setsockopt) */
+	const char *where = NULL;
+	int m = G.rules ? (int)dg_rules_match_where(G.rules, IPPROTO_TCP, role, &a->sa, al, &where)
+			: IWARP_MODE_AUTO;
+	if (m == IWARP_MODE_OFF)
+		return IWARP_MODE_OFF;
+	if ((m == IWARP_MODE_RC && where && strcmp(where, "default mode")) || G.trust_all)
+		return IWARP_MODE_RC; /* a rules line names it */
+	return IWARP_MODE_AUTO;
+}
+
+/* Lets the OS carry the socket from now on: the shim forgets the descriptor. */
+static void go_plain(int fd)
+{
+	atomic_fetch_add(&T.plain, 1);
+	sock_closing(fd);
+}
+
+/* ------------------------------------------------------------------ connect */
+
+static int local_port(int fd, union dgv_sockaddr *la)
+{
+	socklen_t ll = sizeof *la;
+	if (getsockname(fd, &la->sa, &ll))
+		return -errno;
+	return (int)port_of(la);
+}
+
+int stream_connect(struct sock *s, int fd, const struct sockaddr *a, socklen_t l)
+{
+	sock_lock(s);
+	struct stream *t = s->strm;
+	int rc;
+	switch (t->state) {
+	case SS_CONNECTING:
+		progress(s, t);
+		if (t->state == SS_CONNECTING)
+			rc = -EALREADY;
+		else if (t->state == SS_ESTAB)
+			rc = 0, t->connect_pending = false;
+		else
+			rc = t->so_error ? -t->so_error : -ECONNREFUSED, t->so_error = 0;
+		sock_unlock(s);
+		return rc;
+	case SS_ESTAB:
+		rc = t->connect_pending ? 0 : -EISCONN;
+		t->connect_pending = false;
+		sock_unlock(s);
+		return rc;
+	case SS_LISTEN:
+	case SS_DEAD:
+		sock_unlock(s);
+		return real.connect(fd, a, l) < 0 ? -errno : 0; /* the kernel's answer */
+	case SS_NEW:
+		break;
+	}
+	union dgv_sockaddr dst = {0};
+	if (!a || l < sizeof(struct sockaddr_in) || l > sizeof dst ||
+	    (a->sa_family != AF_INET && a->sa_family != AF_INET6)) {
+		sock_unlock(s);
+		return real.connect(fd, a, l) < 0 ? -errno : 0;
+	}
+	memcpy(&dst, a, l);
+	int m = decide(t, DG_ROLE_SENDER, &dst, l);
+	unsigned dport = port_of(&dst);
+	struct sockaddr_un un;
+	socklen_t unl;
+	if (m == IWARP_MODE_AUTO) {
+		name_listen(&un, &unl, dport);
+		if (!ip_local(&dst) || !registry_exists(&un, unl))
+			m = IWARP_MODE_OFF;
+	}
+	if (m == IWARP_MODE_OFF) {
+		sock_unlock(s);
+		go_plain(fd);
+		DG_DBG("fd %d: TCP to port %u: the peer does not speak iWARP, plain TCP", fd, dport);
+		return real.connect(fd, a, l) < 0 ? -errno : 0;
+	}
+	/* ours: a port first (as the kernel's autobind would), then the name the server looks up */
+	union dgv_sockaddr la;
+	int lport = local_port(fd, &la);
+	if (lport == 0) {
+		union dgv_sockaddr any = {0};
+		any.sa.sa_family = dst.sa.sa_family;
+		if (real.bind(fd, &any.sa, any.sa.sa_family == AF_INET ? sizeof any.sin : sizeof any.sin6)) {
+			rc = -errno;
+			goto out_unlock;
+		}
+		lport = local_port(fd, &la);
+	}
+	if (lport <= 0) {
+		rc = lport < 0 ? lport : -EADDRNOTAVAIL;
+		goto out_unlock;
+	}
+	if ((rc = res_setup(t)))
+		goto fallback;
+	name_client(&un, &unl, (unsigned)lport, dport);
+	t->regfd = registry_bind(&un, unl);
+	if (t->regfd < 0) {
+		rc = t->regfd;
+		t->regfd = -1;
+		goto fallback;
+	}
+	t->qfd = high_fd(fd);
+	if (t->qfd < 0) {
+		rc = -errno;
+		goto fallback;
+	}
+	/* the kernel connects the program's socket with the program's own blocking mode */
+	bool nb = s->user_nonblock;
+	sock_unlock(s);
+	int cr = real.connect(fd, a, l);
+	int ce = errno;
+	sock_lock(s);
+	if (cr < 0 && ce != EINPROGRESS) {
+		res_free(t); /* refused, unreachable, interrupted: the kernel's answer stands */
+		sock_unlock(s);
+		return -ce;
+	}
+	struct stream_hello h;
+	hello_make(t, &h);
+	struct dgv_conn_param cp = {.private_data = &h, .private_data_len = sizeof h};
+	struct dgv_qp_init_attr qa = rc_attr(t, s);
+	if ((rc = dgv_connect(G.pd, &qa, &dst.sa, l, &cp, &t->qp))) {
+		DG_WARN("fd %d: iWARP connect to port %u failed to start (%s)", fd, dport, strerror(-rc));
+		t->qp = NULL;
+		res_free(t);
+		t->state = SS_DEAD;
+		t->so_error = -rc;
+		sock_unlock(s);
+		return rc;
+	}
+	post_sentinel(t);
+	t->state = SS_CONNECTING;
+	memcpy(&s->peer, &dst, l);
+	s->peerlen = l;
+	s->connected = true;
+	if (nb) {
+		t->connect_pending = true;
+		sock_unlock(s);
+		return -EINPROGRESS;
+	}
+	int left = CONNECT_WAIT_MS;
+	for (;;) {
+		progress(s, t);
+		if (t->state != SS_CONNECTING)
+			break;
+		sock_unlock(s);
+		int w = dgv_cm_wait(t->ch, left < 200 ? left : 200);
+		sock_lock(s);
+		left -= 200;
+		if (w == -EINTR) {
+			/* as the kernel: the connection goes on in the background */
+			t->connect_pending = true;
+			sock_unlock(s);
+			return -EINTR;
+		}
+		if (left <= 0 && t->state == SS_CONNECTING) {
+			fail(t, ETIMEDOUT, "MPA exchange timed out");
+			t->state = SS_DEAD;
+			t->so_error = 0;
+			break;
+		}
+	}
+	rc = t->state == SS_ESTAB ? 0 : -(t->err ? t->err : ECONNREFUSED);
+	if (rc)
+		t->err = 0, t->so_error = 0;
+	sock_unlock(s);
+	return rc;
+fallback:
+	/* nothing was sent on the connection yet: the OS can still carry it plain */
+	DG_WARN("fd %d: no iWARP resources (%s): plain TCP", fd, strerror(-rc));
+	res_free(t);
+	sock_unlock(s);
+	go_plain(fd);
+	return real.connect(fd, a, l) < 0 ? -errno : 0;
+out_unlock:
+	sock_unlock(s);
+	return rc;
+}
+
+/* ------------------------------------------------------------------ listen and accept */
+
+int stream_listen(struct sock *s, int fd, int backlog)
+{
+	if (real.listen(fd, backlog) < 0)
+		return -errno;
+	sock_lock(s);
+	struct stream *t = s->strm;
+	union dgv_sockaddr la;
+	int port = local_port(fd, &la);
+	if (t->state == SS_NEW && port > 0) {
+		socklen_t ll = la.sa.sa_family == AF_INET ? sizeof la.sin : sizeof la.sin6;
+		if (decide(t, DG_ROLE_RECEIVER, &la, ll) != IWARP_MODE_OFF) {
+			struct sockaddr_un un;
+			socklen_t unl;
+			name_listen(&un, &unl, (unsigned)port);
+			t->regfd = registry_bind(&un, unl);
+			if (t->regfd < 0) {
+				DG_DBG("fd %d: registry name for TCP port %d taken (%s)", fd, port, strerror(-t->regfd));
+				t->regfd = -1;
+			}
+		}
+		t->state = SS_LISTEN;
+	}
+	sock_unlock(s);
+	return 0;
+}
+
+/* Runs the passive side on an accepted connection that is ours: reads the MPA Request,
+ * answers with our hello. Needs ns->lock. Returns 0 or -errno. */
+static int accept_rc(struct sock *ns, int nfd)
+{
+	struct stream *t = ns->strm;
+	int rc = res_setup(t);
+	if (rc)
+		return rc;
+	if ((t->qfd = high_fd(nfd)) < 0)
+		return -errno;
+	struct dgv_conn_req *req;
+	if ((rc = dgv_conn_req_adopt(G.ctx, t->qfd, t->ch, ns, &req)))
+		return rc;
+	struct dgv_cm_event ev;
+	int left = ACCEPT_WAIT_MS;
+	for (;;) {
+		rc = dgv_cm_get_event(t->ch, &ev);
+		if (rc == 0)
+			break;
+		if (rc != -EAGAIN || left <= 0) {
+			dgv_reject(req, NULL, 0);
+			return rc == -EAGAIN ? -ETIMEDOUT : rc;
+		}
+		dgv_cm_wait(t->ch, 50);
+		left -= 50;
+	}
+	if (ev.type != DGV_CM_CONNECT_REQUEST) {
+		dgv_reject(req, NULL, 0);
+		return ev.status < 0 ? ev.status : -EPROTO;
+	}
+	if ((rc = hello_take(t, ev.pdata, ev.pdata_len))) {
+		dgv_reject(req, NULL, 0);
+		return rc;
+	}
+	struct stream_hello h;
+	hello_make(t, &h);
+	struct dgv_conn_param cp = {.private_data = &h, .private_data_len = sizeof h};
+	struct dgv_qp_init_attr qa = rc_attr(t, ns);
+	if ((rc = dgv_accept(ev.req, G.pd, &qa, &cp, &t->qp))) {
+		t->qp = NULL;
+		return rc;
+	}
+	post_sentinel(t);
+	t->state = SS_ESTAB;
+	t->counted = true;
+	atomic_fetch_add(&T.conns, 1);
+	/* the first control message wakes the connecting side's CQ */
+	ctl_send(t, CTL_HELLO);
+	return 0;
+}
+
+int stream_accept(int fd, struct sockaddr *a, socklen_t *l, int flags)
+{
+	struct sock *ls = fd_sock(fd);
+	struct stream *lt = ls ? ls->strm : NULL;
+	bool ours = false;
+	if (lt) {
+		sock_lock(ls);
+		ours = lt->state == SS_LISTEN && lt->regfd >= 0;
+		sock_unlock(ls);
+	}
+	union dgv_sockaddr pa;
+	socklen_t pl = sizeof pa;
+	int nfd = real.accept4(fd, &pa.sa, &pl, flags);
+	if (nfd < 0)
+		return -errno;
+	if (a && l) {
+		memcpy(a, &pa, *l < pl ? *l : pl);
+		*l = pl;
+	}
+	if (!ours || (pa.sa.sa_family != AF_INET && pa.sa.sa_family != AF_INET6))
+		return nfd;
+	union dgv_sockaddr la;
+	int lport = local_port(nfd, &la);
+	struct sockaddr_un un;
+	socklen_t unl;
+	name_client(&un, &unl, port_of(&pa), lport > 0 ? (unsigned)lport : 0);
+	if (!ip_local(&pa) || !registry_exists(&un, unl)) {
+		atomic_fetch_add(&T.plain, 1);
+		DG_DBG("fd %d: accepted TCP from port %u: not ours, plain TCP", nfd, port_of(&pa));
+		return nfd;
+	}
+	struct sock *ns = sock_new_stream(nfd, pa.sa.sa_family, (flags & SOCK_NONBLOCK) != 0, IWARP_MODE_AUTO);
+	if (!ns) {
+		/* the client will not hear an MPA Reply: it fails, rather than read plain bytes */
+		real.close(nfd);
+		return -ENOMEM;
+	}
+	sock_lock(ns);
+	memcpy(&ns->peer, &pa, pl);
+	ns->peerlen = pl;
+	ns->connected = true;
+	int rc = accept_rc(ns, nfd);
+	sock_unlock(ns);
+	if (rc) {
+		DG_WARN("fd %d: iWARP accept failed (%s): connection closed", nfd, strerror(-rc));
+		sock_closing(nfd);
+		real.close(nfd);
+		return rc == -ETIMEDOUT ? -ECONNABORTED : (rc == -ENOMEM ? -ENOMEM : -ECONNABORTED);
+	}
+	return nfd;
+}
+
+/* ------------------------------------------------------------------ data */
+
+static size_t iov_total(const struct iovec *iov, int n)
+{
+	size_t t = 0;
+	for (int i = 0; i < n; i++)
+		t += iov[i].iov_len;
+	return t;
+}
+
+static void epipe(int flags)
+{
+	if (!(flags & MSG_NOSIGNAL))
+		raise(SIGPIPE);
+}
+
+/* Bytes the peer's ring and record budget let us post now. */
+static size_t tx_room(const struct stream *t)
+{
+	uint64_t win = t->p_ring < t->ring ? t->p_ring : t->ring;
+	uint64_t used = t->sent - t->peer_consumed;
+	if (used >= win || t->recs_sent - t->peer_recs >= t->p_max_recs || t->tx_out >= SQ_DEPTH - CTL_SLOTS - 4)
+		return 0;
+	return (size_t)(win - used);
+}
+
+/* Copies up to n bytes of iov (from offset skip) into the send ring and posts them. Returns
+ * bytes posted (> 0) or -errno. */
+static ssize_t post_data(struct sock *s, struct stream *t, const struct iovec *iov, int iovcnt, size_t skip,
+			 size_t n)
+{
+	size_t done = 0;
+	while (done < n) {
+		uint64_t pos = t->sent;
+		size_t toff = (size_t)(pos & (t->ring - 1)), poff = (size_t)(pos & (t->p_ring - 1));
+		size_t c = n - done;
+		if (c > CHUNK)
+			c = CHUNK;
+		if (c > t->ring - toff)
+			c = t->ring - toff;
+		if (c > t->p_ring - poff)
+			c = t->p_ring - poff;
+		/* gather the program's pieces into the ring */
+		size_t got = 0, at = skip + done;
+		for (int i = 0; i < iovcnt && got < c; i++) {
+			if (at >= iov[i].iov_len) {
+				at -= iov[i].iov_len;
+				continue;
+			}
+			size_t k = iov[i].iov_len - at < c - got ? iov[i].iov_len - at : c - got;
+			memcpy(t->tx + toff + got, (const uint8_t *)iov[i].iov_base + at, k);
+			got += k;
+			at = 0;
+		}
+		struct dgv_sge sge = {(uint64_t)(uintptr_t)(t->tx + toff), (uint32_t)c, t->mr_out->lkey};
+		struct dgv_send_wr wr = {.wr_id = WR_DATA, .sg_list = &sge, .num_sge = 1,
+					 .opcode = DGV_WR_WRITE_RECORD, .send_flags = DGV_SEND_SIGNALED,
+					 .remote_addr = t->p_ring_addr + poff, .rkey = t->p_stag},
+				   *bad;
+		int rc = dgv_post_send(t->qp, &wr, &bad);
+		if (rc)
+			return done ? (ssize_t)done : rc;
+		t->sent += c;
+		t->recs_sent++;
+		t->tx_out++;
+		done += c;
+		s->st->tx_framed++;
+		s->st->tx_framed_bytes += c;
+		if (t->recs_sent - t->peer_recs >= t->p_max_recs)
+			break;
+	}
+	return (ssize_t)done;
+}
+
+/* Waits for a connecting stream. Needs s->lock. Returns 0 when established or -errno. */
+static int wait_connected(struct sock *s, struct stream *t, bool nb)
+{
+	int timeout = -1;
+	while (t->state == SS_CONNECTING) {
+		progress(s, t);
+		if (t->state != SS_CONNECTING)
+			break;
+		if (nb)
+			return -EAGAIN;
+		int w = stream_wait(s, t, &timeout);
+		if (w)
+			return w;
+	}
+	return t->state == SS_ESTAB ? 0 : -(t->err ? t->err : ENOTCONN);
+}
+
+ssize_t stream_send(struct sock *s, int fd, const struct iovec *iov, int iovcnt, int flags)
+{
+	sock_lock(s);
+	struct stream *t = s->strm;
+	bool nb = s->user_nonblock || (flags & MSG_DONTWAIT);
+	if (t->state == SS_NEW || t->state == SS_LISTEN) {
+		sock_unlock(s);
+		if (flags & MSG_FASTOPEN)
+			return -EOPNOTSUPP; /* as a kernel without TCP Fast Open: the program connects */
+		struct msghdr m = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)iovcnt};
+		ssize_t r = real.sendmsg(fd, &m, flags);
+		return r < 0 ? -errno : r;
+	}
+	ssize_t rc = wait_connected(s, t, nb);
+	if (rc)
+		goto out;
+	size_t total = iov_total(iov, iovcnt), done = 0;
+	int timeout = s->sndtimeo_ms > 0 ? s->sndtimeo_ms : -1;
+	for (;;) {
+		progress(s, t);
+		if (t->shut_wr || t->fin_sent || t->peer_close) {
+			rc = -EPIPE;
+			break;
+		}
+		if (t->err || t->tcp_down) {
+			rc = t->err ? -t->err : -EPIPE;
+			t->err = 0;
+			break;
+		}
+		if (done == total && total)
+			break;
+		size_t room = tx_room(t);
+		if (room) {
+			size_t want = total - done < room ? total - done : room;
+			ssize_t p = want ? post_data(s, t, iov, iovcnt, done, want) : 0;
+			if (p < 0) {
+				if (p != -ENOMEM && p != -EAGAIN) {
+					rc = p;
+					break;
+				}
+			} else {
+				done += (size_t)p;
+			}
+			if (done == total)
+				break;
+			continue;
+		}
+		if (nb)
+			break;
+		int w = stream_wait(s, t, &timeout);
+		if (w) {
+			rc = w;
+			break;
+		}
+	}
+	if (done) {
+		atomic_fetch_add(&T.tx_bytes, done);
+		rc = (ssize_t)done;
+	} else if (!rc) {
+		rc = total ? -EAGAIN : 0;
+	}
+out:
+	sock_unlock(s);
+	if (rc == -EPIPE)
+		epipe(flags);
+	return rc;
+}
+
+/* Copies up to len stream bytes at offset `from` of the unread data into iov. */
+static size_t copy_out(struct stream *t, const struct iovec *iov, int iovcnt, size_t iskip, uint64_t from,
+		       size_t len)
+{
+	size_t done = 0;
+	int i = 0;
+	while (i < iovcnt && iskip >= iov[i].iov_len)
+		iskip -= iov[i].iov_len, i++;
+	for (; i < iovcnt && done < len; i++) {
+		size_t room = iov[i].iov_len - iskip, k = room < len - done ? room : len - done;
+		uint8_t *dst = (uint8_t *)iov[i].iov_base + iskip;
+		iskip = 0;
+		while (k) {
+			size_t off = (size_t)((from + done) & (t->ring - 1));
+			size_t c = k < t->ring - off ? k : t->ring - off;
+			memcpy(dst, t->rx + off, c);
+			dst += c, done += c, k -= c;
+		}
+	}
+	return done;
+}
+
+ssize_t stream_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt, int flags)
+{
+	sock_lock(s);
+	struct stream *t = s->strm;
+	bool nb = s->user_nonblock || (flags & MSG_DONTWAIT);
+	if (t->state == SS_NEW || t->state == SS_LISTEN) {
+		sock_unlock(s);
+		struct msghdr m = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)iovcnt};
+		ssize_t r = real.recvmsg(fd, &m, flags);
+		return r < 0 ? -errno : r;
+	}
+	if (flags & MSG_OOB) {
+		sock_unlock(s);
+		return -EINVAL; /* no urgent data is ever carried */
+	}
+	ssize_t rc = wait_connected(s, t, nb);
+	if (rc)
+		goto out;
+	size_t total = iov_total(iov, iovcnt), done = 0;
+	bool waitall = (flags & MSG_WAITALL) && !(flags & MSG_PEEK);
+	int timeout = s->rcvtimeo_ms > 0 ? s->rcvtimeo_ms : -1;
+	for (;;) {
+		progress(s, t);
+		uint64_t avail = t->arrived - t->consumed;
+		if (t->shut_rd && avail) {
+			t->consumed = t->arrived; /* read side shut: what comes is dropped */
+			avail = 0;
+			credit_maybe(t);
+		}
+		if (avail && total > done) {
+			size_t want = total - done < avail ? total - done : (size_t)avail;
+			size_t c = (flags & MSG_TRUNC) ? want
+				   : copy_out(t, iov, iovcnt, done, t->consumed + ((flags & MSG_PEEK) ? done : 0), want);
+			done += c;
+			if (!(flags & MSG_PEEK)) {
+				t->consumed += c;
+				credit_maybe(t);
+			}
+			if (!waitall || done == total)
+				break;
+			continue;
+		}
+		if (total == 0 && !avail && !t->peer_fin && !t->err && !t->tcp_down && nb) {
+			rc = -EAGAIN;
+			break;
+		}
+		if (total == 0)
+			break;
+		if (t->shut_rd || (t->peer_fin && t->consumed >= t->fin_total))
+			break; /* end of stream */
+		if (t->err) {
+			if (!done)
+				rc = -t->err;
+			t->err = 0;
+			break;
+		}
+		if (t->tcp_down)
+			break;
+		if (nb) {
+			if (!done)
+				rc = -EAGAIN;
+			break;
+		}
+		int w = stream_wait(s, t, &timeout);
+		if (w) {
+			if (!done)
+				rc = w;
+			break;
+		}
+	}
+	if (done) {
+		rc = (ssize_t)done;
+		if (!(flags & MSG_PEEK))
+			atomic_fetch_add(&T.rx_bytes, done);
+	}
+out:
+	sock_unlock(s);
+	return rc;
+}
+
+int stream_shutdown(struct sock *s, int fd, int how)
+{
+	if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR)
+		return -EINVAL;
+	sock_lock(s);
+	struct stream *t = s->strm;
+	int rc = 0;
+	if (t->state == SS_ESTAB || t->state == SS_CONNECTING) {
+		progress(s, t);
+		/* TCP stays open both ways: the read direction carries credit for our writes and the
+		 * write direction credit for the peer's; the end of stream is a control message */
+		if (how != SHUT_RD && !t->fin_sent) {
+			t->shut_wr = true;
+			if (t->state == SS_ESTAB && ctl_send(t, CTL_FIN) == 0)
+				t->fin_sent = true;
+		}
+		if (how != SHUT_WR) {
+			t->shut_rd = true;
+			t->consumed = t->arrived;
+			credit_maybe(t);
+		}
+	} else if (t->state == SS_DEAD) {
+		rc = 0;
+	} else {
+		sock_unlock(s);
+		return real.shutdown(fd, how) < 0 ? -errno : 0;
+	}
+	sock_unlock(s);
+	return rc;
+}
+
+/* ------------------------------------------------------------------ readiness */
+
+int stream_poll_in(struct sock *s)
+{
+	sock_lock(s);
+	struct stream *t = s->strm;
+	int r;
+	if (t->state == SS_NEW || t->state == SS_LISTEN) {
+		r = -1;
+	} else {
+		progress(s, t);
+		r = t->state == SS_DEAD || t->arrived != t->consumed || t->err || t->tcp_down || t->shut_rd ||
+		    (t->peer_fin && t->consumed >= t->fin_total);
+		if (t->state == SS_CONNECTING)
+			r = 0;
+		r = r ? POLLIN : 0;
+	}
+	sock_unlock(s);
+	return r;
+}
+
+int stream_poll_out(struct sock *s)
+{
+	sock_lock(s);
+	struct stream *t = s->strm;
+	int r;
+	if (t->state == SS_NEW || t->state == SS_LISTEN) {
+		r = -1;
+	} else {
+		progress(s, t);
+		if (t->state == SS_CONNECTING)
+			r = 0;
+		else if (t->state == SS_DEAD || t->err || t->tcp_down || t->fin_sent || t->shut_wr || t->peer_close)
+			r = POLLOUT; /* a write would not block: it fails */
+		else
+			r = tx_room(t) ? POLLOUT : 0;
+	}
+	sock_unlock(s);
+	return r;
+}
+
+int stream_wait_fd(struct sock *s)
+{
+	sock_lock(s);
+	struct stream *t = s->strm;
+	int fd = -1;
+	if (t->cq && t->state != SS_NEW && t->state != SS_LISTEN) {
+		dgv_req_notify_cq(t->cq, 0);
+		fd = dgv_cq_fd(t->cq);
+	}
+	sock_unlock(s);
+	return fd;
+}
+
+int stream_fionread(struct sock *s, int *out)
+{
+	sock_lock(s);
+	struct stream *t = s->strm;
+	int rc = 0;
+	if (t->state == SS_ESTAB || t->state == SS_DEAD) {
+		progress(s, t);
+		uint64_t a = t->arrived - t->consumed;
+		*out = a > INT32_MAX ? INT32_MAX : (int)a;
+	} else {
+		rc = -ENOSYS; /* the kernel's answer */
+	}
+	sock_unlock(s);
+	return rc;
+}
+
+int stream_so_error(struct sock *s, int *out)
+{
+	sock_lock(s);
+	struct stream *t = s->strm;
+	int rc = -ENOSYS;
+	if (t->state == SS_CONNECTING || t->state == SS_ESTAB || t->state == SS_DEAD) {
+		progress(s, t);
+		*out = t->so_error;
+		t->so_error = 0;
+		rc = 0;
+	}
+	sock_unlock(s);
+	return rc;
+}
+
+int stream_setmode(struct sock *s, int mode)
+{
+	if (mode != IWARP_MODE_OFF && mode != IWARP_MODE_RC && mode != IWARP_MODE_AUTO)
+		return -EINVAL; /* UD and RD are datagram services */
+	sock_lock(s);
+	struct stream *t = s->strm;
+	int rc = 0;
+	if (t->state != SS_NEW)
+		rc = t->mode == mode ? 0 : -EISCONN; /* a connection keeps the service it started with */
+	else
+		t->mode = mode;
+	s->mode = t->mode;
+	s->explicit_mode = true;
+	sock_unlock(s);
+	return rc;
+}
+
+int stream_carried(struct sock *s)
+{
+	sock_lock(s);
+	int r = s->strm && (s->strm->state == SS_CONNECTING || s->strm->state == SS_ESTAB);
+	sock_unlock(s);
+	return r;
+}
+
+void stream_cq_ack(struct sock *s)
+{
+	sock_lock(s);
+	if (s->strm && s->strm->cq)
+		dgv_cq_ack_event(s->strm->cq);
+	sock_unlock(s);
+}
+
+bool sock_is_stream(struct sock *s)
+{
+	return s->strm != NULL;
+}
+
+/* ------------------------------------------------------------------ end */
+
+void stream_teardown(struct sock *s)
+{
+	struct stream *t = s->strm;
+	if (!t)
+		return;
+	if (t->state == SS_ESTAB && t->qp) {
+		progress(s, t);
+		if (!t->tcp_down)
+			ctl_send(t, CTL_FIN | CTL_CLOSE);
+		/* queued data goes out before the QP: wait for our sends, bounded */
+		uint64_t end = shim_now_us() + 2000000;
+		while ((t->tx_out || t->ctl_out_n) && !t->tcp_down && shim_now_us() < end) {
+			dgv_cq_wait(t->cq, 10);
+			progress(s, t);
+		}
+		dgv_disconnect(t->qp);
+	}
+	res_free(t);
+	free(t);
+	s->strm = NULL;
+}
+
+void stream_after_fork(struct sock *s)
+{
+	/* the parent's queue pair and rings belong to the parent: the child's descriptor to a
+	 * carried stream reads as a broken connection (documented limit) */
+	struct stream *t = s->strm;
+	if (!t)
+		return;
+	if (t->state != SS_NEW && t->state != SS_LISTEN) {
+		shim_abandon(t->qp), shim_abandon(t->cq), shim_abandon(t->ch);
+		t->qp = NULL, t->cq = NULL, t->ch = NULL, t->mr_in = NULL, t->mr_out = NULL;
+		t->state = SS_DEAD;
+		t->err = ENOTCONN;
+		t->tcp_down = true;
+	}
+}

@@ -1,0 +1,83 @@
+/*
+ * stream.h - taken TCP sockets: a stream carried over an RC queue pair (iWARP over the program's
+ * own TCP connection), or left to the OS when the peer does not speak it.
+ *
+ * The byte stream travels as RDMA Write-Records into the peer's receive ring (paper 000 IV.B.3:
+ * Write-Record on a reliable transport): no posted receive is needed, and the record completion
+ * tells the receiver which bytes arrived. The receiver returns credit (bytes consumed, records
+ * polled) with small Write-Records into the sender's control slots. docs/shim.md ("Streams")
+ * describes the protocol; struct stream_hello and struct stream_ctl are its wire formats.
+ */
+#ifndef DGSHIM_STREAM_H
+#define DGSHIM_STREAM_H
+
+#include <stdint.h>
+
+#include "shim.h"
+
+struct sock;
+
+/* Private data of the MPA Request and Reply between two shims (big-endian fields). */
+#define STREAM_MAGIC 0x44475331u /* "DGS1" */
+struct stream_hello {
+	uint32_t magic;      /* STREAM_MAGIC */
+	uint32_t ring_size;  /* bytes in the receive ring (power of two) */
+	uint32_t ring_stag;  /* STag of the ring and the control slots (one region) */
+	uint32_t ctl_slots;  /* control slots after the ring */
+	uint64_t ring_addr;  /* tagged offset of the ring's first byte */
+	uint64_t ctl_addr;   /* tagged offset of control slot 0 */
+	uint32_t max_recs;   /* data records the receiver takes in flight (its CQ room) */
+	uint32_t rsvd;
+} __attribute__((packed));
+
+/* One control message (a Write-Record into the peer's control slot seq % ctl_slots). */
+enum { CTL_HELLO = 1, CTL_FIN = 2, CTL_CLOSE = 4 };
+struct stream_ctl {
+	uint64_t consumed;   /* bytes of the peer's stream the program has read */
+	uint64_t recs;       /* data records of the peer's polled from the CQ */
+	uint64_t fin_total;  /* CTL_FIN: the sender's stream ends after this many bytes */
+	uint32_t flags;      /* CTL_* */
+	uint32_t seq;
+} __attribute__((packed));
+
+enum stream_state {
+	SS_NEW = 0,    /* not connected yet; the OS answers what it can */
+	SS_LISTEN,     /* listening: accept decides per connection */
+	SS_CONNECTING, /* TCP and MPA in progress */
+	SS_ESTAB,      /* carried over RC */
+	SS_DEAD,       /* connection over (error or both sides closed); err says how */
+};
+
+/* Creates the stream part of a taken TCP socket. Returns 0 or -ENOMEM. */
+int stream_attach(struct sock *s);
+/* Last reference gone: sends what is owed (FIN), tears down. Needs s->lock. */
+void stream_teardown(struct sock *s);
+void stream_after_fork(struct sock *s);
+
+int stream_connect(struct sock *s, int fd, const struct sockaddr *a, socklen_t l);
+int stream_listen(struct sock *s, int fd, int backlog);
+/* accept4 on a listening socket (taken or not). Returns the new fd or -errno. */
+int stream_accept(int fd, struct sockaddr *a, socklen_t *l, int flags);
+int stream_shutdown(struct sock *s, int fd, int how);
+ssize_t stream_send(struct sock *s, int fd, const struct iovec *iov, int iovcnt, int flags);
+ssize_t stream_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt, int flags);
+/* POLLIN / POLLOUT readiness: > 0 ready, 0 not (wait on stream_wait_fd), -1 the OS decides. */
+int stream_poll_in(struct sock *s);
+int stream_poll_out(struct sock *s);
+/* The descriptor that becomes readable when the stream has news (CQ), armed. -1: none. */
+int stream_wait_fd(struct sock *s);
+int stream_fionread(struct sock *s, int *out);
+/* SO_ERROR of a stream socket the shim carries (pending error, consumed), or -ENOSYS. */
+int stream_so_error(struct sock *s, int *out);
+int stream_setmode(struct sock *s, int mode);
+/* 1 when the stream is (being) carried over RC. */
+int stream_carried(struct sock *s);
+void stream_cq_ack(struct sock *s);
+
+/* Process-wide counters for the exit summary. */
+struct stream_totals {
+	uint64_t conns, plain, tx_bytes, rx_bytes;
+};
+void stream_totals(struct stream_totals *t);
+
+#endif
