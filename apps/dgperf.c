@@ -1426,7 +1426,7 @@ static void watch_client(struct watch *w, uint64_t t, const struct report *rep, 
 	if (!opt.raw) {
 		struct dgv_qp_stats st;
 
-		v = dgv_qp_stats(V.qp, &st) == 0 ? st.rx_datagrams : 0;
+		v = dgv_qp_stats(V.qp, &st) == 0 ? st.rx_datagrams + st.rx_bytes : 0;
 	}
 	if (w->since == 0 || v != w->val) {
 		w->val = v;
@@ -1947,6 +1947,7 @@ static void rc_setup(struct dgv_qp_init_attr *qa, const union dgv_sockaddr *ctl_
 			dgv_reject(ev.req, "dgperf: not this run", 20);
 		}
 		pdata_put(&mine, credits);
+		V.cr_given = credits; /* the client starts from these */
 		r = dgv_accept(ev.req, V.pd, qa, &param, &V.qp);
 		if (r == -EOPNOTSUPP || r == -ENOSYS)
 			rc_unsupported("dgv_accept", r);
@@ -2528,6 +2529,7 @@ static void vb_server_bw(uint64_t size, uint64_t iters, uint64_t budget_dl, stru
 {
 	int kind = test_kind();
 	uint64_t t_last = 0, t_done = 0, next_ctl = now_ns() + CTL_POLL_NS, expect_dg = UINT64_MAX;
+	uint64_t expect_b = 0;
 	const struct dgv_qp_stats *o = &V.st0;
 	struct watch w = { 0, 0, 0 };
 	bool done = false;
@@ -2578,7 +2580,8 @@ static void vb_server_bw(uint64_t size, uint64_t iters, uint64_t budget_dl, stru
 			if (kind == K_WRITE && ((spin & 31) == 0 || done)) {
 				struct dgv_qp_stats s;
 
-				if (dgv_qp_stats(V.qp, &s) == 0 && s.rx_datagrams - o->rx_datagrams != rep->dgrams) {
+				if (dgv_qp_stats(V.qp, &s) == 0 && (s.rx_datagrams - o->rx_datagrams != rep->dgrams ||
+								    s.rx_bytes - o->rx_bytes != rep->bytes)) {
 					rep->dgrams = s.rx_datagrams - o->rx_datagrams;
 					rep->bytes = s.rx_bytes - o->rx_bytes;
 					rep->rejects = (s.crc_drops - o->crc_drops) +
@@ -2602,12 +2605,14 @@ static void vb_server_bw(uint64_t size, uint64_t iters, uint64_t budget_dl, stru
 					done = true;
 					t_done = t;
 					expect_dg = m.v[3];
+					/* RC: the stream carries exactly the client's bytes */
+					expect_b = opt.transport == TR_RC ? m.v[4] : 0;
 				}
 			}
 			if (done) {
 				uint64_t ref = t_last > t_done ? t_last : t_done;
 				/* (Write-Record: one message may yield several partial records) */
-				bool all = kind == K_WRITE ? rep->dgrams >= expect_dg :
+				bool all = kind == K_WRITE ? rep->dgrams >= expect_dg && rep->bytes >= expect_b :
 					   kind == K_WR ? rep->valid >= iters * size : rep->count >= iters;
 
 				if (kind == K_READ || all || t - ref > DRAIN_IDLE_NS)
@@ -3298,8 +3303,10 @@ static void client_phase(uint64_t phase, uint64_t size)
 		m.v[0] = phase;
 		m.v[1] = br.posted;
 		m.v[2] = br.posted * size;
-		if (!opt.raw && dgv_qp_stats(V.qp, &st1) == 0)
+		if (!opt.raw && dgv_qp_stats(V.qp, &st1) == 0) {
 			m.v[3] = st1.tx_datagrams - V.st0.tx_datagrams;
+			m.v[4] = st1.tx_bytes - V.st0.tx_bytes;
+		}
 		ctl_send(CTL_DONE, &m);
 		ctl_recv(CTL_REPORT, &m, CTL_TIMEOUT_MS, "its report");
 		t_report = now_ns();
