@@ -19,6 +19,7 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/sendfile.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -35,7 +36,7 @@ static pthread_once_t real_once = PTHREAD_ONCE_INIT;
 static void real_load(void)
 {
 	LOAD(socket), LOAD(bind), LOAD(connect), LOAD(close), LOAD(shutdown);
-	LOAD(listen), LOAD(accept), LOAD(accept4);
+	LOAD(listen), LOAD(accept), LOAD(accept4), LOAD(sendfile), LOAD(sendfile64);
 	LOAD(close_range), LOAD(closefrom);
 	LOAD(dup), LOAD(dup2), LOAD(dup3), LOAD(fcntl), LOAD(ioctl);
 	LOAD(setsockopt), LOAD(getsockopt);
@@ -579,6 +580,40 @@ SHIM_EXPORT ssize_t write(int fd, const void *buf, size_t len)
 	shim_real_init();
 	struct sock *s = taken(fd);
 	return s ? send_one(s, fd, buf, len, 0, NULL, 0) : real.write(fd, buf, len);
+}
+
+/* sendfile into a carried stream: the kernel would put the file's bytes on the TCP connection
+ * unframed, in the middle of the iWARP stream. Read them here and send them as the program's
+ * data instead (one 64 KiB piece per round; a short count is what sendfile may return). */
+static ssize_t sendfile_common(int out, int in, off_t *off, size_t count, bool is64)
+{
+	shim_real_init();
+	struct sock *s = taken(out);
+	if (!s || !sock_is_stream(s) || !stream_carried(s))
+		return is64 ? real.sendfile64(out, in, off, count) : real.sendfile(out, in, off, count);
+	uint8_t buf[65536];
+	size_t want = count < sizeof buf ? count : sizeof buf;
+	ssize_t n = off ? pread(in, buf, want, *off) : read(in, buf, want);
+	if (n <= 0)
+		return n;
+	ssize_t w = send_one(s, out, buf, (size_t)n, 0, NULL, 0);
+	if (w > 0) {
+		if (off)
+			*off += w;
+		else if (w < n)
+			lseek(in, w - n, SEEK_CUR); /* give back what was read but not sent */
+	}
+	return w;
+}
+
+SHIM_EXPORT ssize_t sendfile(int out, int in, off_t *off, size_t count)
+{
+	return sendfile_common(out, in, off, count, false);
+}
+
+SHIM_EXPORT ssize_t sendfile64(int out, int in, off_t *off, size_t count)
+{
+	return sendfile_common(out, in, off, count, true);
 }
 
 SHIM_EXPORT ssize_t readv(int fd, const struct iovec *iov, int n)

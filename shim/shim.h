@@ -50,6 +50,8 @@ struct real_fns {
 	int (*listen)(int, int);
 	int (*accept)(int, struct sockaddr *, socklen_t *);
 	int (*accept4)(int, struct sockaddr *, socklen_t *, int);
+	ssize_t (*sendfile)(int, int, off_t *, size_t);
+	ssize_t (*sendfile64)(int, int, off_t *, size_t);
 	int (*close)(int);
 	int (*close_range)(unsigned, unsigned, int);
 	void (*closefrom)(int);

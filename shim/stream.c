@@ -430,9 +430,14 @@ static int stream_wait(struct sock *s, struct stream *t, int *timeout_ms)
 	if (!t->cq)
 		return -ENOTCONN;
 	int cqfd = dgv_cq_fd(t->cq), chfd = t->ch ? dgv_cm_channel_fd(t->ch) : -1;
+	/* the TCP socket too: data that arrives is then processed by this thread at once (one
+	 * wake-up, as a plain TCP read) instead of by the provider's thread and then us; not once
+	 * TCP has ended, when it stays readable */
+	int qfd = t->tcp_down || t->peer_fin ? -1 : t->qfd;
 	dgv_req_notify_cq(t->cq, 0);
 	sock_unlock(s);
-	struct pollfd p[2] = {{.fd = cqfd, .events = POLLIN}, {.fd = chfd, .events = POLLIN}};
+	struct pollfd p[3] = {{.fd = cqfd, .events = POLLIN}, {.fd = chfd, .events = POLLIN},
+			      {.fd = qfd, .events = POLLIN}};
 	uint64_t t0 = *timeout_ms > 0 ? shim_now_us() : 0;
 	int ms = *timeout_ms < 0 || *timeout_ms > 200 ? 200 : *timeout_ms;
 	int r;
@@ -440,13 +445,13 @@ static int stream_wait(struct sock *s, struct stream *t, int *timeout_ms)
 		int depth = shim_depth;
 		pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, NULL);
 		shim_depth = 0;
-		r = real.poll(p, 2, ms);
+		r = real.poll(p, 3, ms);
 		int e = errno;
 		shim_depth = depth;
 		pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
 		errno = e;
 	} else {
-		r = real.poll(p, 2, ms);
+		r = real.poll(p, 3, ms);
 	}
 	int err = errno;
 	sock_lock(s);
