@@ -1684,6 +1684,7 @@ static void pdata_put(struct rc_pdata *p, uint32_t credits)
 /* NULL when the private data is this run's (decoded into *p), else why not. */
 static const char *pdata_get(const uint8_t *d, uint16_t n, struct rc_pdata *p)
 {
+	memset(p, 0, sizeof *p);
 	if (n < sizeof *p)
 		return "no dgperf private data in the MPA frame";
 	memcpy(p, d, sizeof *p);
