@@ -123,8 +123,8 @@ struct counts {
 static void send_stream(int fd, uint64_t key, size_t start, size_t len, struct rng *r, struct counts *c,
 			const char *what)
 {
-	static __thread unsigned char *buf;
-	if (!buf && !(buf = malloc(262144)))
+	unsigned char *buf = malloc(262144);
+	if (!buf)
 		fail("out of memory");
 	size_t off = start;
 	tx_what = what;
@@ -156,6 +156,7 @@ static void send_stream(int fd, uint64_t key, size_t start, size_t len, struct r
 		}
 		off += n;
 	}
+	free(buf);
 }
 
 static const char *mpa_keys[] = {"MPA ID Req Frame", "MPA ID Rep Frame"};
@@ -475,11 +476,15 @@ int main(int argc, char **argv)
 				if (errno == EINPROGRESS)
 					wait_connected(fd);
 				else if (errno != EOPNOTSUPP)
-					fail("sendmsg(MSG_FASTOPEN): %s", strerror(errno));
+					fail("sendmsg(MSG_FASTOPEN): %s (seq=%s)", strerror(errno), seq);
+				/* VLC's vlc_tls_Connect: connect must give 0, or EINPROGRESS and then a
+				 * successful wait; anything else (EISCONN, EALREADY) fails VLC */
 				int rc = connect(fd, (struct sockaddr *)&sa, sizeof sa);
 				seq_add("connect", rc < 0 ? errno : 0);
-				if (rc < 0 && errno != EISCONN)
-					fail("connect after MSG_FASTOPEN: %s (seq=%s)", strerror(errno), seq);
+				if (rc < 0 && errno == EINPROGRESS)
+					wait_connected(fd);
+				else if (rc < 0)
+					fail("connect after MSG_FASTOPEN: %s (seq=%s): VLC would fail here", strerror(errno), seq);
 			}
 			set_blocking(fd, 1);
 		}
