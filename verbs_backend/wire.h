@@ -210,4 +210,114 @@ _Static_assert(sizeof(struct rdmap_read_req) == DG_READ_REQ_LEN, "read request s
 _Static_assert(sizeof(struct rdmap_terminate) == DG_TERM_LEN, "terminate size");
 _Static_assert(sizeof(struct dg_rd_hdr) == DG_RD_HLEN, "rd header size");
 
+/* ==========================================================================================
+ * RC: standard iWARP over TCP (RFC 5044 MPA + RFC 6581, RFC 5041 DDP, RFC 5040 RDMAP).
+ * docs/wire.md section 12 explains every field with a worked example (tests/unit/test_mpa.c).
+ *
+ * Stream after connection set-up, each direction:
+ *   [MPA Request or Reply frame] then FPDUs:
+ *   FPDU = [ULPDU_Length (2)][DDP/RDMAP header (14 tagged, 18 untagged)][payload]
+ *          [pad to a multiple of 4 over the whole FPDU][CRC32c (4)]
+ *   with a 4-byte marker at every 512th octet of the FPDU stream when markers were negotiated.
+ * ========================================================================================== */
+
+/* RFC 5044 section 7.1: the 16-byte keys of the MPA Request and Reply frames. */
+#define MPA_KEY_REQ "MPA ID Req Frame"
+#define MPA_KEY_REP "MPA ID Rep Frame"
+
+/* RFC 5044 section 7.1 (flags byte of the Request/Reply frame), RFC 6581 section 5 (E). */
+enum {
+	MPA_FLAG_M = 0x80,     /* RFC 5044 7.1: the sender wants markers in what it receives */
+	MPA_FLAG_C = 0x40,     /* RFC 5044 7.1: the sender wants CRC32c (used if either asks) */
+	MPA_FLAG_R = 0x20,     /* RFC 5044 7.1: Reply only: the connection is rejected */
+	MPA_FLAG_E = 0x10,     /* RFC 6581 5: enhanced set-up, IRD/ORD word leads the private data */
+	MPA_FLAG_RSVD = 0x0f,  /* RFC 5044 7.1: zero when sent, ignored when received */
+	MPA_MAX_PDATA = 512,   /* RFC 5044 7.1: private data of one frame */
+	MPA_MARKER_SPACING = 512, /* RFC 5044 section 5 */
+	MPA_MAX_ULPDU = 65535, /* RFC 5044 4.1: ULPDU_Length is 16 bits */
+};
+
+/* RFC 5044 section 7.1: MPA Request / Reply frame header (private data follows). */
+struct mpa_rr_hdr {
+	uint8_t key[16]; /* MPA_KEY_REQ or MPA_KEY_REP, no terminating NUL */
+	uint8_t flags;   /* MPA_FLAG_*: M C R E Res(4) */
+	uint8_t rev;     /* RFC 5044 7.1: revision 1; RFC 6581: 2 */
+	be16 pd_len;     /* RFC 5044 7.1: private data bytes that follow (<= 512, + 4 with E) */
+} __attribute__((packed));
+
+/* RFC 6581 section 5 (Figure 8): the first 4 bytes of the private data when E is set. */
+enum {
+	MPA_V2_IRD_P2P = 0x8000,       /* IRD word bit A: peer-to-peer model, RTR message follows */
+	MPA_V2_IRD_SEND_RTR = 0x4000,  /* IRD word bit B: zero-length Send may be the RTR */
+	MPA_V2_ORD_WRITE_RTR = 0x8000, /* ORD word bit C: zero-length RDMA Write may be the RTR */
+	MPA_V2_ORD_READ_RTR = 0x4000,  /* ORD word bit D: zero-length RDMA Read may be the RTR */
+	MPA_V2_MASK = 0x3fff,          /* 14-bit IRD / ORD value */
+};
+struct mpa_v2_word {
+	be16 ird; /* RFC 6581 5: A B IRD(14) */
+	be16 ord; /* RFC 6581 5: C D ORD(14) */
+} __attribute__((packed));
+
+/* RFC 5044 section 5: a marker; FPDUPTR is the distance in octets from the first octet of the
+ * FPDU the marker lies in (its ULPDU_Length, or the marker itself when the FPDU starts with
+ * one) back from the marker: 0 for a marker in front of an FPDU. */
+struct mpa_marker {
+	be16 rsvd;    /* zero */
+	be16 fpduptr; /* RFC 5044 5 */
+} __attribute__((packed));
+
+/* RFC 5041 section 4.2 (+ RFC 5040 4.2 ctrl half): tagged DDP header, 14 bytes. */
+struct ddp_tagged_hdr {
+	be16 ctrl; /* T=1, L, DV=1, RV=1, opcode */
+	be32 stag; /* RFC 5041 4.2: data sink STag */
+	be64 to;   /* RFC 5041 4.2: data sink tagged offset of the first payload byte */
+} __attribute__((packed));
+
+/* RFC 5041 section 4.3 (+ RFC 5040 4.2): untagged DDP header, 18 bytes. */
+struct ddp_untagged_hdr {
+	be16 ctrl;     /* T=0, L, DV=1, RV=1, opcode */
+	be32 inv_stag; /* RFC 5040 4.2 / RFC 5041 4.3 RsvdULP: STag to invalidate, else 0 */
+	be32 qn;       /* RFC 5041 4.3: queue number (enum ddp_qn) */
+	be32 msn;      /* RFC 5041 4.3: message sequence number, 1 for the first message of a queue */
+	be32 mo;       /* RFC 5041 4.3: offset of this segment's first byte in the message */
+} __attribute__((packed));
+
+/* RFC 5040 section 4.8: Terminate payload (untagged QN 2): control word, then (M) the length
+ * of the terminated DDP segment, then (D) its DDP header, then (R) its Read Request header. */
+struct rdmap_rc_terminate {
+	be32 term_ctrl;   /* term_ctrl_make(): layer, etype, ecode, M, D, R */
+	be16 ddp_seg_len; /* RFC 5040 4.8: valid with M; always present when D is set */
+} __attribute__((packed));
+
+/* RFC 5044 section 7.1 / RFC 6581 section 6: LLP (MPA) error codes of the Terminate. */
+enum {
+	LLP_ETYPE_MPA = 0,
+	LLP_ECODE_TCP_LOST = 0x01,
+	LLP_ECODE_CRC = 0x02,
+	LLP_ECODE_MARKER = 0x03,          /* FPDU marker / framing error */
+	LLP_ECODE_BAD_REQ_REP = 0x04,     /* invalid MPA Request/Reply */
+	LLP_ECODE_LOCAL_CATASTROPHIC = 0x05,
+	LLP_ECODE_INSUFFICIENT_IRD = 0x06,
+	LLP_ECODE_NO_MATCHING_RTR = 0x07,
+	RDMAP_ECODE_CANNOT_INVALIDATE = 0x09, /* RDMAP remote operation: Send with Invalidate */
+};
+
+enum {
+	MPA_RR_HLEN = 20,
+	MPA_V2_LEN = 4,
+	MPA_HDR_LEN = 2,  /* ULPDU_Length */
+	MPA_CRC_LEN = 4,
+	MPA_MARKER_LEN = 4,
+	DDP_TAGGED_HLEN = 14,
+	DDP_UNTAGGED_HLEN = 18,
+	RC_TERM_LEN = 6,
+};
+
+_Static_assert(sizeof(struct mpa_rr_hdr) == MPA_RR_HLEN, "MPA frame header size");
+_Static_assert(sizeof(struct mpa_v2_word) == MPA_V2_LEN, "MPA v2 word size");
+_Static_assert(sizeof(struct mpa_marker) == MPA_MARKER_LEN, "marker size");
+_Static_assert(sizeof(struct ddp_tagged_hdr) == DDP_TAGGED_HLEN, "RC tagged header size");
+_Static_assert(sizeof(struct ddp_untagged_hdr) == DDP_UNTAGGED_HLEN, "RC untagged header size");
+_Static_assert(sizeof(struct rdmap_rc_terminate) == RC_TERM_LEN, "RC terminate size");
+
 #endif /* DG_WIRE_H */

@@ -75,6 +75,7 @@ static void tick_cb(struct ev_loop *loop, ev_timer *w, int revents)
 		if (!app_active && soft_qp_timers_pending(qp))
 			fast = true;
 	}
+	soft_rc_tick(ctx);
 	double want = fast ? 0.001 : 0.005;
 	if (w->repeat != want) {
 		w->repeat = want;
@@ -187,6 +188,7 @@ static void soft_close(struct dgv_context *cb)
 		pthread_mutex_unlock(&ctx->loop_lock);
 		pthread_join(ctx->thread, NULL);
 	}
+	soft_rc_ctx_fini(ctx);
 	if (ctx->loop)
 		ev_loop_destroy(ctx->loop);
 	soft_mr_table_fini(ctx);
@@ -219,6 +221,22 @@ static const struct dgv_ops soft_ops = {
 	.post_recv = soft_post_recv,
 	.poll_errq = soft_poll_errq,
 	.qp_stats = soft_qp_stats,
+	.cm_create_channel = soft_cm_create_channel,
+	.cm_destroy_channel = soft_cm_destroy_channel,
+	.cm_default_channel = soft_cm_default_channel,
+	.cm_channel_fd = soft_cm_channel_fd,
+	.cm_get_event = soft_cm_get_event,
+	.cm_wait = soft_cm_wait,
+	.connect = soft_rc_connect,
+	.listen = soft_rc_listen,
+	.listener_destroy = soft_rc_listener_destroy,
+	.listener_addr = soft_rc_listener_addr,
+	.conn_req_adopt = soft_rc_conn_req_adopt,
+	.accept = soft_rc_accept,
+	.reject = soft_rc_reject,
+	.disconnect = soft_rc_disconnect,
+	.qp_state = soft_rc_qp_state,
+	.conn_info = soft_rc_conn_info,
 };
 
 int dgv_soft_open(const struct dgv_context_attr *attr, struct dgv_context **out)
@@ -242,6 +260,13 @@ int dgv_soft_open(const struct dgv_context_attr *attr, struct dgv_context **out)
 	}
 	pthread_mutex_init(&ctx->mr_lock, NULL);
 	pthread_mutex_init(&ctx->loop_lock, NULL);
+	int cerr = soft_rc_ctx_init(ctx);
+	if (cerr) {
+		pthread_mutex_destroy(&ctx->loop_lock);
+		pthread_mutex_destroy(&ctx->mr_lock);
+		free(ctx);
+		return cerr;
+	}
 	if (ctx->progress != DGV_PROGRESS_APP) {
 		ctx->loop = ev_loop_new(EVFLAG_AUTO | EVFLAG_NOSIGMASK);
 		if (!ctx->loop) {

@@ -1375,6 +1375,8 @@ static void run_timers(struct soft_qp *qp, uint64_t now)
 
 uint64_t soft_qp_next_timer_locked(struct soft_qp *qp, uint64_t now)
 {
+	if (qp->rc)
+		return soft_rc_next_timer_locked(qp, now);
 	uint64_t next = UINT64_MAX;
 	if (qp->slots_active)
 		for (int i = 0; i < SOFT_REASM_SLOTS; i++) {
@@ -1398,17 +1400,23 @@ uint64_t soft_qp_next_timer_locked(struct soft_qp *qp, uint64_t now)
 
 bool soft_qp_timers_pending(struct soft_qp *qp)
 {
+	if (qp->rc)
+		return soft_rc_timers_pending(qp);
 	return qp->rd || qp->slots_active || qp->ord_count || qp->ird_count ||
 	       qp->ftx.nheld || qp->frx.nheld || qp->pump_blocked || qp->sq_pump != qp->sq_tail;
 }
 
 bool soft_qp_wants_pollout(struct soft_qp *qp)
 {
+	if (qp->rc)
+		return soft_rc_wants_pollout(qp);
 	return __atomic_load_n(&qp->pump_blocked, __ATOMIC_RELAXED);
 }
 
 int soft_qp_progress(struct soft_qp *qp, bool from_app, bool block)
 {
+	if (qp->rc)
+		return soft_rc_progress(qp, from_app, block);
 	if (from_app)
 		atomic_store_explicit(&qp->app_polls,
 				      atomic_load_explicit(&qp->app_polls, memory_order_relaxed) + 1,
@@ -1474,7 +1482,7 @@ static void qp_free(struct soft_qp *qp)
 int soft_create_qp(struct dgv_pd *pdb, const struct dgv_qp_init_attr *a, struct dgv_qp **out)
 {
 	if (a->qp_type == DGV_QPT_RC)
-		return -EOPNOTSUPP; /* RC over TCP: the RC issue */
+		return -EINVAL; /* RC QPs come from dgv_connect / dgv_accept (rc.c) */
 	if (a->max_sge > SOFT_MAX_SGE)
 		return -EINVAL;
 	struct soft_qp *qp = calloc(1, sizeof *qp);
@@ -1606,6 +1614,8 @@ fail:
 int soft_destroy_qp(struct dgv_qp *qpb)
 {
 	struct soft_qp *qp = to_sqp(qpb);
+	if (qp->rc)
+		return soft_rc_destroy(qp);
 	soft_ctx_remove_qp(qp->ctx, qp);
 	pthread_mutex_lock(&qp->lock);
 	/* Flush: every outstanding work request completes with WR_FLUSH_ERR. */
@@ -1674,6 +1684,8 @@ int soft_post_send(struct dgv_qp *qpb, struct dgv_send_wr *wr, struct dgv_send_w
 {
 	struct soft_qp *qp = to_sqp(qpb);
 	int rc = 0;
+	if (qp->rc)
+		return soft_rc_post_send(qp, wr, bad);
 	pthread_mutex_lock(&qp->lock);
 	for (; wr; wr = wr->next) {
 		uint64_t total = 0;
@@ -1762,6 +1774,8 @@ int soft_post_recv(struct dgv_qp *qpb, struct dgv_recv_wr *wr, struct dgv_recv_w
 	*bad = wr;
 	if (qp->rd)
 		rd_kick(qp->rd); /* RD segments refused for want of a receive can go now */
+	if (qp->rc)
+		soft_rc_after_post_recv(qp);
 	pthread_mutex_unlock(&qp->lock);
 	return rc;
 }

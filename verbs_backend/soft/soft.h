@@ -48,6 +48,7 @@ struct soft_ctx {
 	bool thread_running;
 	atomic_bool stopping;
 	struct soft_qp *qps; /* list, under loop_lock */
+	struct rc_cm *cm;    /* RC connection management (rc.c) */
 };
 
 struct soft_pd {
@@ -60,6 +61,9 @@ struct soft_mr {
 	_Atomic uint32_t stag; /* 0 while the slot is free */
 	atomic_uint users;     /* placements in progress */
 	uint32_t index;
+	/* RC Send with Invalidate: the STag that was invalidated for remote access (a new
+	 * registration of the slot has a new STag, so a stale value never matches) */
+	_Atomic uint32_t invalid_stag;
 };
 
 struct soft_cqe {
@@ -108,6 +112,9 @@ struct soft_swqe {
 	bool all_sent;  /* every datagram handed down */
 	bool done;      /* completed (CQE made or suppressed), entry reusable once head passes */
 	bool read_ord;  /* READ waiting in the ORD table */
+	uint32_t inv_stag;  /* RC: SEND_INV, SEND_SE_INV */
+	uint8_t rc_status;  /* RC: enum dgv_wc_status once done (completions are made in order) */
+	uint32_t rc_bytes;
 };
 
 struct soft_rwqe {
@@ -223,6 +230,7 @@ struct soft_qp {
 	bool io_on;                 /* libev io watcher started (loop thread only) */
 	ev_io io;
 	bool pump_blocked;          /* UDP socket full: need POLLOUT */
+	struct rc_conn *rc;         /* RC QPs: the connection (rc.c); NULL on UD/RD */
 	struct dgv_qp_stats st;
 };
 
@@ -293,6 +301,40 @@ bool soft_qp_wants_pollout(struct soft_qp *qp);
 /* Something will need doing without new input (retransmission, deadline, queued send).
  * Racy read without qp->lock: a hint for the progress thread's pace. */
 bool soft_qp_timers_pending(struct soft_qp *qp);
+
+/* rc.c: RC queue pairs over TCP (MPA/DDP/RDMAP) and their connection management */
+int soft_rc_ctx_init(struct soft_ctx *ctx);
+void soft_rc_ctx_fini(struct soft_ctx *ctx);
+/* Loop thread, ctx->loop_lock held: MPA deadlines of pending requests, listeners. */
+void soft_rc_tick(struct soft_ctx *ctx);
+int soft_rc_progress(struct soft_qp *qp, bool from_app, bool block);
+int soft_rc_destroy(struct soft_qp *qp);
+int soft_rc_post_send(struct soft_qp *qp, struct dgv_send_wr *wr, struct dgv_send_wr **bad);
+/* After soft_post_recv added receives (qp->lock held): flushes them if the connection ended. */
+void soft_rc_after_post_recv(struct soft_qp *qp);
+bool soft_rc_wants_pollout(struct soft_qp *qp);
+bool soft_rc_timers_pending(struct soft_qp *qp);
+uint64_t soft_rc_next_timer_locked(struct soft_qp *qp, uint64_t now);
+int soft_cm_create_channel(struct dgv_context *ctx, struct dgv_cm_channel **out);
+int soft_cm_destroy_channel(struct dgv_cm_channel *ch);
+struct dgv_cm_channel *soft_cm_default_channel(struct dgv_context *ctx);
+int soft_cm_channel_fd(struct dgv_cm_channel *ch);
+int soft_cm_get_event(struct dgv_cm_channel *ch, struct dgv_cm_event *ev);
+int soft_cm_wait(struct dgv_cm_channel *ch, int timeout_ms);
+int soft_rc_connect(struct dgv_pd *pd, const struct dgv_qp_init_attr *attr, const struct sockaddr *dst,
+		    socklen_t dstlen, const struct dgv_conn_param *param, struct dgv_qp **out);
+int soft_rc_listen(struct dgv_context *ctx, const struct sockaddr *addr, socklen_t len, int backlog,
+		   int adopt_fd, struct dgv_cm_channel *ch, void *user, struct dgv_listener **out);
+int soft_rc_listener_destroy(struct dgv_listener *l);
+int soft_rc_listener_addr(struct dgv_listener *l, union dgv_sockaddr *out, socklen_t *len);
+int soft_rc_conn_req_adopt(struct dgv_context *ctx, int fd, struct dgv_cm_channel *ch, void *user,
+			   struct dgv_conn_req **out);
+int soft_rc_accept(struct dgv_conn_req *req, struct dgv_pd *pd, const struct dgv_qp_init_attr *attr,
+		   const struct dgv_conn_param *param, struct dgv_qp **out);
+int soft_rc_reject(struct dgv_conn_req *req, const void *pdata, uint16_t len);
+int soft_rc_disconnect(struct dgv_qp *qp);
+enum dgv_qp_state soft_rc_qp_state(struct dgv_qp *qp);
+int soft_rc_conn_info(struct dgv_qp *qp, struct dgv_conn_info *out);
 
 /* device.c */
 void soft_ctx_add_qp(struct soft_ctx *ctx, struct soft_qp *qp);

@@ -1,0 +1,3 @@
+/* test_mpa.c - placeholder, filled below */
+#include <criterion/criterion.h>
+Test(mpa, placeholder) {}

@@ -1,0 +1,928 @@
+/*
+ * test_rc.c - RC queue pairs of the soft provider (standard iWARP over TCP) through the public
+ * verbs interface: two contexts in one process over 127.0.0.1. Connection management (listen,
+ * adopt, reject, disconnect, destroy while connecting), MPA revisions, CRC, markers, every
+ * opcode byte-exact up to 16 MiB, ORD limits, Write-Record records, and hostile peers written
+ * with raw TCP sockets (malformed MPA frames, CRC mismatch, oversized FPDU, invalid STag, bad
+ * QN/MSN), each of which must end in a clear error and, where the connection was up, a
+ * Terminate with the expected layer/type/code.
+ */
+#include <criterion/criterion.h>
+#include <arpa/inet.h>
+#include <endian.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "crc.h"
+#include "dgverbs.h"
+#include "frame.h"
+#include "mpa.h"
+#include "wire.h"
+
+#define BUFSZ (17u << 20)
+#define TMO 10000
+
+struct end {
+	struct dgv_context *ctx;
+	struct dgv_pd *pd;
+	struct dgv_cq *cq;
+	struct dgv_cm_channel *ch;
+	struct dgv_qp *qp;
+	uint8_t *buf;
+	struct dgv_mr *mr;
+};
+
+static struct end C, S; /* client (active) and server (passive) */
+static struct dgv_listener *L;
+
+static void end_open(struct end *e)
+{
+	cr_assert_eq(dgv_open(NULL, &e->ctx), 0);
+	cr_assert_eq(dgv_alloc_pd(e->ctx, &e->pd), 0);
+	cr_assert_eq(dgv_create_cq(e->ctx, 4096, &e->cq), 0);
+	e->ch = dgv_cm_default_channel(e->ctx);
+	cr_assert(e->ch);
+	e->buf = aligned_alloc(4096, BUFSZ);
+	cr_assert(e->buf);
+	memset(e->buf, 0, BUFSZ);
+	cr_assert_eq(dgv_reg_mr(e->pd, e->buf, BUFSZ,
+				DGV_ACCESS_LOCAL_WRITE | DGV_ACCESS_REMOTE_WRITE | DGV_ACCESS_REMOTE_READ, &e->mr), 0);
+	e->qp = NULL;
+}
+
+static void end_close(struct end *e)
+{
+	if (!e->ctx)
+		return;
+	if (e->qp)
+		cr_assert_eq(dgv_destroy_qp(e->qp), 0);
+	cr_assert_eq(dgv_dereg_mr(e->mr), 0);
+	cr_assert_eq(dgv_destroy_cq(e->cq), 0);
+	cr_assert_eq(dgv_dealloc_pd(e->pd), 0);
+	dgv_close(e->ctx);
+	free(e->buf);
+	memset(e, 0, sizeof *e);
+}
+
+static void setup(void)
+{
+	end_open(&C);
+	end_open(&S);
+	L = NULL;
+}
+
+static void teardown(void)
+{
+	if (L)
+		dgv_listener_destroy(L);
+	L = NULL;
+	end_close(&C);
+	end_close(&S);
+}
+
+/* Next event on ch within TMO; asserts its type. */
+static struct dgv_cm_event wait_ev(struct dgv_cm_channel *ch, enum dgv_cm_event_type type)
+{
+	struct dgv_cm_event ev;
+	for (;;) {
+		int r = dgv_cm_get_event(ch, &ev);
+		if (r == 0)
+			break;
+		cr_assert_eq(r, -EAGAIN);
+		cr_assert_eq(dgv_cm_wait(ch, TMO), 0, "no CM event (wanted %d)", type);
+	}
+	cr_assert_eq(ev.type, type, "event %d status %d, wanted %d", ev.type, ev.status, type);
+	return ev;
+}
+
+static struct dgv_qp_init_attr rc_attr(struct end *e)
+{
+	struct dgv_qp_init_attr a = {.qp_type = DGV_QPT_RC, .send_cq = e->cq, .recv_cq = e->cq,
+				     .max_send_wr = 1024, .max_recv_wr = 1024};
+	return a;
+}
+
+static void listen_any(struct sockaddr_in *out)
+{
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	cr_assert_eq(dgv_listen(S.ctx, (struct sockaddr *)&a, sizeof a, 16, -1, NULL, &S, &L), 0);
+	union dgv_sockaddr la;
+	socklen_t ll;
+	cr_assert_eq(dgv_listener_addr(L, &la, &ll), 0);
+	*out = la.sin;
+}
+
+/* Connects C to S through a listener with params cp (client) and sp (server). */
+static void connect_pair(const struct dgv_conn_param *cp, const struct dgv_conn_param *sp)
+{
+	struct sockaddr_in a;
+	listen_any(&a);
+	struct dgv_qp_init_attr ca = rc_attr(&C);
+	cr_assert_eq(dgv_connect(C.pd, &ca, (struct sockaddr *)&a, sizeof a, cp, &C.qp), 0);
+	struct dgv_cm_event rq = wait_ev(S.ch, DGV_CM_CONNECT_REQUEST);
+	cr_assert(rq.req);
+	cr_assert_eq(rq.listener, L);
+	if (cp && cp->private_data_len) {
+		cr_assert_eq(rq.pdata_len, cp->private_data_len);
+		cr_assert_arr_eq(rq.pdata, cp->private_data, cp->private_data_len);
+	}
+	struct dgv_qp_init_attr sa = rc_attr(&S);
+	cr_assert_eq(dgv_accept(rq.req, S.pd, &sa, sp, &S.qp), 0);
+	struct dgv_cm_event e1 = wait_ev(C.ch, DGV_CM_ESTABLISHED);
+	cr_assert_eq(e1.qp, C.qp);
+	if (sp && sp->private_data_len) {
+		cr_assert_eq(e1.pdata_len, sp->private_data_len);
+		cr_assert_arr_eq(e1.pdata, sp->private_data, sp->private_data_len);
+	}
+	struct dgv_cm_event e2 = wait_ev(S.ch, DGV_CM_ESTABLISHED);
+	cr_assert_eq(e2.qp, S.qp);
+	cr_assert_eq(dgv_qp_state(C.qp), DGV_QPS_RTS);
+	cr_assert_eq(dgv_qp_state(S.qp), DGV_QPS_RTS);
+}
+
+static struct dgv_wc wait_wc(struct dgv_cq *cq)
+{
+	struct dgv_wc wc;
+	for (;;) {
+		int n = dgv_poll_cq(cq, 1, &wc);
+		cr_assert(n >= 0);
+		if (n == 1)
+			return wc;
+		cr_assert_eq(dgv_cq_wait(cq, TMO), 0, "no completion");
+	}
+}
+
+static void post_recv(struct end *e, uint64_t id, uint64_t off, uint32_t len)
+{
+	struct dgv_sge sg = {(uint64_t)(uintptr_t)(e->buf + off), len, e->mr->lkey};
+	struct dgv_recv_wr wr = {.wr_id = id, .sg_list = &sg, .num_sge = 1};
+	cr_assert_eq(dgv_post_recv(e->qp, &wr, NULL), 0);
+}
+
+static void post_send(struct end *e, enum dgv_wr_opcode op, uint64_t id, uint64_t off, uint32_t len,
+		      uint64_t raddr, uint32_t rkey, uint32_t inv)
+{
+	struct dgv_sge sg = {(uint64_t)(uintptr_t)(e->buf + off), len, e->mr->lkey};
+	struct dgv_send_wr wr = {.wr_id = id, .sg_list = &sg, .num_sge = 1, .opcode = op,
+				 .send_flags = DGV_SEND_SIGNALED, .remote_addr = raddr, .rkey = rkey,
+				 .invalidate_rkey = inv};
+	cr_assert_eq(dgv_post_send(e->qp, &wr, NULL), 0);
+}
+
+static void fill(uint8_t *p, size_t n, unsigned seed)
+{
+	uint32_t x = seed * 2654435761u + 1;
+	for (size_t i = 0; i < n; i++) {
+		x = x * 1103515245u + 12345u;
+		p[i] = (uint8_t)(x >> 16);
+	}
+}
+
+/* A Send of len bytes C -> S, byte-exact. */
+static void send_case(uint32_t len)
+{
+	fill(C.buf, len, len);
+	memset(S.buf, 0xee, len + 16);
+	post_recv(&S, 7, 0, len + 16);
+	post_send(&C, DGV_WR_SEND, 9, 0, len, 0, 0, 0);
+	struct dgv_wc s = wait_wc(C.cq);
+	cr_assert_eq(s.status, DGV_WC_SUCCESS);
+	cr_assert_eq(s.wr_id, 9);
+	cr_assert_eq(s.opcode, DGV_WC_SEND);
+	struct dgv_wc r = wait_wc(S.cq);
+	cr_assert_eq(r.status, DGV_WC_SUCCESS, "status %d", r.status);
+	cr_assert_eq(r.opcode, DGV_WC_RECV);
+	cr_assert_eq(r.wr_id, 7);
+	cr_assert_eq(r.byte_len, len);
+	cr_assert(memcmp(S.buf, C.buf, len) == 0, "payload differs");
+	cr_assert_eq(S.buf[len], 0xee);
+}
+
+TestSuite(rc, .init = setup, .fini = teardown, .timeout = 60);
+
+Test(rc, connect_rev2_crc_pdata_both_ways)
+{
+	const char cpd[] = "hello from the initiator", spd[] = "and from the responder";
+	struct dgv_conn_param cp = {.private_data = cpd, .private_data_len = sizeof cpd, .crc = 1};
+	struct dgv_conn_param sp = {.private_data = spd, .private_data_len = sizeof spd};
+	connect_pair(&cp, &sp);
+	struct dgv_conn_info ci, si;
+	cr_assert_eq(dgv_conn_info(C.qp, &ci), 0);
+	cr_assert_eq(dgv_conn_info(S.qp, &si), 0);
+	cr_assert_eq(ci.mpa_rev, 2);
+	cr_assert_eq(si.mpa_rev, 2);
+	cr_assert(ci.crc && si.crc);
+	cr_assert(!ci.markers_rx && !ci.markers_tx);
+	cr_assert(ci.ord >= 1 && ci.ird >= 1);
+	cr_assert_eq(ci.peer.sin.sin_port, si.local.sin.sin_port);
+	send_case(64);
+}
+
+Test(rc, connect_rev1_no_crc)
+{
+	struct dgv_conn_param cp = {.mpa_rev = 1, .crc = 0};
+	struct dgv_conn_param sp = {.mpa_rev = 1, .crc = 0};
+	connect_pair(&cp, &sp);
+	struct dgv_conn_info ci;
+	cr_assert_eq(dgv_conn_info(C.qp, &ci), 0);
+	cr_assert_eq(ci.mpa_rev, 1);
+	cr_assert(!ci.crc);
+	send_case(1000);
+	send_case(0);
+}
+
+Test(rc, crc_if_either_side_asks)
+{
+	struct dgv_conn_param cp = {.crc = 0};
+	struct dgv_conn_param sp = {.crc = 1};
+	connect_pair(&cp, &sp);
+	struct dgv_conn_info ci, si;
+	cr_assert_eq(dgv_conn_info(C.qp, &ci), 0);
+	cr_assert_eq(dgv_conn_info(S.qp, &si), 0);
+	cr_assert(ci.crc && si.crc);
+	send_case(5000);
+}
+
+Test(rc, markers_both_ways)
+{
+	struct dgv_conn_param cp = {.markers = 1, .crc = 1};
+	struct dgv_conn_param sp = {.markers = 1, .crc = 1};
+	connect_pair(&cp, &sp);
+	struct dgv_conn_info ci;
+	cr_assert_eq(dgv_conn_info(C.qp, &ci), 0);
+	cr_assert(ci.markers_rx && ci.markers_tx);
+	for (uint32_t len = 0; len < 3000; len += 337)
+		send_case(len);
+	send_case(200000);
+	/* the other direction and a Write */
+	fill(S.buf, 70000, 3);
+	post_send(&S, DGV_WR_WRITE, 1, 0, 70000, (uint64_t)(uintptr_t)C.buf + 100, C.mr->rkey, 0);
+	cr_assert_eq(wait_wc(S.cq).status, DGV_WC_SUCCESS);
+	post_recv(&C, 2, 1 << 20, 16);
+	post_send(&S, DGV_WR_SEND, 3, 0, 8, 0, 0, 0);
+	cr_assert_eq(wait_wc(S.cq).status, DGV_WC_SUCCESS);
+	cr_assert_eq(wait_wc(C.cq).status, DGV_WC_SUCCESS);
+	cr_assert(memcmp(C.buf + 100, S.buf, 70000) == 0);
+}
+
+Test(rc, markers_asked_by_one_side_only)
+{
+	struct dgv_conn_param cp = {.markers = 1};
+	connect_pair(&cp, NULL);
+	struct dgv_conn_info ci, si;
+	cr_assert_eq(dgv_conn_info(C.qp, &ci), 0);
+	cr_assert_eq(dgv_conn_info(S.qp, &si), 0);
+	cr_assert(ci.markers_rx && !ci.markers_tx);
+	cr_assert(si.markers_tx && !si.markers_rx);
+	send_case(3000);
+	fill(S.buf + 4096, 1500, 9);
+	post_recv(&C, 5, 0, 2000);
+	post_send(&S, DGV_WR_SEND, 6, 4096, 1500, 0, 0, 0);
+	cr_assert_eq(wait_wc(S.cq).status, DGV_WC_SUCCESS);
+	struct dgv_wc r = wait_wc(C.cq);
+	cr_assert_eq(r.status, DGV_WC_SUCCESS);
+	cr_assert(memcmp(C.buf, S.buf + 4096, 1500) == 0);
+}
+
+Test(rc, send_sizes_byte_exact)
+{
+	connect_pair(NULL, NULL);
+	static const uint32_t sizes[] = {0, 1, 3, 64, 1500, 4096, 65474, 65536, 1u << 20, 16u << 20};
+	for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+		send_case(sizes[i]);
+}
+
+Test(rc, send_se_and_invalidate)
+{
+	connect_pair(NULL, NULL);
+	post_recv(&S, 1, 0, 64);
+	post_send(&C, DGV_WR_SEND_SE, 2, 0, 10, 0, 0, 0);
+	struct dgv_wc r = wait_wc(S.cq);
+	cr_assert_eq(r.status, DGV_WC_SUCCESS);
+	cr_assert(r.flags & DGV_WC_SOLICITED);
+	cr_assert_eq(wait_wc(C.cq).status, DGV_WC_SUCCESS);
+	/* a second region on S, invalidated by the Send */
+	uint8_t *extra = aligned_alloc(4096, 8192);
+	struct dgv_mr *mr2;
+	cr_assert_eq(dgv_reg_mr(S.pd, extra, 8192, DGV_ACCESS_LOCAL_WRITE | DGV_ACCESS_REMOTE_WRITE, &mr2), 0);
+	post_recv(&S, 3, 0, 64);
+	post_send(&C, DGV_WR_SEND_SE_INV, 4, 0, 20, 0, 0, mr2->rkey);
+	r = wait_wc(S.cq);
+	cr_assert_eq(r.status, DGV_WC_SUCCESS);
+	cr_assert(r.flags & DGV_WC_WITH_INV);
+	cr_assert(r.flags & DGV_WC_SOLICITED);
+	cr_assert_eq(r.invalidated_rkey, mr2->rkey);
+	cr_assert_eq(wait_wc(C.cq).status, DGV_WC_SUCCESS);
+	post_recv(&S, 5, 0, 64);
+	post_send(&C, DGV_WR_SEND_INV, 6, 0, 0, 0, 0, mr2->rkey);
+	r = wait_wc(S.cq);
+	cr_assert(r.flags & DGV_WC_WITH_INV);
+	cr_assert(!(r.flags & DGV_WC_SOLICITED));
+	cr_assert_eq(wait_wc(C.cq).status, DGV_WC_SUCCESS);
+	/* the invalidated STag no longer takes a Write: Terminate, both sides end */
+	post_send(&C, DGV_WR_WRITE, 7, 0, 100, (uint64_t)(uintptr_t)extra, mr2->rkey, 0);
+	cr_assert_eq(wait_wc(C.cq).status, DGV_WC_SUCCESS); /* handed to TCP */
+	struct dgv_cm_event e = wait_ev(S.ch, DGV_CM_DISCONNECTED);
+	cr_assert_eq(e.status, -EPROTO);
+	cr_assert_eq(e.term_layer, DGV_LAYER_DDP);
+	cr_assert_eq(e.term_etype, 1);
+	cr_assert_eq(e.term_ecode, 0);
+	e = wait_ev(C.ch, DGV_CM_DISCONNECTED);
+	cr_assert_eq(e.status, -ECONNRESET);
+	cr_assert_eq(e.term_layer, DGV_LAYER_DDP);
+	cr_assert_eq(dgv_qp_state(C.qp), DGV_QPS_ERROR);
+	struct dgv_async_err ae;
+	cr_assert_eq(dgv_poll_errq(C.qp, 1, &ae), 1);
+	cr_assert(ae.remote);
+	cr_assert_eq(dgv_dereg_mr(mr2), 0);
+	free(extra);
+}
+
+Test(rc, write_read_write_record)
+{
+	connect_pair(NULL, NULL);
+	/* Write 300000 bytes into S at offset 1000 */
+	fill(C.buf, 300000, 11);
+	post_send(&C, DGV_WR_WRITE, 1, 0, 300000, (uint64_t)(uintptr_t)S.buf + 1000, S.mr->rkey, 0);
+	struct dgv_wc w = wait_wc(C.cq);
+	cr_assert_eq(w.status, DGV_WC_SUCCESS);
+	cr_assert_eq(w.opcode, DGV_WC_WRITE);
+	/* Read it back into C at 4 MiB: the Read completes after the Write is placed */
+	post_send(&C, DGV_WR_READ, 2, 4u << 20, 300000, (uint64_t)(uintptr_t)S.buf + 1000, S.mr->rkey, 0);
+	w = wait_wc(C.cq);
+	cr_assert_eq(w.status, DGV_WC_SUCCESS, "read status %d", w.status);
+	cr_assert_eq(w.opcode, DGV_WC_READ);
+	cr_assert_eq(w.byte_len, 300000);
+	cr_assert(memcmp(C.buf + (4u << 20), C.buf, 300000) == 0);
+	/* Write-Record of 200000 bytes: one record on S's CQ, no receive consumed */
+	fill(C.buf + (8u << 20), 200000, 12);
+	post_send(&C, DGV_WR_WRITE_RECORD, 3, 8u << 20, 200000, (uint64_t)(uintptr_t)S.buf + 8192, S.mr->rkey, 0);
+	w = wait_wc(C.cq);
+	cr_assert_eq(w.status, DGV_WC_SUCCESS);
+	cr_assert_eq(w.opcode, DGV_WC_WRITE_RECORD);
+	struct dgv_wc r = wait_wc(S.cq);
+	cr_assert_eq(r.status, DGV_WC_SUCCESS);
+	cr_assert_eq(r.opcode, DGV_WC_RECV_WRITE_RECORD);
+	cr_assert_eq(r.record.stag, S.mr->rkey);
+	cr_assert_eq(r.record.base, (uint64_t)(uintptr_t)S.buf + 8192);
+	cr_assert_eq(r.record.length, 200000);
+	cr_assert_eq(r.record.valid_bytes, 200000);
+	cr_assert_eq(r.record.nranges, 1);
+	cr_assert_eq(r.record.ranges[0].offset, 0);
+	cr_assert_eq(r.record.ranges[0].length, 200000);
+	cr_assert(memcmp(S.buf + 8192, C.buf + (8u << 20), 200000) == 0);
+	/* zero-length Read and Write */
+	post_send(&C, DGV_WR_READ, 4, 0, 0, 0, 0, 0);
+	cr_assert_eq(wait_wc(C.cq).status, DGV_WC_SUCCESS);
+	post_send(&C, DGV_WR_WRITE, 5, 0, 0, 0, 0, 0);
+	cr_assert_eq(wait_wc(C.cq).status, DGV_WC_SUCCESS);
+}
+
+Test(rc, reads_beyond_ord_wait)
+{
+	struct dgv_conn_param cp = {.ord = 1};
+	connect_pair(&cp, NULL);
+	struct dgv_conn_info ci;
+	cr_assert_eq(dgv_conn_info(C.qp, &ci), 0);
+	cr_assert_eq(ci.ord, 1);
+	fill(S.buf, 1 << 20, 5);
+	for (int i = 0; i < 8; i++)
+		post_send(&C, DGV_WR_READ, 100 + i, (uint64_t)i << 20, 100000 + i,
+			  (uint64_t)(uintptr_t)S.buf + (uint64_t)i * 1000, S.mr->rkey, 0);
+	for (int i = 0; i < 8; i++) {
+		struct dgv_wc w = wait_wc(C.cq);
+		cr_assert_eq(w.status, DGV_WC_SUCCESS);
+		cr_assert_eq(w.wr_id, 100 + (uint64_t)i, "completions in order");
+		cr_assert(memcmp(C.buf + ((size_t)i << 20), S.buf + i * 1000, 100000 + (size_t)i) == 0);
+	}
+}
+
+Test(rc, many_wrs_in_flight_both_ways)
+{
+	connect_pair(NULL, NULL);
+	enum { N = 500, SZ = 3000 };
+	for (int i = 0; i < N; i++) {
+		post_recv(&S, (uint64_t)i, (uint64_t)i * SZ, SZ);
+		post_recv(&C, (uint64_t)i, (8u << 20) + (uint64_t)i * SZ, SZ);
+	}
+	fill(C.buf + (4u << 20), N * SZ, 1);
+	fill(S.buf + (12u << 20), N * SZ, 2);
+	for (int i = 0; i < N; i++) {
+		post_send(&C, DGV_WR_SEND, 1000 + (uint64_t)i, (4u << 20) + (uint64_t)i * SZ, SZ - (uint32_t)i, 0, 0, 0);
+		post_send(&S, DGV_WR_SEND, 1000 + (uint64_t)i, (12u << 20) + (uint64_t)i * SZ, SZ - (uint32_t)i, 0, 0, 0);
+	}
+	int sc = 0, rc = 0, sc2 = 0, rc2 = 0;
+	while (sc + rc < 2 * N || sc2 + rc2 < 2 * N) {
+		struct dgv_wc wc[32];
+		int n = dgv_poll_cq(C.cq, 32, wc);
+		for (int i = 0; i < n; i++) {
+			cr_assert_eq(wc[i].status, DGV_WC_SUCCESS);
+			if (wc[i].opcode == DGV_WC_RECV) {
+				cr_assert_eq(wc[i].wr_id, (uint64_t)rc);
+				cr_assert_eq(wc[i].byte_len, SZ - (uint32_t)rc);
+				rc++;
+			} else {
+				cr_assert_eq(wc[i].wr_id, 1000 + (uint64_t)sc);
+				sc++;
+			}
+		}
+		n = dgv_poll_cq(S.cq, 32, wc);
+		for (int i = 0; i < n; i++) {
+			cr_assert_eq(wc[i].status, DGV_WC_SUCCESS);
+			if (wc[i].opcode == DGV_WC_RECV)
+				rc2++;
+			else
+				sc2++;
+		}
+	}
+	for (int i = 0; i < N; i++) {
+		cr_assert(memcmp(S.buf + (size_t)i * SZ, C.buf + (4u << 20) + (size_t)i * SZ, SZ - (size_t)i) == 0);
+		cr_assert(memcmp(C.buf + (8u << 20) + (size_t)i * SZ, S.buf + (12u << 20) + (size_t)i * SZ,
+				 SZ - (size_t)i) == 0);
+	}
+}
+
+Test(rc, receiver_not_ready_holds_the_sender)
+{
+	connect_pair(NULL, NULL);
+	fill(C.buf, 1000, 4);
+	post_send(&C, DGV_WR_SEND, 1, 0, 1000, 0, 0, 0);
+	cr_assert_eq(wait_wc(C.cq).status, DGV_WC_SUCCESS);
+	struct dgv_wc wc;
+	for (int i = 0; i < 20; i++) {
+		cr_assert_eq(dgv_poll_cq(S.cq, 1, &wc), 0);
+		usleep(2000);
+	}
+	cr_assert_eq(dgv_qp_state(S.qp), DGV_QPS_RTS);
+	post_recv(&S, 2, 0, 1000);
+	wc = wait_wc(S.cq);
+	cr_assert_eq(wc.status, DGV_WC_SUCCESS);
+	cr_assert(memcmp(S.buf, C.buf, 1000) == 0);
+}
+
+Test(rc, graceful_disconnect_delivers_queued_data_then_peer_closed)
+{
+	connect_pair(NULL, NULL);
+	enum { N = 64, SZ = 100000 };
+	for (int i = 0; i < N; i++)
+		post_recv(&S, (uint64_t)i, (uint64_t)i * SZ, SZ);
+	fill(C.buf, (size_t)N * SZ, 77);
+	for (int i = 0; i < N; i++)
+		post_send(&C, DGV_WR_SEND, (uint64_t)i, (uint64_t)i * SZ, SZ, 0, 0, 0);
+	cr_assert_eq(dgv_disconnect(C.qp), 0);
+	/* every receive completes before PEER_CLOSED is queued */
+	for (int i = 0; i < N; i++) {
+		struct dgv_wc w = wait_wc(S.cq);
+		cr_assert_eq(w.status, DGV_WC_SUCCESS);
+		cr_assert_eq(w.wr_id, (uint64_t)i);
+	}
+	struct dgv_cm_event e = wait_ev(S.ch, DGV_CM_PEER_CLOSED);
+	cr_assert_eq(e.qp, S.qp);
+	cr_assert(memcmp(S.buf, C.buf, (size_t)N * SZ) == 0);
+	cr_assert_eq(dgv_qp_state(S.qp), DGV_QPS_CLOSING);
+	/* the passive side may still send */
+	post_recv(&C, 9, 0, 10);
+	post_send(&S, DGV_WR_SEND, 10, 0, 10, 0, 0, 0);
+	cr_assert_eq(wait_wc(S.cq).status, DGV_WC_SUCCESS);
+	for (int i = 0; i < N; i++)
+		cr_assert_eq(wait_wc(C.cq).status, DGV_WC_SUCCESS);
+	struct dgv_wc r = wait_wc(C.cq);
+	cr_assert_eq(r.status, DGV_WC_SUCCESS);
+	cr_assert_eq(r.opcode, DGV_WC_RECV);
+	cr_assert_eq(dgv_disconnect(S.qp), 0);
+	e = wait_ev(S.ch, DGV_CM_DISCONNECTED);
+	cr_assert_eq(e.status, 0);
+	e = wait_ev(C.ch, DGV_CM_DISCONNECTED);
+	cr_assert_eq(e.status, 0);
+	cr_assert_eq(dgv_qp_state(C.qp), DGV_QPS_CLOSED);
+	cr_assert_eq(dgv_qp_state(S.qp), DGV_QPS_CLOSED);
+	/* posted after the end: flushed */
+	post_recv(&S, 11, 0, 10);
+	struct dgv_wc f = wait_wc(S.cq);
+	cr_assert_eq(f.status, DGV_WC_WR_FLUSH_ERR);
+}
+
+Test(rc, reject_with_private_data)
+{
+	struct sockaddr_in a;
+	listen_any(&a);
+	struct dgv_qp_init_attr ca = rc_attr(&C);
+	cr_assert_eq(dgv_connect(C.pd, &ca, (struct sockaddr *)&a, sizeof a, NULL, &C.qp), 0);
+	struct dgv_cm_event rq = wait_ev(S.ch, DGV_CM_CONNECT_REQUEST);
+	cr_assert_eq(dgv_reject(rq.req, "go away", 8), 0);
+	struct dgv_cm_event e = wait_ev(C.ch, DGV_CM_REJECTED);
+	cr_assert_eq(e.status, -ECONNREFUSED);
+	cr_assert_eq(e.pdata_len, 8);
+	cr_assert_str_eq((const char *)e.pdata, "go away");
+	cr_assert_eq(dgv_qp_state(C.qp), DGV_QPS_ERROR);
+}
+
+Test(rc, connect_refused)
+{
+	int s = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	cr_assert_eq(bind(s, (struct sockaddr *)&a, sizeof a), 0);
+	socklen_t l = sizeof a;
+	getsockname(s, (struct sockaddr *)&a, &l);
+	close(s); /* nobody listens there now */
+	struct dgv_qp_init_attr ca = rc_attr(&C);
+	cr_assert_eq(dgv_connect(C.pd, &ca, (struct sockaddr *)&a, sizeof a, NULL, &C.qp), 0);
+	struct dgv_cm_event e = wait_ev(C.ch, DGV_CM_CONNECT_ERROR);
+	cr_assert_eq(e.status, -ECONNREFUSED);
+	cr_assert_eq(dgv_qp_state(C.qp), DGV_QPS_ERROR);
+}
+
+Test(rc, destroy_while_connecting_and_mpa_timeout)
+{
+	/* a plain TCP listener that never answers the MPA Request */
+	int ls = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	cr_assert_eq(bind(ls, (struct sockaddr *)&a, sizeof a), 0);
+	cr_assert_eq(listen(ls, 4), 0);
+	socklen_t l = sizeof a;
+	getsockname(ls, (struct sockaddr *)&a, &l);
+	struct dgv_qp_init_attr ca = rc_attr(&C);
+	/* a posted send is held, then flushed by the destruction */
+	cr_assert_eq(dgv_connect(C.pd, &ca, (struct sockaddr *)&a, sizeof a, NULL, &C.qp), 0);
+	post_send(&C, DGV_WR_SEND, 1, 0, 10, 0, 0, 0);
+	cr_assert_eq(dgv_qp_state(C.qp), DGV_QPS_CONNECTING);
+	cr_assert_eq(dgv_destroy_qp(C.qp), 0);
+	C.qp = NULL;
+	struct dgv_wc w = wait_wc(C.cq);
+	cr_assert_eq(w.status, DGV_WC_WR_FLUSH_ERR);
+	/* and with a short MPA deadline: CONNECT_ERROR -ETIMEDOUT */
+	struct dgv_conn_param cp = {.timeout_ms = 200};
+	cr_assert_eq(dgv_connect(C.pd, &ca, (struct sockaddr *)&a, sizeof a, &cp, &C.qp), 0);
+	struct dgv_cm_event e = wait_ev(C.ch, DGV_CM_CONNECT_ERROR);
+	cr_assert_eq(e.status, -ETIMEDOUT);
+	close(ls);
+}
+
+Test(rc, adopted_descriptors_both_sides)
+{
+	int ls = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	cr_assert_eq(bind(ls, (struct sockaddr *)&a, sizeof a), 0);
+	cr_assert_eq(listen(ls, 4), 0);
+	socklen_t l = sizeof a;
+	getsockname(ls, (struct sockaddr *)&a, &l);
+	/* the program's client socket: non-blocking connect in progress, flags must stay */
+	int cs = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+	int r = connect(cs, (struct sockaddr *)&a, sizeof a);
+	cr_assert(r == 0 || errno == EINPROGRESS);
+	int cflags = fcntl(cs, F_GETFL);
+	struct dgv_qp_init_attr ca = rc_attr(&C);
+	ca.use_adopt_fd = 1;
+	ca.adopt_fd = cs;
+	cr_assert_eq(dgv_connect(C.pd, &ca, NULL, 0, NULL, &C.qp), 0);
+	/* the program's server accepts itself (blocking socket) and hands the connection over */
+	int ss = accept(ls, NULL, NULL);
+	cr_assert(ss >= 0);
+	int sflags = fcntl(ss, F_GETFL);
+	struct dgv_conn_req *req;
+	cr_assert_eq(dgv_conn_req_adopt(S.ctx, ss, NULL, &S, &req), 0);
+	struct dgv_cm_event rq = wait_ev(S.ch, DGV_CM_CONNECT_REQUEST);
+	cr_assert_eq(rq.req, req);
+	cr_assert_null(rq.listener);
+	cr_assert_eq(rq.user, &S);
+	struct dgv_qp_init_attr sa = rc_attr(&S);
+	cr_assert_eq(dgv_accept(req, S.pd, &sa, NULL, &S.qp), 0);
+	wait_ev(C.ch, DGV_CM_ESTABLISHED);
+	wait_ev(S.ch, DGV_CM_ESTABLISHED);
+	send_case(100000);
+	cr_assert_eq(fcntl(cs, F_GETFL), cflags);
+	cr_assert_eq(fcntl(ss, F_GETFL), sflags);
+	int nd = 0;
+	socklen_t nl = sizeof nd;
+	getsockopt(ss, IPPROTO_TCP, TCP_NODELAY, &nd, &nl);
+	cr_assert(nd);
+	cr_assert_eq(dgv_destroy_qp(C.qp), 0);
+	cr_assert_eq(dgv_destroy_qp(S.qp), 0);
+	C.qp = S.qp = NULL;
+	/* never closed by the provider */
+	cr_assert_neq(fcntl(cs, F_GETFD), -1);
+	cr_assert_neq(fcntl(ss, F_GETFD), -1);
+	close(cs);
+	close(ss);
+	close(ls);
+}
+
+Test(rc, channels_and_pollable_fd)
+{
+	struct dgv_cm_channel *ch;
+	cr_assert_eq(dgv_cm_create_channel(S.ctx, &ch), 0);
+	int fd = dgv_cm_channel_fd(ch);
+	cr_assert(fd >= 0);
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	cr_assert_eq(dgv_listen(S.ctx, (struct sockaddr *)&a, sizeof a, 4, -1, ch, NULL, &L), 0);
+	cr_assert_eq(dgv_cm_destroy_channel(ch), -EBUSY);
+	union dgv_sockaddr la;
+	socklen_t ll;
+	cr_assert_eq(dgv_listener_addr(L, &la, &ll), 0);
+	struct dgv_qp_init_attr ca = rc_attr(&C);
+	cr_assert_eq(dgv_connect(C.pd, &ca, &la.sa, ll, NULL, &C.qp), 0);
+	/* the libev thread accepts and reads the Request: the fd becomes readable by itself */
+	struct pollfd p = {.fd = fd, .events = POLLIN};
+	cr_assert_eq(poll(&p, 1, TMO), 1);
+	struct dgv_cm_event ev;
+	cr_assert_eq(dgv_cm_get_event(ch, &ev), 0);
+	cr_assert_eq(ev.type, DGV_CM_CONNECT_REQUEST);
+	cr_assert_eq(poll(&p, 1, 0), 0);
+	cr_assert_eq(dgv_cm_get_event(ch, &ev), -EAGAIN);
+	struct dgv_qp_init_attr sa = rc_attr(&S);
+	sa.cm_channel = ch;
+	cr_assert_eq(dgv_accept(ev.req, S.pd, &sa, NULL, &S.qp), 0);
+	wait_ev(ch, DGV_CM_ESTABLISHED);
+	wait_ev(C.ch, DGV_CM_ESTABLISHED);
+	dgv_listener_destroy(L);
+	L = NULL;
+	cr_assert_eq(dgv_destroy_qp(S.qp), 0);
+	S.qp = NULL;
+	cr_assert_eq(dgv_cm_destroy_channel(ch), 0);
+}
+
+/* ------------------------------------------------------------------ hostile peers */
+
+static int raw_connect(const struct sockaddr_in *a)
+{
+	int s = socket(AF_INET, SOCK_STREAM, 0);
+	cr_assert(s >= 0);
+	cr_assert_eq(connect(s, (const struct sockaddr *)a, sizeof *a), 0);
+	int one = 1;
+	setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+	struct timeval tv = {10, 0};
+	setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	return s;
+}
+
+static void read_full(int s, void *buf, size_t n)
+{
+	size_t got = 0;
+	while (got < n) {
+		ssize_t r = recv(s, (uint8_t *)buf + got, n - got, 0);
+		cr_assert(r > 0, "raw peer: recv %zd (errno %d) after %zu of %zu", r, errno, got, n);
+		got += (size_t)r;
+	}
+}
+
+/* A listener on S whose request from a raw client carries frame[0..len). Asserts the
+ * CONNECT_ERROR with -EPROTO and that the connection is closed on the raw side. */
+static void bad_request(const void *frame, size_t len)
+{
+	struct sockaddr_in a;
+	listen_any(&a);
+	int s = raw_connect(&a);
+	cr_assert_eq(send(s, frame, len, 0), (ssize_t)len);
+	struct dgv_cm_event e = wait_ev(S.ch, DGV_CM_CONNECT_ERROR);
+	cr_assert_eq(e.status, -EPROTO);
+	cr_assert_null(e.req);
+	cr_assert_eq(e.listener, L);
+	char c;
+	cr_assert_leq(recv(s, &c, 1, 0), 0);
+	close(s);
+}
+
+Test(rc_hostile, mpa_request_bad_key, .init = setup, .fini = teardown, .timeout = 60)
+{
+	uint8_t f[MPA_RR_MAX];
+	size_t n = mpa_rr_build(f, true, MPA_FLAG_C, 1, NULL, NULL, 0);
+	f[5] = 'x';
+	bad_request(f, n);
+}
+
+Test(rc_hostile, mpa_request_bad_rev, .init = setup, .fini = teardown, .timeout = 60)
+{
+	uint8_t f[MPA_RR_MAX];
+	size_t n = mpa_rr_build(f, true, 0, 7, NULL, NULL, 0);
+	bad_request(f, n);
+}
+
+Test(rc_hostile, mpa_request_pdata_too_long, .init = setup, .fini = teardown, .timeout = 60)
+{
+	uint8_t f[MPA_RR_HLEN + 600] = {0};
+	mpa_rr_build(f, true, 0, 1, NULL, NULL, 0);
+	f[18] = 513 >> 8;
+	f[19] = 513 & 0xff;
+	bad_request(f, sizeof f);
+}
+
+Test(rc_hostile, mpa_request_enhanced_without_word, .init = setup, .fini = teardown, .timeout = 60)
+{
+	uint8_t f[MPA_RR_HLEN + 2];
+	mpa_rr_build(f, true, 0, 2, NULL, "ab", 2);
+	f[16] |= MPA_FLAG_E;
+	bad_request(f, sizeof f);
+}
+
+Test(rc_hostile, mpa_reply_bad_key, .init = setup, .fini = teardown, .timeout = 60)
+{
+	int ls = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	cr_assert_eq(bind(ls, (struct sockaddr *)&a, sizeof a), 0);
+	cr_assert_eq(listen(ls, 4), 0);
+	socklen_t l = sizeof a;
+	getsockname(ls, (struct sockaddr *)&a, &l);
+	struct dgv_qp_init_attr ca = rc_attr(&C);
+	cr_assert_eq(dgv_connect(C.pd, &ca, (struct sockaddr *)&a, sizeof a, NULL, &C.qp), 0);
+	int s = accept(ls, NULL, NULL);
+	uint8_t req[MPA_RR_HLEN];
+	read_full(s, req, sizeof req);
+	cr_assert(memcmp(req, MPA_KEY_REQ, 16) == 0);
+	uint8_t rest[MPA_RR_MAX];
+	read_full(s, rest, be16toh(((struct mpa_rr_hdr *)req)->pd_len));
+	uint8_t f[MPA_RR_MAX];
+	size_t n = mpa_rr_build(f, true /* a Request key where a Reply belongs */, 0, 1, NULL, NULL, 0);
+	cr_assert_eq(send(s, f, n, 0), (ssize_t)n);
+	struct dgv_cm_event e = wait_ev(C.ch, DGV_CM_CONNECT_ERROR);
+	cr_assert_eq(e.status, -EPROTO);
+	cr_assert_eq(e.qp, C.qp);
+	close(s);
+	close(ls);
+}
+
+/* A raw initiator that completes MPA rev 1 (crc as asked) with our listener and accept. */
+static int raw_established(bool crc)
+{
+	struct sockaddr_in a;
+	listen_any(&a);
+	int s = raw_connect(&a);
+	uint8_t f[MPA_RR_MAX];
+	size_t n = mpa_rr_build(f, true, crc ? MPA_FLAG_C : 0, 1, NULL, NULL, 0);
+	cr_assert_eq(send(s, f, n, 0), (ssize_t)n);
+	struct dgv_cm_event rq = wait_ev(S.ch, DGV_CM_CONNECT_REQUEST);
+	struct dgv_conn_param sp = {.crc = crc ? 1 : 0, .mpa_rev = 1};
+	struct dgv_qp_init_attr sa = rc_attr(&S);
+	cr_assert_eq(dgv_accept(rq.req, S.pd, &sa, &sp, &S.qp), 0);
+	uint8_t rep[MPA_RR_HLEN];
+	read_full(s, rep, sizeof rep);
+	cr_assert(memcmp(rep, MPA_KEY_REP, 16) == 0);
+	cr_assert_eq(rep[17], 1);
+	cr_assert_eq(!!(rep[16] & MPA_FLAG_C), crc);
+	wait_ev(S.ch, DGV_CM_ESTABLISHED);
+	return s;
+}
+
+/* Sends one FPDU around ulpdu from the raw peer. */
+static void raw_fpdu(int s, const void *ulpdu, uint16_t len, bool crc)
+{
+	uint8_t *f = malloc(len + 16u);
+	size_t n = mpa_fpdu_build(f, ulpdu, len, crc, -1);
+	cr_assert_eq(send(s, f, n, 0), (ssize_t)n);
+	free(f);
+}
+
+/* Reads the Terminate the raw peer gets and checks its triple; then end of stream. Checks the
+ * event on S too. */
+static void expect_terminate(int s, uint8_t l, uint8_t t, uint8_t c)
+{
+	uint8_t hdr[2];
+	read_full(s, hdr, 2);
+	uint32_t ulen = (uint32_t)hdr[0] << 8 | hdr[1];
+	cr_assert_geq(ulen, DDP_UNTAGGED_HLEN + 4);
+	uint8_t *u = malloc(ulen + 8);
+	read_full(s, u, ulen + mpa_pad(ulen) + MPA_CRC_LEN);
+	struct ddp_untagged_hdr d;
+	memcpy(&d, u, sizeof d);
+	cr_assert_eq(be16toh(d.ctrl) & RDMAP_CTRL_OPCODE, RDMAP_TERMINATE);
+	cr_assert_eq(be32toh(d.qn), DDP_QN_TERMINATE);
+	cr_assert_eq(be32toh(d.msn), 1);
+	uint32_t tc;
+	memcpy(&tc, u + DDP_UNTAGGED_HLEN, 4);
+	tc = be32toh(tc);
+	cr_assert_eq(tc >> 28, l, "layer %u", tc >> 28);
+	cr_assert_eq((tc >> 24) & 0xf, t, "type %u", (tc >> 24) & 0xf);
+	cr_assert_eq((tc >> 16) & 0xff, c, "code 0x%x", (tc >> 16) & 0xff);
+	free(u);
+	char x;
+	cr_assert_eq(recv(s, &x, 1, 0), 0, "stream goes on after the Terminate");
+	struct dgv_cm_event e = wait_ev(S.ch, DGV_CM_DISCONNECTED);
+	cr_assert_eq(e.status, -EPROTO);
+	cr_assert_eq(e.term_layer, l);
+	cr_assert_eq(e.term_etype, t);
+	cr_assert_eq(e.term_ecode, c);
+	cr_assert_eq(dgv_qp_state(S.qp), DGV_QPS_ERROR);
+}
+
+Test(rc_hostile, fpdu_crc_mismatch, .init = setup, .fini = teardown, .timeout = 60)
+{
+	int s = raw_established(true);
+	post_recv(&S, 1, 0, 100);
+	uint8_t u[DDP_UNTAGGED_HLEN + 8];
+	rc_put_untagged((struct ddp_untagged_hdr *)u, RDMAP_SEND, true, 0, 1, 0, 0);
+	memcpy(u + DDP_UNTAGGED_HLEN, "payload!", 8);
+	uint8_t f[64];
+	size_t n = mpa_fpdu_build(f, u, sizeof u, true, -1);
+	f[n - 1] ^= 0x5a;
+	cr_assert_eq(send(s, f, n, 0), (ssize_t)n);
+	expect_terminate(s, TERM_LAYER_LLP, LLP_ETYPE_MPA, LLP_ECODE_CRC);
+	struct dgv_wc w = wait_wc(S.cq);
+	cr_assert_eq(w.status, DGV_WC_WR_FLUSH_ERR);
+	close(s);
+}
+
+Test(rc_hostile, oversized_fpdu, .init = setup, .fini = teardown, .timeout = 60)
+{
+	int s = raw_established(false);
+	uint8_t len[2] = {0xff, 0xf0}; /* 65520 > MULPDU of loopback (65474) */
+	cr_assert_eq(send(s, len, 2, 0), 2);
+	expect_terminate(s, TERM_LAYER_LLP, LLP_ETYPE_MPA, LLP_ECODE_MARKER);
+	close(s);
+}
+
+Test(rc_hostile, write_invalid_stag, .init = setup, .fini = teardown, .timeout = 60)
+{
+	int s = raw_established(true);
+	uint8_t u[DDP_TAGGED_HLEN + 16];
+	rc_put_tagged((struct ddp_tagged_hdr *)u, RDMAP_WRITE, true, S.mr->rkey ^ 0x100, (uint64_t)(uintptr_t)S.buf);
+	memset(u + DDP_TAGGED_HLEN, 0xab, 16);
+	raw_fpdu(s, u, sizeof u, true);
+	expect_terminate(s, TERM_LAYER_DDP, DDP_ETYPE_TAGGED_BUF, DDP_ECODE_T_INVALID_STAG);
+	cr_assert_eq(S.buf[0], 0);
+	close(s);
+}
+
+Test(rc_hostile, write_out_of_bounds, .init = setup, .fini = teardown, .timeout = 60)
+{
+	int s = raw_established(false);
+	uint8_t u[DDP_TAGGED_HLEN + 16];
+	rc_put_tagged((struct ddp_tagged_hdr *)u, RDMAP_WRITE, true, S.mr->rkey,
+		      (uint64_t)(uintptr_t)S.buf + BUFSZ - 8);
+	raw_fpdu(s, u, sizeof u, false);
+	expect_terminate(s, TERM_LAYER_DDP, DDP_ETYPE_TAGGED_BUF, DDP_ECODE_T_BASE_BOUNDS);
+	close(s);
+}
+
+Test(rc_hostile, bad_qn, .init = setup, .fini = teardown, .timeout = 60)
+{
+	int s = raw_established(false);
+	uint8_t u[DDP_UNTAGGED_HLEN + 4];
+	rc_put_untagged((struct ddp_untagged_hdr *)u, RDMAP_SEND, true, 5, 1, 0, 0);
+	raw_fpdu(s, u, sizeof u, false);
+	expect_terminate(s, TERM_LAYER_DDP, DDP_ETYPE_UNTAGGED_BUF, DDP_ECODE_UT_INVALID_QN);
+	close(s);
+}
+
+Test(rc_hostile, bad_msn, .init = setup, .fini = teardown, .timeout = 60)
+{
+	int s = raw_established(false);
+	post_recv(&S, 1, 0, 100);
+	post_recv(&S, 2, 100, 100);
+	uint8_t u[DDP_UNTAGGED_HLEN + 4];
+	rc_put_untagged((struct ddp_untagged_hdr *)u, RDMAP_SEND, true, 0, 1, 0, 0);
+	raw_fpdu(s, u, sizeof u, false);
+	struct dgv_wc w = wait_wc(S.cq);
+	cr_assert_eq(w.status, DGV_WC_SUCCESS);
+	rc_put_untagged((struct ddp_untagged_hdr *)u, RDMAP_SEND, true, 0, 5, 0, 0); /* want 2 */
+	raw_fpdu(s, u, sizeof u, false);
+	expect_terminate(s, TERM_LAYER_DDP, DDP_ETYPE_UNTAGGED_BUF, DDP_ECODE_UT_INVALID_MSN_RANGE);
+	close(s);
+}
+
+Test(rc_hostile, bad_opcode_and_version, .init = setup, .fini = teardown, .timeout = 60)
+{
+	int s = raw_established(false);
+	uint8_t u[DDP_UNTAGGED_HLEN];
+	rc_put_untagged((struct ddp_untagged_hdr *)u, 0xb, true, 0, 1, 0, 0);
+	raw_fpdu(s, u, sizeof u, false);
+	expect_terminate(s, TERM_LAYER_RDMAP, RDMAP_ETYPE_REMOTE_OP, RDMAP_ECODE_UNEXPECTED_OPCODE);
+	close(s);
+}
+
+Test(rc_hostile, peer_terminate_is_reported, .init = setup, .fini = teardown, .timeout = 60)
+{
+	int s = raw_established(false);
+	post_recv(&S, 1, 0, 100);
+	uint8_t u[DDP_UNTAGGED_HLEN + RC_TERM_LEN];
+	rc_put_untagged((struct ddp_untagged_hdr *)u, RDMAP_TERMINATE, true, DDP_QN_TERMINATE, 1, 0, 0);
+	uint32_t tc = htobe32(term_ctrl_make(TERM_LAYER_RDMAP, RDMAP_ETYPE_REMOTE_PROT, RDMAP_ECODE_ACCESS_RIGHTS, 0));
+	memcpy(u + DDP_UNTAGGED_HLEN, &tc, 4);
+	u[DDP_UNTAGGED_HLEN + 4] = u[DDP_UNTAGGED_HLEN + 5] = 0;
+	raw_fpdu(s, u, sizeof u, false);
+	struct dgv_cm_event e = wait_ev(S.ch, DGV_CM_DISCONNECTED);
+	cr_assert_eq(e.status, -ECONNRESET);
+	cr_assert_eq(e.term_layer, TERM_LAYER_RDMAP);
+	cr_assert_eq(e.term_etype, RDMAP_ETYPE_REMOTE_PROT);
+	cr_assert_eq(e.term_ecode, RDMAP_ECODE_ACCESS_RIGHTS);
+	cr_assert_eq(wait_wc(S.cq).status, DGV_WC_WR_FLUSH_ERR);
+	struct dgv_async_err ae;
+	cr_assert_eq(dgv_poll_errq(S.qp, 1, &ae), 1);
+	cr_assert(ae.remote);
+	close(s);
+}
+
+Test(rc_hostile, peer_vanishes_mid_fpdu, .init = setup, .fini = teardown, .timeout = 60)
+{
+	int s = raw_established(false);
+	uint8_t part[6] = {0, 40, 0x41, 0x43, 0, 0};
+	cr_assert_eq(send(s, part, sizeof part, 0), 6);
+	close(s);
+	struct dgv_cm_event e = wait_ev(S.ch, DGV_CM_DISCONNECTED);
+	cr_assert_eq(e.status, -ECONNRESET);
+}
