@@ -867,12 +867,12 @@ static void ctl_check_peer(void)
 		return;
 	r = recv(g_ctl, &c, 1, MSG_PEEK | MSG_DONTWAIT);
 	if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
-		die(1, "the %s closed the control connection during the measurement (did it die?)",
+		die(1, "the %s closed the control connection during the run (did it die?)",
 		    peer_role());
 	if (r < 0)
 		return;
 	ctl_recv(CTL_ANY, &m, CTL_TIMEOUT_MS, "the rest of a message");
-	die(1, "control channel: unexpected %s from the %s during the measurement", ctl_names[m.type],
+	die(1, "control channel: unexpected %s from the %s during the run", ctl_names[m.type],
 	    peer_role());
 }
 
@@ -1727,7 +1727,7 @@ static const char *cm_ev_str(const struct dgv_cm_event *ev, char *buf, size_t n)
 	int w = snprintf(buf, n, "%s", cm_ev_name(ev->type));
 
 	k = w > 0 && (size_t)w < n ? (size_t)w : n - 1;
-	if (ev->status && k < n) {
+	if (ev->status && ev->type != DGV_CM_REJECTED && k < n) {
 		int e = -ev->status;
 
 		w = snprintf(buf + k, n - k, ": %s", e == ECONNREFUSED ? "connection refused (nobody listening)" :
@@ -1946,6 +1946,7 @@ static void rc_setup(struct dgv_qp_init_attr *qa, const union dgv_sockaddr *ctl_
 				dgv_reject(ev.req, text, (uint16_t)strlen(text));
 				die(1, "the client's MPA Request: %s (rejected)", why);
 			}
+			sa_normalize(&ev.info.peer, &ev.info.peer_len);
 			vlog("rejected a connection request from %s: %s", sa_str(&ev.info.peer, b, sizeof b), why);
 			dgv_reject(ev.req, "dgperf: not this run", 20);
 		}
