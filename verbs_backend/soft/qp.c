@@ -1482,7 +1482,7 @@ static void qp_free(struct soft_qp *qp)
 int soft_create_qp(struct dgv_pd *pdb, const struct dgv_qp_init_attr *a, struct dgv_qp **out)
 {
 	if (a->qp_type == DGV_QPT_RC)
-		return -EINVAL; /* RC QPs come from dgv_connect / dgv_accept (rc.c) */
+		return -EOPNOTSUPP; /* RC QPs come from dgv_connect / dgv_accept (rc.c) */
 	if (a->max_sge > SOFT_MAX_SGE)
 		return -EINVAL;
 	struct soft_qp *qp = calloc(1, sizeof *qp);
