@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# dgperf_smoke.sh DGPERF PORT: every dgperf test on UD, RD, plain UDP and
+# dgperf_smoke.sh DGPERF PORT: every dgperf test on UD, RD, RC (iWARP over TCP), plain UDP and
 # plain TCP, a few iterations each, with --json; checks each row has the documented keys and sane
 # values (a nonzero figure). Also checks that bad options are refused with exit 2.
 # Runs use ports PORT+1 .. PORT+30 in turn (a run ends before the next starts on its port;
 # SMOKE_PORTS=N: N ports instead of 30).
-# SMOKE_TRANSPORTS="UD RD raw raw-tcp" (the default) picks the transports.
+# SMOKE_TRANSPORTS="UD RD RC raw raw-tcp" (the default) picks the transports.
 set -u
 perf=$1 base=$2
 fail=0
@@ -31,7 +31,7 @@ for r in rows:
 print("ok", len(rows), "rows")
 ' "$2" || { echo "FAIL: $1"; fail=1; }
 }
-for tr in ${SMOKE_TRANSPORTS:-UD RD raw raw-tcp}; do
+for tr in ${SMOKE_TRANSPORTS:-UD RD RC raw raw-tcp}; do
 	for t in send_lat send_bw wr_lat wr_bw write_lat write_bw read_lat read_bw; do
 		args=(-t "$t" -s 4K -n 50 --json)
 		case $tr in
