@@ -15,8 +15,12 @@
  * keeps IOP_NRECV receives of IOP_RBUF bytes posted (the passive side posts them before it
  * accepts, the active side before it connects), and reposts each one it consumes.
  *
- *   0. passive -> active  ctl READY           (passive is established, receives are posted;
- *                                               the active side sends nothing before this)
+ *   0. active -> passive  ctl READY           (the initiator speaks first: RFC 5044 section
+ *                                               7.1.2 forbids an MPA responder to send an FPDU
+ *                                               before it received one, unless RFC 6581's
+ *                                               peer-to-peer RTR is negotiated; Linux siw as
+ *                                               initiator fails the connection when an FPDU
+ *                                               arrives together with the MPA Reply)
  *   1. for each size S in IOP_SEND_SIZES (seed IOP_SEED_SEND + index):
  *        active  -> passive Send of S bytes iop_pat(seed, i)
  *        passive checks it byte for byte and Sends the received bytes back unchanged
@@ -263,8 +267,8 @@ static inline int iop_run(const struct iop_ops *o, void *c, uint8_t *arena, int 
 	uint32_t bad = 0, off, len;
 
 	/* 0: READY */
-	if (active ? iop_recv_ctl(o, c, arena, IOP_READY, &ctl)
-		   : iop_send_ctl(o, c, arena, IOP_READY, 0, 0, 0, 0)) {
+	if (active ? iop_send_ctl(o, c, arena, IOP_READY, 0, 0, 0, 0)
+		   : iop_recv_ctl(o, c, arena, IOP_READY, &ctl)) {
 		iop_report("send_echo", 0, "READY control message not exchanged");
 		return 1;
 	}
