@@ -7,8 +7,12 @@
  *   phase A  client -> server A bytes, then the client shutdown(SHUT_WR)s: the server must read
  *            exactly A bytes and then EOF (and the client must still be able to receive);
  *   phase B  server -> client B bytes, then the server close()s at once with data still queued
- *            (the client reads late and slowly; the server reports SIOCOUTQ at its close): the
- *            client must read exactly B bytes and then EOF.
+ *            (the client reads late and slowly; the server reports SIOCOUTQ at its close), or
+ *            with --end shutdown first shutdown(SHUT_WR)s and then close()s, as Python's
+ *            socketserver does: the client must read exactly B bytes and then EOF. With
+ *            --reader poll the client reads phase B as an event-driven program (curl, VLC) does:
+ *            non-blocking, poll(POLLIN) before every read, no delay (EAGAIN after POLLIN is
+ *            tolerated and counted).
  *
  * Writes have random sizes (log-uniform 1 B - 256 KiB, through write, send, writev and sendmsg);
  * reads mix read() of random sizes (short reads), 1-byte reads, recv(MSG_PEEK) followed by a
@@ -26,6 +30,7 @@
  *
  * Usage: tcpcheck server|client PORT [--seed N] [--duplex BYTES] [--a BYTES] [--b BYTES]
  *                                    [--connect block|nonblock|fastopen] [--accept4] [--timeout S]
+ *                                    [--end close|shutdown] [--reader slow|poll]
  * Prints one line: "tcpcheck: ROLE OK ..." (exit 0) or "tcpcheck: ROLE FAIL: why" (exit 1); a
  * watchdog (default 60 s) fails with where each direction was.
  * Only 127.0.0.1.
@@ -52,6 +57,9 @@
 
 static const char *role = "?";
 static uint64_t seed = 1;
+/* --reader poll: the receive in progress is non-blocking and waits in poll(POLLIN) */
+static int poll_reader;
+static unsigned long eagain_after_pollin;
 /* Where each direction is, for the watchdog's message. */
 static const char *volatile rx_what = "connecting", *volatile tx_what = "-";
 static volatile size_t rx_off, tx_off;
@@ -194,6 +202,15 @@ static void recv_stream(int fd, uint64_t key, size_t len, int expect_eof, struct
 		size_t want = rnd_size(r, 131072), rem = len - off;
 		ssize_t k;
 		int how = (int)(rnd(r) % 8);
+		if (poll_reader) {
+			struct pollfd p = {.fd = fd, .events = POLLIN};
+			int n = poll(&p, 1, 20000);
+			if (n != 1)
+				fail("%s: poll(POLLIN) at offset %zu of %zu returned %d (%s)", what, off, len, n,
+				     n < 0 ? strerror(errno) : "nothing readable for 20 s");
+			if (how == 3)
+				how = 7; /* MSG_WAITALL on a non-blocking socket returns what is there */
+		}
 		if (first && off == 0 && rem >= 16) {
 			/* the start of the stream: MSG_WAITALL 16 bytes for the MPA-key comparison */
 			want = 16;
@@ -251,6 +268,10 @@ static void recv_stream(int fd, uint64_t key, size_t len, int expect_eof, struct
 		}
 		if (k < 0 && errno == EINTR)
 			continue;
+		if (k < 0 && poll_reader && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+			eagain_after_pollin++;
+			continue;
+		}
 		if (k < 0)
 			fail("%s: read at offset %zu of %zu: %s", what, off, len, strerror(errno));
 		if (k == 0)
@@ -265,6 +286,11 @@ static void recv_stream(int fd, uint64_t key, size_t len, int expect_eof, struct
 	}
 	rx_off = off;
 	if (expect_eof) {
+		if (poll_reader) {
+			struct pollfd p = {.fd = fd, .events = POLLIN};
+			if (poll(&p, 1, 20000) != 1)
+				fail("%s: after all %zu bytes, poll(POLLIN) did not report the EOF within 20 s", what, len);
+		}
 		ssize_t k = recv(fd, buf, sizeof buf, MSG_PEEK);
 		if (k != 0)
 			fail("%s: after all %zu bytes, MSG_PEEK returned %zd (%s) instead of EOF", what, len, k,
@@ -369,10 +395,11 @@ int main(int argc, char **argv)
 {
 	size_t duplex = 2u << 20, alen = 6u << 20, blen = 6u << 20;
 	const char *connect_mode = "block";
-	int use_accept4 = 0;
+	int use_accept4 = 0, shutdown_end = 0, reader_poll = 0;
 	if (argc < 3 || (strcmp(argv[1], "server") && strcmp(argv[1], "client"))) {
 		fprintf(stderr, "usage: tcpcheck server|client PORT [--seed N] [--duplex BYTES] [--a BYTES] "
-				"[--b BYTES] [--connect block|nonblock|fastopen] [--accept4] [--timeout S]\n");
+				"[--b BYTES] [--connect block|nonblock|fastopen] [--accept4] [--timeout S] "
+				"[--end close|shutdown] [--reader slow|poll]\n");
 		return 2;
 	}
 	role = argv[1];
@@ -399,6 +426,10 @@ int main(int argc, char **argv)
 			blen = strtoull(v, NULL, 0);
 		else if (!strcmp(o, "--connect"))
 			connect_mode = v;
+		else if (!strcmp(o, "--reader") && (!strcmp(v, "slow") || !strcmp(v, "poll")))
+			reader_poll = !strcmp(v, "poll");
+		else if (!strcmp(o, "--end") && (!strcmp(v, "close") || !strcmp(v, "shutdown")))
+			shutdown_end = !strcmp(v, "shutdown");
 		else if (!strcmp(o, "--timeout"))
 			watchdog_secs = (unsigned)strtoul(v, NULL, 0);
 		else {
@@ -519,23 +550,37 @@ int main(int argc, char **argv)
 		send_stream(fd, stream_key('A', 1), 0, alen, &r, &c, "phase A send");
 		if (shutdown(fd, SHUT_WR) < 0)
 			fail("shutdown(SHUT_WR): %s", strerror(errno));
-		/* A late and slow reader: the server's phase B fills the buffers and stays blocked, so
-		 * data is still queued when it closes (it reports SIOCOUTQ). */
-		usleep(200000);
-		recv_stream(fd, stream_key('B', 0), blen, 1, &r, &c, "phase B receive (server closed)", 0, 500);
+		if (reader_poll) {
+			/* An event-driven reader (curl, VLC): non-blocking, poll(POLLIN), read at once. */
+			set_blocking(fd, 0);
+			poll_reader = 1;
+			recv_stream(fd, stream_key('B', 0), blen, 1, &r, &c, "phase B receive (poll reader, server closed)",
+				    0, 0);
+		} else {
+			/* A late and slow reader: the server's phase B fills the buffers and stays
+			 * blocked, so data is still queued when it closes (it reports SIOCOUTQ). */
+			usleep(200000);
+			recv_stream(fd, stream_key('B', 0), blen, 1, &r, &c, "phase B receive (server closed)", 0, 500);
+		}
 		close(fd);
 	} else {
 		recv_stream(fd, stream_key('A', 1), alen, 1, &r, &c, "phase A receive (client shut down)", 0, 0);
 		send_stream(fd, stream_key('B', 0), 0, blen, &r, &c, "phase B send");
 		if (ioctl(fd, SIOCOUTQ, &outq) < 0)
 			outq = -1;
+		/* --end shutdown: what Python's socketserver does after a request */
+		if (shutdown_end && shutdown(fd, SHUT_WR) < 0)
+			fail("shutdown(SHUT_WR) after phase B: %s", strerror(errno));
 		if (close(fd) < 0)
 			fail("close: %s", strerror(errno));
 	}
 	double dt = now() - t0;
-	char tail[48] = "";
+	char tail[64];
 	if (!is_client)
-		snprintf(tail, sizeof tail, " outq_at_close=%d", outq);
+		snprintf(tail, sizeof tail, " end=%s outq_at_close=%d", shutdown_end ? "shutdown" : "close", outq);
+	else
+		snprintf(tail, sizeof tail, " reader=%s eagain_after_pollin=%lu", reader_poll ? "poll" : "slow",
+			 eagain_after_pollin);
 	printf("tcpcheck: %s OK duplex=%zu a=%zu b=%zu seconds=%.2f local=%s peer=%s seq=%s writes=%lu reads=%lu "
 	       "short_reads=%lu one_byte=%lu peeks=%lu waitall=%lu readv=%lu recvmsg=%lu%s\n",
 	       role, duplex, alen, blen, dt, addr_str(&me, mes, sizeof mes), addr_str(&peer, peers, sizeof peers), seq,
