@@ -10,6 +10,9 @@
  *   options: -r 1|2      MPA revision to offer (default: the provider's, 2)
  *            -c on|off   MPA CRC: require / do not ask (default: the provider's default)
  *            -m          ask for MPA markers
+ *            -E          (server, conformance probe for tests/vm/mpa_responder_probe.py) Send one
+ *                        control message right after ESTABLISHED instead of running the protocol,
+ *                        wait (5 s at most) for the initiator's first Send, then exit
  *
  * Exit: 0 every op passed, 1 an op failed (the @@OP lines and stderr say which and how),
  * 2 set-up error, 77 the provider has no RC (EOPNOTSUPP).
@@ -297,16 +300,17 @@ int main(int argc, char **argv)
 	socklen_t alen;
 	const char *why, *port = "7700";
 	char b1[80], b2[80], d[300];
-	int active, fails, opt, r;
+	int active, fails, opt, r, early = 0;
 
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	memset(&cp, 0, sizeof cp);
 	cp.crc = -1;
-	while ((opt = getopt(argc, argv, "+r:c:m")) != -1) {
+	while ((opt = getopt(argc, argv, "+r:c:mE")) != -1) {
 		switch (opt) {
 		case 'r': cp.mpa_rev = (uint8_t)atoi(optarg); break;
 		case 'c': cp.crc = !strcmp(optarg, "on") ? 1 : !strcmp(optarg, "off") ? 0 : -1; break;
 		case 'm': cp.markers = 1; break;
+		case 'E': early = 1; break;
 		default: die(2, "usage: rc_interop [-r 1|2] [-c on|off] [-m] server|client IP [PORT]");
 		}
 	}
@@ -418,6 +422,26 @@ int main(int argc, char **argv)
 		 ci.markers_tx ? "on" : "off", ci.ird, ci.ord, theirs.rkey, theirs.len);
 	iop_report("connect", 1, d);
 
+	if (early && !active) { /* the responder speaks first: the provider must hold it (RFC 5044 7.1.2) */
+		struct dgv_send_wr *bad;
+		struct dgv_sge sge = {.addr = (uintptr_t)(S.arena + IOP_A_SEND), .length = sizeof(struct iop_ctl),
+				      .lkey = S.mr->lkey};
+		struct dgv_send_wr wr = {.wr_id = 1, .sg_list = &sge, .num_sge = 1, .opcode = DGV_WR_SEND,
+					 .send_flags = DGV_SEND_SIGNALED};
+		struct dgv_wc wc;
+		uint32_t off, len;
+
+		iop_ctl_put((struct iop_ctl *)(void *)(S.arena + IOP_A_SEND), IOP_READY, 0, 0, 0, 0);
+		if ((r = dgv_post_send(S.qp, &wr, &bad)))
+			die(2, "dgv_post_send: %s", strerror(-r));
+		printf("posted a Send right after ESTABLISHED\n");
+		r = op_recv(NULL, &off, &len);
+		printf("initiator's first Send %s\n", r ? "not received" : "received");
+		r = wait_wc(S.scq, &wc, "early Send");
+		printf("early Send %s\n", r ? "not completed" : "completed");
+		dgv_disconnect(S.qp);
+		return 0;
+	}
 	fails = iop_run(&soft_ops, NULL, S.arena, active, &theirs);
 	if (fails)
 		dump_errq();
