@@ -288,7 +288,7 @@ int sock_poll_out(struct sock *s, int fd)
 int sock_wait_fds(struct sock *s, int *qfd, int *cqfd)
 {
 	if (s->strm) {
-		*qfd = -1;
+		*qfd = stream_tcp_fd(s);
 		*cqfd = stream_wait_fd(s);
 		return *cqfd >= 0 ? 0 : -1;
 	}

@@ -43,16 +43,22 @@ int ev_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 	}
 	struct pollfd stack[POLL_STACK];
 	int16_t sready[POLL_STACK];
-	nfds_t cap = n + ntaken;
+	uint8_t sisq[POLL_STACK];
+	/* each taken socket may add its CQ's descriptor and, for a stream, its TCP socket */
+	nfds_t cap = n + 2 * ntaken;
 	struct pollfd *p = cap <= POLL_STACK ? stack : malloc(cap * sizeof *p);
 	/* per entry: -1 the kernel decides everything; else the events the shim decides (high
 	 * byte) and those of them ready (low byte) */
 	int16_t *ready = cap <= POLL_STACK ? sready : malloc(n * sizeof *ready);
-	if (!p || !ready) {
+	/* isq[j]: entry j (>= n) is a stream's TCP socket (only watched), not a CQ's eventfd */
+	uint8_t *isq = cap <= POLL_STACK ? sisq : malloc(cap);
+	if (!p || !ready || !isq) {
 		if (p != stack)
 			free(p);
 		if (ready != sready)
 			free(ready);
+		if (isq != sisq)
+			free(isq);
 		errno = ENOMEM;
 		return -1;
 	}
@@ -86,8 +92,16 @@ int ev_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 				continue;
 			}
 			int qfd, cqfd;
-			if (sock_wait_fds(s, &qfd, &cqfd) == 0)
+			if (sock_wait_fds(s, &qfd, &cqfd) == 0) {
+				isq[m] = 0;
 				p[m++] = (struct pollfd){.fd = cqfd, .events = POLLIN};
+				/* a stream's TCP data wakes this thread, which then processes it itself
+				 * (the provider's thread would only after the program looks idle) */
+				if (qfd >= 0 && sock_is_stream(s)) {
+					isq[m] = 1;
+					p[m++] = (struct pollfd){.fd = qfd, .events = POLLIN};
+				}
+			}
 		}
 		shim_depth--;
 		int wt = any_ready ? 0 : t;
@@ -123,7 +137,7 @@ int ev_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 				count++;
 		}
 		for (nfds_t j = n; j < m; j++)
-			if (p[j].revents & POLLIN) {
+			if ((p[j].revents & POLLIN) && !isq[j]) {
 				uint64_t v;
 				ssize_t rr = real.read(p[j].fd, &v, sizeof v); /* ack the CQ's event */
 				(void)rr;
@@ -139,6 +153,8 @@ int ev_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 		free(p);
 	if (ready != sready)
 		free(ready);
+	if (isq != sisq)
+		free(isq);
 	return rc;
 }
 

@@ -1149,6 +1149,16 @@ int stream_wait_fd(struct sock *s)
 	return fd;
 }
 
+int stream_tcp_fd(struct sock *s)
+{
+	sock_lock(s);
+	struct stream *t = s->strm;
+	int fd = t->cq && (t->state == SS_CONNECTING || t->state == SS_ESTAB) && !t->tcp_down && !t->peer_fin
+			 ? t->qfd : -1;
+	sock_unlock(s);
+	return fd;
+}
+
 int stream_fionread(struct sock *s, int *out)
 {
 	sock_lock(s);

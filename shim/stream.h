@@ -66,6 +66,9 @@ int stream_poll_in(struct sock *s);
 int stream_poll_out(struct sock *s);
 /* The descriptor that becomes readable when the stream has news (CQ), armed. -1: none. */
 int stream_wait_fd(struct sock *s);
+/* The TCP socket to watch too while TCP still carries data (-1 once it ended: it would stay
+ * readable). */
+int stream_tcp_fd(struct sock *s);
 int stream_fionread(struct sock *s, int *out);
 /* SO_ERROR of a stream socket the shim carries (pending error, consumed), or -ENOSYS. */
 int stream_so_error(struct sock *s, int *out);
