@@ -153,9 +153,10 @@ same_seq() {
 }
 # shim_case TAG STYLE WHO READER END: run_case, then the assertions for WHO.
 shim_case() {
-	local tag=$1 style=$2 who=$3
+	local tag=$1 style=$2 who=$3 why
 	if ! run_case "$@"; then
-		failed+=("$tag: transfer")
+		why=$(printf '%s\n%s\n' "$CLI_LINE" "$SRV_LINE" | grep -aom1 'FAIL: .*' | cut -c7-120)
+		failed+=("$tag: transfer failed${why:+ ($why)}")
 		return
 	fi
 	[ "$style" = block ] || same_seq "$tag" "$style" || failed+=("$tag: connect sequence differs from the kernel's")
