@@ -201,10 +201,23 @@ static inline const char *iop_ctl_get(const void *buf, uint32_t len, uint32_t ty
 	return NULL;
 }
 
+/* What the transport said last when an operation failed (set by the programs' ops), so that a
+ * FAIL line names the cause; empty: see stderr. */
+static char iop_err[320];
+
 static inline void iop_report(const char *op, int ok, const char *detail)
 {
 	printf("@@OP %s %s %s\n", op, ok ? "PASS" : "FAIL", detail ? detail : "");
 	fflush(stdout);
+}
+
+/* A FAIL for an op stopped by a transport error: iop_err when set, else a pointer to stderr. */
+static inline void iop_report_err(const char *op, const char *what)
+{
+	char d[400];
+
+	snprintf(d, sizeof d, "%s: %s", what, iop_err[0] ? iop_err : "transport error (see stderr)");
+	iop_report(op, 0, d);
 }
 
 /* ---------------------------------------------------------------- the exchange, transport-neutral
@@ -269,7 +282,7 @@ static inline int iop_run(const struct iop_ops *o, void *c, uint8_t *arena, int 
 	/* 0: READY */
 	if (active ? iop_send_ctl(o, c, arena, IOP_READY, 0, 0, 0, 0)
 		   : iop_recv_ctl(o, c, arena, IOP_READY, &ctl)) {
-		iop_report("send_echo", 0, "READY control message not exchanged");
+		iop_report_err("send_echo", "READY not exchanged");
 		return 1;
 	}
 	/* 1: Send and echo */
@@ -318,7 +331,7 @@ static inline int iop_run(const struct iop_ops *o, void *c, uint8_t *arena, int 
 				    iop_send_ctl(o, c, arena, IOP_WROTE, IOP_WRITES[k].off, IOP_WRITES[k].len,
 						 wseed + (uint32_t)k, 0) ||
 				    iop_recv_ctl(o, c, arena, IOP_ACK, &ctl)) {
-					iop_report(wop, 0, "transport error (see stderr)");
+					iop_report_err(wop, "RDMA Write or its control messages");
 					return fails + 1;
 				}
 				if (ctl.status && !wbad) {
@@ -341,7 +354,7 @@ static inline int iop_run(const struct iop_ops *o, void *c, uint8_t *arena, int 
 				for (uint32_t i = 0; i < r->len; i++) /* the sink starts out wrong everywhere */
 					rdbuf[i] = (uint8_t)~iop_pat(seed, base + i);
 				if (o->read(c, IOP_A_READ, r->len, ra, peer->rkey)) {
-					iop_report(rop, 0, "transport error (see stderr)");
+					iop_report_err(rop, "RDMA Read");
 					return fails + 1;
 				}
 				snprintf(d, sizeof d, "RDMA Read %s (%u bytes at +%u)", back ? "back of a Write" : "",
@@ -350,7 +363,7 @@ static inline int iop_run(const struct iop_ops *o, void *c, uint8_t *arena, int 
 					rbad = iop_check(d, rdbuf, r->len, seed, base);
 			}
 			if (iop_send_ctl(o, c, arena, IOP_READ_RESULT, 0, 0, 0, rbad)) {
-				iop_report(rop, 0, "transport error sending READ_RESULT");
+				iop_report_err(rop, "sending READ_RESULT");
 				return fails + 1;
 			}
 			snprintf(d, sizeof d, "%zu RDMA Reads (1..100000 bytes) + read-back of the Writes, byte-exact",
@@ -362,7 +375,7 @@ static inline int iop_run(const struct iop_ops *o, void *c, uint8_t *arena, int 
 				uint32_t st;
 
 				if (iop_recv_ctl(o, c, arena, IOP_WROTE, &ctl)) {
-					iop_report(wop, 0, "no WROTE control message (see stderr)");
+					iop_report_err(wop, "waiting for WROTE");
 					return fails + 1;
 				}
 				if (ctl.off != IOP_WRITES[k].off || ctl.len != IOP_WRITES[k].len ||
@@ -382,7 +395,7 @@ static inline int iop_run(const struct iop_ops *o, void *c, uint8_t *arena, int 
 				if (st)
 					wbad = 1;
 				if (iop_send_ctl(o, c, arena, IOP_ACK, ctl.off, ctl.len, ctl.seed, st)) {
-					iop_report(wop, 0, "transport error sending ACK");
+					iop_report_err(wop, "sending ACK");
 					return fails + 1;
 				}
 			}
@@ -391,7 +404,7 @@ static inline int iop_run(const struct iop_ops *o, void *c, uint8_t *arena, int 
 			iop_report(wop, !wbad, wbad ? "byte mismatch in this side's region (see stderr)" : d);
 			fails += !!wbad;
 			if (iop_recv_ctl(o, c, arena, IOP_READ_RESULT, &ctl)) {
-				iop_report(rop, 0, "no READ_RESULT control message (see stderr)");
+				iop_report_err(rop, "waiting for READ_RESULT");
 				return fails + 1;
 			}
 			snprintf(d, sizeof d, "the reader reports %s", ctl.status ? "a mismatch" : "every byte of its Reads of this side's region matched");
@@ -407,7 +420,7 @@ static inline int iop_run(const struct iop_ops *o, void *c, uint8_t *arena, int 
 	}
 	return fails;
 stop_send:
-	iop_report("send_echo", 0, "transport error (see stderr)");
+	iop_report_err("send_echo", "Send or Receive");
 	return fails + 1;
 }
 

@@ -56,6 +56,14 @@ static void dump_errq(void)
 	if (!S.qp)
 		return;
 	n = dgv_poll_errq(S.qp, 8, e);
+	if (n > 0) {
+		size_t l = strlen(iop_err);
+
+		snprintf(iop_err + l, sizeof iop_err - l, "%s%s: %s (layer %u type %#x code %#x) opcode %u len %u",
+			 l ? "; " : "", e[0].remote ? "peer's Terminate" : "detected here",
+			 dgv_err_str(e[0].layer, e[0].etype, e[0].ecode), e[0].layer, e[0].etype, e[0].ecode,
+			 e[0].opcode, e[0].length);
+	}
 	for (int i = 0; i < n; i++)
 		fprintf(stderr, "  error queue: %s %s (layer %u type %#x code %#x) opcode %u msn %u stag %#x to %#" PRIx64
 			" len %u\n", e[i].remote ? "peer's Terminate:" : "detected here:",
@@ -141,6 +149,7 @@ static int wait_wc(struct dgv_cq *cq, struct dgv_wc *wc, const char *what)
 			if (wc->status != DGV_WC_SUCCESS) {
 				fprintf(stderr, "%s: completion status %d, QP state %d\n", what, wc->status,
 					(int)dgv_qp_state(S.qp));
+				snprintf(iop_err, sizeof iop_err, "%s completed with status %d", what, wc->status);
 				dump_errq();
 				return -1;
 			}
@@ -149,6 +158,7 @@ static int wait_wc(struct dgv_cq *cq, struct dgv_wc *wc, const char *what)
 		if (waited >= IOP_TIMEOUT_MS) {
 			fprintf(stderr, "%s: no completion within %d ms, QP state %d\n", what, IOP_TIMEOUT_MS,
 				(int)dgv_qp_state(S.qp));
+			snprintf(iop_err, sizeof iop_err, "%s: no completion within %d ms", what, IOP_TIMEOUT_MS);
 			dump_errq();
 			return -1;
 		}

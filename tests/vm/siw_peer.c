@@ -106,6 +106,8 @@ static int wait_wc(struct ibv_cq *cq, struct ibv_comp_channel *cc, struct ibv_wc
 			if (wc->status != IBV_WC_SUCCESS) {
 				fprintf(stderr, "%s: completion status %s (%d), vendor_err %#x\n", what,
 					ibv_wc_status_str(wc->status), wc->status, wc->vendor_err);
+				snprintf(iop_err, sizeof iop_err, "%s completed with status '%s' (siw)", what,
+					 ibv_wc_status_str(wc->status));
 				return -1;
 			}
 			return 0;
@@ -119,6 +121,7 @@ static int wait_wc(struct ibv_cq *cq, struct ibv_comp_channel *cc, struct ibv_wc
 			continue;
 		if (poll(&pfd, 1, IOP_TIMEOUT_MS) != 1) {
 			fprintf(stderr, "%s: no completion within %d ms\n", what, IOP_TIMEOUT_MS);
+			snprintf(iop_err, sizeof iop_err, "%s: no completion within %d ms (siw)", what, IOP_TIMEOUT_MS);
 			return -1;
 		}
 		if (ibv_get_cq_event(cc, &ecq, &ectx) == 0)
