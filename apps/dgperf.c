@@ -105,6 +105,7 @@ static struct {
 	double loss;
 	bool loss_set;
 	bool json;
+	bool detail;        /* --detail: extra JSON keys (sent/delivered counts, wire datagrams) */
 	unsigned port;
 	uint32_t seg;
 	bool seg_set;
@@ -237,6 +238,10 @@ static const char usage_text[] =
 "  -P, --provider soft|ibverbs|auto   verbs provider (default auto: DGSHIM_PROVIDER or the\n"
 "                        best available).\n"
 "      --json            print one JSON object per size instead of the text table.\n"
+"      --detail          --json with more keys per row (client side only): *_bw: sent_msgs,\n"
+"                        delivered_msgs, delivered_bytes, elapsed_s, and from the client's QP\n"
+"                        tx_datagrams, tx_wire_bytes (headers included), rd_retransmits (null\n"
+"                        for raw sockets); *_lat: pings, lost (round trips timed out).\n"
 "  -v, --verbose         progress and QP counters on stderr (both sides).\n"
 "  -h, --help            this text.\n"
 "\n"
@@ -404,7 +409,7 @@ static int name_index(const char *s, const char *const *names, int n, bool nocas
 
 static void parse_options(int argc, char **argv)
 {
-	enum { O_LOSS = 256, O_JSON, O_RAW, O_RAWC, O_RAWT, O_SEG };
+	enum { O_LOSS = 256, O_JSON, O_RAW, O_RAWC, O_RAWT, O_SEG, O_DETAIL };
 	static const struct option longopts[] = {
 		{ "connection", required_argument, NULL, 'c' },
 		{ "test", required_argument, NULL, 't' },
@@ -413,6 +418,7 @@ static void parse_options(int argc, char **argv)
 		{ "iters", required_argument, NULL, 'n' },
 		{ "loss", required_argument, NULL, O_LOSS },
 		{ "json", no_argument, NULL, O_JSON },
+		{ "detail", no_argument, NULL, O_DETAIL },
 		{ "port", required_argument, NULL, 'p' },
 		{ "raw-udp", no_argument, NULL, O_RAW },
 		{ "raw-connected", no_argument, NULL, O_RAWC },
@@ -502,6 +508,10 @@ static void parse_options(int argc, char **argv)
 		}
 		case O_JSON:
 			opt.json = true;
+			break;
+		case O_DETAIL:
+			opt.json = true;
+			opt.detail = true;
 			break;
 		case O_RAW:
 			opt.raw = true;
@@ -1229,6 +1239,13 @@ static void print_header(const char *provider, const char *extra)
 	fflush(stdout);
 }
 
+/* --detail: what the client knows about the row being printed (filled by client_phase). */
+static struct {
+	uint64_t pings, lost;                  /* *_lat */
+	uint64_t sent, tx_dg, tx_bytes, retx;  /* *_bw; the QP counters only when qp_stats */
+	bool qp_stats;
+} g_detail;
+
 static void json_num(const char *key, double v, bool null, int prec, bool last)
 {
 	if (null || !isfinite(v))
@@ -1266,6 +1283,8 @@ static void print_lat_row(uint64_t size, uint64_t n, double scale, double valid_
 		json_num("bw_MBps", 0, true, 0, false);
 		json_num("msg_rate_Mpps", 0, true, 0, false);
 		json_num("valid_fraction", valid_fraction, !wr, 6, true);
+		if (opt.detail)
+			printf(",\"pings\":%" PRIu64 ",\"lost\":%" PRIu64, pings, lost);
 		printf("}\n");
 		if (lost)
 			vlog("size %" PRIu64 ": %" PRIu64 " of %" PRIu64 " round trips timed out", size,
@@ -1301,6 +1320,17 @@ static void print_bw_row(uint64_t size, uint64_t iters, uint64_t bytes, uint64_t
 		json_num("bw_MBps", bw, false, 3, false);
 		json_num("msg_rate_Mpps", rate, false, 6, false);
 		json_num("valid_fraction", valid_fraction, !wr, 6, true);
+		if (opt.detail) {
+			printf(",\"sent_msgs\":%" PRIu64 ",\"delivered_msgs\":%" PRIu64
+			       ",\"delivered_bytes\":%" PRIu64 ",", g_detail.sent, msgs, bytes);
+			json_num("elapsed_s", secs, false, 6, false);
+			if (g_detail.qp_stats)
+				printf("\"tx_datagrams\":%" PRIu64 ",\"tx_wire_bytes\":%" PRIu64
+				       ",\"rd_retransmits\":%" PRIu64, g_detail.tx_dg, g_detail.tx_bytes,
+				       g_detail.retx);
+			else
+				printf("\"tx_datagrams\":null,\"tx_wire_bytes\":null,\"rd_retransmits\":null");
+		}
 		printf("}\n");
 	} else {
 		char dlv[48];
@@ -3333,6 +3363,15 @@ static void client_phase(uint64_t phase, uint64_t size)
 		}
 		if (!opt.raw)
 			stats_log(label);
+		memset(&g_detail, 0, sizeof g_detail);
+		g_detail.sent = br.posted;
+		if (!opt.raw && dgv_qp_stats(V.qp, &st1) == 0) {
+			/* after the server's report: retransmissions up to the last acknowledgement */
+			g_detail.qp_stats = true;
+			g_detail.tx_dg = st1.tx_datagrams - V.st0.tx_datagrams;
+			g_detail.tx_bytes = st1.tx_bytes - V.st0.tx_bytes;
+			g_detail.retx = st1.rd_retransmits - V.st0.rd_retransmits;
+		}
 		if (opt.raw)
 			vlog("size %" PRIu64 ": server received %" PRIu64 " datagrams", size, rep.dgrams);
 		vlog("size %" PRIu64 ": last local completion %.3f ms after the first post; the receiver's last "
