@@ -8,6 +8,7 @@
 
 DG_NAME=integration
 DG_TMP=
+DG_HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 DG_PIDS=()
 DG_LAST_PID=
 DG_SHIM=
@@ -127,6 +128,12 @@ dg_require_shim() {
 	if [ -n "$asan" ]; then
 		preload="$asan:$preload"
 		DG_SHIM_ENV+=("ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:verify_asan_link_order=0}")
+		# Leaks of the host programs themselves are not ours to judge; each known one is
+		# named (a leak with our library in its stack would still be reported).
+		cp "$DG_HERE/host-leaks.supp" "$DG_TMP/host-leaks.supp"
+		chmod 0755 "$DG_TMP"
+		chmod 0644 "$DG_TMP/host-leaks.supp"
+		DG_SHIM_ENV+=("LSAN_OPTIONS=suppressions=$DG_TMP/host-leaks.supp")
 	fi
 	DG_SHIM_ENV+=("LD_PRELOAD=$preload" "DGSHIM_LOG=info" "DGSHIM_MODE=$DG_MODE" "DGSHIM_CONF=/dev/null")
 }
