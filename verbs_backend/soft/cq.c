@@ -78,6 +78,9 @@ int soft_cq_ack_event(struct dgv_cq *cqb)
 }
 
 __thread bool soft_in_progress_thread __attribute__((tls_model("initial-exec")));
+/* The CQ this thread waits on in soft_cq_wait while it makes progress itself: its own
+ * completions need no eventfd wake-up (it looks at the count right after). */
+static __thread struct soft_cq *self_waiting __attribute__((tls_model("initial-exec")));
 
 int soft_cq_notify_background(struct dgv_cq *cqb, int on)
 {
@@ -107,7 +110,7 @@ int soft_cq_push(struct soft_cq *cq, const struct dgv_wc *wc, struct soft_slot *
 		e->range = *range;
 	cq->count++;
 	int armed = atomic_load(&cq->armed);
-	bool wake = atomic_load(&cq->waiters) > 0 ||
+	bool wake = atomic_load(&cq->waiters) > (self_waiting == cq ? 1 : 0) ||
 		    (soft_in_progress_thread && atomic_load(&cq->bg_notify));
 	if (armed == 1 || (armed == 2 && ((wc->flags & DGV_WC_SOLICITED) || wc->status != DGV_WC_SUCCESS))) {
 		atomic_store(&cq->armed, 0);
@@ -277,7 +280,9 @@ int soft_cq_wait(struct dgv_cq *cqb, int timeout_ms)
 	for (;;) {
 		if (__atomic_load_n(&cq->count, __ATOMIC_ACQUIRE))
 			break;
+		self_waiting = cq;
 		cq_progress(cq);
+		self_waiting = NULL;
 		if (__atomic_load_n(&cq->count, __ATOMIC_ACQUIRE))
 			break;
 		uint64_t now = dg_now_us();
