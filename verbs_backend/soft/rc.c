@@ -144,6 +144,8 @@ struct rc_conn {
 	enum rtr_kind rtr;
 	bool rtr_pending;       /* initiator: RTR to send first */
 	bool rtr_read_wait;     /* initiator: zero-length Read Response of a Read RTR expected */
+	bool hold_first;        /* responder without peer-to-peer mode: no FPDU out before the
+				 * initiator's first FPDU has arrived (RFC 5044 section 7.1.2) */
 	uint32_t mulpdu, rx_max_ulpdu;
 	/* MPA frame on the way out */
 	uint8_t mpa_out[MPA_RR_MAX];
@@ -980,6 +982,8 @@ static int tx_pump(struct soft_qp *qp)
 {
 	struct rc_conn *rc = qp->rc;
 	int did = 0;
+	if (rc->hold_first && !rc->term_pending && !rc->b_bytes)
+		return 0; /* rx_parse lifts the hold and its caller pumps again */
 	if (__atomic_load_n(&qp->pump_blocked, __ATOMIC_RELAXED)) {
 		/* TCP was full: ask tcp_poll (lockless) before sendmsg. Retrying sendmsg in a
 		 * spin holds the socket lock and delays the very ACKs that would make room. */
@@ -1553,6 +1557,7 @@ static int rx_parse(struct soft_qp *qp)
 			return r;
 		rc->rx_start += raw;
 		rc->rx_pos += raw;
+		rc->hold_first = false;
 		did = 1;
 	}
 	return did;
@@ -1653,8 +1658,20 @@ static void init_stream(struct soft_qp *qp)
 	if (getsockopt(qp->fd, IPPROTO_TCP, TCP_MAXSEG, &mss, &l) || mss <= 0)
 		mss = 1460;
 	rc->mulpdu = mpa_mulpdu((uint32_t)mss, rc->info.markers_tx);
-	/* A peer may see a slightly larger MSS than we do: accept what fits our MSS unmarked. */
-	rc->rx_max_ulpdu = mpa_mulpdu((uint32_t)mss, false);
+	/* The MSS read now may be bounded by half of the peer's still small window (Linux
+	 * tcp_bound_to_half_wnd) and grows later, and so does the peer's: Linux siw was seen
+	 * sending 34518-byte ULPDUs on a 64 KiB-MTU loopback, more than our set-up MSS. Accept
+	 * what the largest segment of the path could carry: MTU less IP and TCP headers. */
+	uint32_t rx_mss = (uint32_t)mss;
+	int mtu = 0;
+	l = sizeof mtu;
+	if (getsockopt(qp->fd, IPPROTO_IP, IP_MTU, &mtu, &l) == 0 && mtu > 40)
+		rx_mss = (uint32_t)mtu - 40;
+	else if (l = sizeof mtu, getsockopt(qp->fd, IPPROTO_IPV6, IPV6_MTU, &mtu, &l) == 0 && mtu > 60)
+		rx_mss = (uint32_t)mtu - 60;
+	if (rx_mss < (uint32_t)mss)
+		rx_mss = (uint32_t)mss;
+	rc->rx_max_ulpdu = mpa_mulpdu(rx_mss, false);
 	if (rc->info.markers_tx) {
 		rc->flat = malloc(RC_FLAT);
 		rc->marked = malloc(RC_FLAT);
@@ -1819,6 +1836,9 @@ static int setup_step(struct soft_qp *qp)
 		} else if (rc->p2p) {
 			rc->phase = PH_WAIT_RTR;
 		} else {
+			/* Without peer-to-peer mode the initiator speaks first: the program may post
+			 * now, its FPDUs leave once the initiator's first has arrived. */
+			rc->hold_first = true;
 			become_rts(qp, NULL, 0);
 		}
 	}
