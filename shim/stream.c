@@ -770,8 +770,13 @@ int stream_accept(int fd, struct sockaddr *a, socklen_t *l, int flags)
 		memcpy(a, &pa, *l < pl ? *l : pl);
 		*l = pl;
 	}
-	if (!ours || (pa.sa.sa_family != AF_INET && pa.sa.sa_family != AF_INET6))
+	if (pa.sa.sa_family != AF_INET && pa.sa.sa_family != AF_INET6)
 		return nfd;
+	if (!ours) {
+		if (lt)
+			atomic_fetch_add(&T.plain, 1); /* a taken listener kept plain (IWARP_MODE_OFF, rules) */
+		return nfd;
+	}
 	union dgv_sockaddr la;
 	int lport = local_port(nfd, &la);
 	struct sockaddr_un un;

@@ -24,6 +24,10 @@
 #              dg_check_rc_plain
 #   d-fo-plain preloaded client (fastopen) -> unmodified server     -> seq as for d-fo,
 #              dg_check_rc_plain
+#   e-*        both preloaded, a program choosing with setsockopt(SOL_IWARP, IWARP_MODE) (read
+#              back with getsockopt): e-rc both sockets RC -> dg_check_rc; e-off-client the
+#              client's socket OFF, e-off-server the listener OFF -> plain TCP on both sides
+#              (dg_check_rc_plain on both: neither side ever sends or expects an MPA frame)
 # Every case also requires both sides' "OK" line (all bytes verified, EOFs where they belong)
 # and that each side's getsockname equals the other's getpeername. An unmodified side's byte
 # check proves it never saw an iWARP byte: an MPA frame would corrupt the pattern, and tcpcheck
@@ -73,6 +77,7 @@ run_case() {
 	local -a senv=() cenv=()
 	case $who in
 	both) senv=("${DG_SHIM_ENV[@]}") cenv=("${DG_SHIM_ENV[@]}") ;;
+	both-plain) senv=("${DG_SHIM_ENV[@]}") cenv=("${DG_SHIM_ENV[@]}") ;;
 	client) cenv=("${DG_SHIM_ENV[@]}") ;;
 	server) senv=("${DG_SHIM_ENV[@]}") ;;
 	esac
@@ -86,7 +91,7 @@ run_case() {
 	fi
 	t0=$(date +%s.%N)
 	dg_bg "$slog" timeout -k 5 90 env "${senv[@]}" "$tcpcheck" server "$port" --seed "$seed" --accept4 \
-		--end "$end" --timeout 60
+		--end "$end" --timeout 60 ${SRV_MODE:+--iwarp-mode "$SRV_MODE"}
 	spid=$DG_LAST_PID
 	dg_wait_tcp "$port" 20 "$spid"
 	case $? in
@@ -94,7 +99,7 @@ run_case() {
 	2) dg_log "$tag: server exited before listening" && dg_tail "$slog" && return 1 ;;
 	esac
 	dg_bg "$clog" timeout -k 5 90 env "${cenv[@]}" "$tcpcheck" client "$port" --seed "$seed" \
-		--connect "$style" --reader "$reader" --timeout 60
+		--connect "$style" --reader "$reader" --timeout 60 ${CLI_MODE:+--iwarp-mode "$CLI_MODE"}
 	cpid=$DG_LAST_PID
 	wait "$cpid"
 	crc=$?
@@ -162,6 +167,12 @@ shim_case() {
 	fi
 	[ "$style" = block ] || same_seq "$tag" "$style" || failed+=("$tag: connect sequence differs from the kernel's")
 	case $who in
+	both-plain)
+		dg_check_rc_plain "$tag server (IWARP_MODE off on one side)" "$tdir/$tag.srv.log" ||
+			failed+=("$tag server: not plain")
+		dg_check_rc_plain "$tag client (IWARP_MODE off on one side)" "$tdir/$tag.cli.log" ||
+			failed+=("$tag client: not plain")
+		;;
 	both)
 		dg_check_rc "$tag server" "$tdir/$tag.srv.log" || failed+=("$tag server: not over RC")
 		dg_check_rc "$tag client" "$tdir/$tag.cli.log" || failed+=("$tag client: not over RC")
@@ -188,6 +199,9 @@ shim_case d-nb nonblock both poll close
 shim_case d-fo fastopen both slow shutdown
 shim_case d-nb-plain nonblock client poll close
 shim_case d-fo-plain fastopen client slow shutdown
+SRV_MODE=rc CLI_MODE=rc shim_case e-rc block both slow close
+SRV_MODE= CLI_MODE=off shim_case e-off-client block both-plain slow close
+SRV_MODE=off CLI_MODE= shim_case e-off-server block both-plain slow close
 if [ ${#failed[@]} -ne 0 ]; then
 	dg_fail "TCP with the shim: $(IFS=';'; echo "${failed[*]}" | sed 's/;/; /g')"
 fi

@@ -55,6 +55,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "dgshim.h"
+
 static const char *role = "?";
 static uint64_t seed = 1;
 /* --reader poll: the receive in progress is non-blocking and waits in poll(POLLIN) */
@@ -391,15 +393,29 @@ static const char *addr_str(const struct sockaddr_in *a, char *buf, size_t len)
 	return buf;
 }
 
+/* --iwarp-mode: a modified program choosing per socket (only meaningful under the shim; the
+ * kernel answers ENOPROTOOPT). Checks that getsockopt reads back what was set. */
+static void set_iwarp_mode(int fd, int mode)
+{
+	if (mode < 0)
+		return;
+	if (setsockopt(fd, SOL_IWARP, IWARP_MODE, &mode, sizeof mode) < 0)
+		fail("setsockopt(SOL_IWARP, IWARP_MODE, %d): %s", mode, strerror(errno));
+	int got = -1;
+	socklen_t l = sizeof got;
+	if (getsockopt(fd, SOL_IWARP, IWARP_MODE, &got, &l) < 0 || got != mode)
+		fail("getsockopt(SOL_IWARP, IWARP_MODE) after setting %d: %d (%s)", mode, got, strerror(errno));
+}
+
 int main(int argc, char **argv)
 {
 	size_t duplex = 2u << 20, alen = 6u << 20, blen = 6u << 20;
 	const char *connect_mode = "block";
-	int use_accept4 = 0, shutdown_end = 0, reader_poll = 0;
+	int use_accept4 = 0, shutdown_end = 0, reader_poll = 0, iwarp_mode = -1;
 	if (argc < 3 || (strcmp(argv[1], "server") && strcmp(argv[1], "client"))) {
 		fprintf(stderr, "usage: tcpcheck server|client PORT [--seed N] [--duplex BYTES] [--a BYTES] "
 				"[--b BYTES] [--connect block|nonblock|fastopen] [--accept4] [--timeout S] "
-				"[--end close|shutdown] [--reader slow|poll]\n");
+				"[--end close|shutdown] [--reader slow|poll] [--iwarp-mode off|rc|auto]\n");
 		return 2;
 	}
 	role = argv[1];
@@ -432,6 +448,12 @@ int main(int argc, char **argv)
 			shutdown_end = !strcmp(v, "shutdown");
 		else if (!strcmp(o, "--timeout"))
 			watchdog_secs = (unsigned)strtoul(v, NULL, 0);
+		else if (!strcmp(o, "--iwarp-mode") && !strcmp(v, "off"))
+			iwarp_mode = IWARP_MODE_OFF;
+		else if (!strcmp(o, "--iwarp-mode") && !strcmp(v, "rc"))
+			iwarp_mode = IWARP_MODE_RC;
+		else if (!strcmp(o, "--iwarp-mode") && !strcmp(v, "auto"))
+			iwarp_mode = IWARP_MODE_AUTO;
 		else {
 			fprintf(stderr, "tcpcheck: unknown option %s\n", o);
 			return 2;
@@ -463,6 +485,7 @@ int main(int argc, char **argv)
 			fail("socket: %s", strerror(errno));
 		if (bind(ls, (struct sockaddr *)&sa, sizeof sa) < 0)
 			fail("bind 127.0.0.1:%d: %s", port, strerror(errno));
+		set_iwarp_mode(ls, iwarp_mode);
 		if (listen(ls, 4) < 0)
 			fail("listen: %s", strerror(errno));
 		rx_what = "accepting";
@@ -476,6 +499,7 @@ int main(int argc, char **argv)
 		fd = socket(AF_INET, SOCK_STREAM | (nb ? SOCK_NONBLOCK : 0), 0);
 		if (fd < 0)
 			fail("socket: %s", strerror(errno));
+		set_iwarp_mode(fd, iwarp_mode);
 		if (!strcmp(connect_mode, "block")) {
 			if (connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0)
 				fail("connect 127.0.0.1:%d: %s", port, strerror(errno));
