@@ -28,6 +28,9 @@
 #              back with getsockopt): e-rc both sockets RC -> dg_check_rc; e-off-client the
 #              client's socket OFF, e-off-server the listener OFF -> plain TCP on both sides
 #              (dg_check_rc_plain on both: neither side ever sends or expects an MPA frame)
+#   f-*        both preloaded, a rules line (DGSHIM_RULES) on one side: f-rules-client
+#              'mode=off proto=tcp port=P' on the client, f-rules-server 'mode=off proto=tcp
+#              role=receiver' on the server -> plain on both sides
 # Every case also requires both sides' "OK" line (all bytes verified, EOFs where they belong)
 # and that each side's getsockname equals the other's getpeername. An unmodified side's byte
 # check proves it never saw an iWARP byte: an MPA frame would corrupt the pattern, and tcpcheck
@@ -81,6 +84,8 @@ run_case() {
 	client) cenv=("${DG_SHIM_ENV[@]}") ;;
 	server) senv=("${DG_SHIM_ENV[@]}") ;;
 	esac
+	[ -n "${SRV_RULES:-}" ] && senv+=("DGSHIM_RULES=$SRV_RULES")
+	[ -n "${CLI_RULES:-}" ] && cenv+=("DGSHIM_RULES=$CLI_RULES")
 	local slog=$tdir/$tag.srv.log clog=$tdir/$tag.cli.log
 	seed=$((seed + 1))
 	CLI_LINE=
@@ -168,9 +173,9 @@ shim_case() {
 	[ "$style" = block ] || same_seq "$tag" "$style" || failed+=("$tag: connect sequence differs from the kernel's")
 	case $who in
 	both-plain)
-		dg_check_rc_plain "$tag server (IWARP_MODE off on one side)" "$tdir/$tag.srv.log" ||
+		dg_check_rc_plain "$tag server (mode off on one side)" "$tdir/$tag.srv.log" ||
 			failed+=("$tag server: not plain")
-		dg_check_rc_plain "$tag client (IWARP_MODE off on one side)" "$tdir/$tag.cli.log" ||
+		dg_check_rc_plain "$tag client (mode off on one side)" "$tdir/$tag.cli.log" ||
 			failed+=("$tag client: not plain")
 		;;
 	both)
@@ -202,6 +207,8 @@ shim_case d-fo-plain fastopen client slow shutdown
 SRV_MODE=rc CLI_MODE=rc shim_case e-rc block both slow close
 SRV_MODE= CLI_MODE=off shim_case e-off-client block both-plain slow close
 SRV_MODE=off CLI_MODE= shim_case e-off-server block both-plain slow close
+CLI_RULES="mode=off proto=tcp port=$port" shim_case f-rules-client block both-plain slow close
+SRV_RULES="mode=off proto=tcp role=receiver" shim_case f-rules-server block both-plain slow close
 if [ ${#failed[@]} -ne 0 ]; then
 	dg_fail "TCP with the shim: $(IFS=';'; echo "${failed[*]}" | sed 's/;/; /g')"
 fi
