@@ -199,3 +199,46 @@ void soft_mr_table_fini(struct soft_ctx *ctx)
 	for (uint32_t i = 0; i < SOFT_MR_SLOTS; i++)
 		free(atomic_load(&ctx->mrs[i]));
 }
+
+int soft_sge_iov(const struct dgv_sge *sge, uint32_t nsge, uint32_t off, uint32_t len, struct iovec *iov,
+		 int max)
+{
+	int n = 0;
+	for (uint32_t i = 0; i < nsge && len; i++) {
+		if (off >= sge[i].length) {
+			off -= sge[i].length;
+			continue;
+		}
+		uint32_t take = sge[i].length - off < len ? sge[i].length - off : len;
+		if (n == max)
+			break;
+		iov[n].iov_base = (void *)(uintptr_t)(sge[i].addr + off);
+		iov[n].iov_len = take;
+		n++;
+		len -= take;
+		off = 0;
+	}
+	return n;
+}
+
+int soft_rwqe_copy(struct soft_qp *qp, const struct soft_rwqe *w, uint32_t off, const uint8_t *src,
+		   uint32_t len)
+{
+	for (uint32_t i = 0; i < w->num_sge && len; i++) {
+		const struct dgv_sge *g = &w->sge[i];
+		if (off >= g->length) {
+			off -= g->length;
+			continue;
+		}
+		uint32_t take = g->length - off < len ? g->length - off : len;
+		struct soft_mr *mr = soft_mr_get_local(qp->ctx, qp->pd, g, true);
+		if (!mr)
+			return -EFAULT;
+		memcpy((void *)(uintptr_t)(g->addr + off), src, take);
+		soft_mr_put(mr);
+		src += take;
+		len -= take;
+		off = 0;
+	}
+	return 0;
+}

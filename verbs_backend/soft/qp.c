@@ -42,55 +42,6 @@ static inline uint64_t qp_now(struct soft_qp *qp)
 	return qp->now_us;
 }
 
-/* Fills iov with the pieces of the SGE list covering [off, off+len). Returns the count. */
-static int sge_iov(const struct dgv_sge *sge, uint32_t nsge, uint32_t off, uint32_t len,
-		   struct iovec *iov, int max)
-{
-	int n = 0;
-	for (uint32_t i = 0; i < nsge && len; i++) {
-		if (off >= sge[i].length) {
-			off -= sge[i].length;
-			continue;
-		}
-		uint32_t take = sge[i].length - off;
-		if (take > len)
-			take = len;
-		if (n == max)
-			break;
-		iov[n].iov_base = (void *)(uintptr_t)(sge[i].addr + off);
-		iov[n].iov_len = take;
-		n++;
-		len -= take;
-		off = 0;
-	}
-	return n;
-}
-
-/* Copies len bytes into the receive WQE's buffers at message offset off, holding each region
- * while it writes. Returns 0, or -EFAULT if a region was deregistered since the post (nothing
- * more is written). */
-static int sge_copy_in(struct soft_qp *qp, const struct soft_rwqe *w, uint32_t off, const uint8_t *src,
-		       uint32_t len)
-{
-	for (uint32_t i = 0; i < w->num_sge && len; i++) {
-		const struct dgv_sge *g = &w->sge[i];
-		if (off >= g->length) {
-			off -= g->length;
-			continue;
-		}
-		uint32_t take = g->length - off < len ? g->length - off : len;
-		struct soft_mr *mr = soft_mr_get_local(qp->ctx, qp->pd, g, true);
-		if (!mr)
-			return -EFAULT;
-		memcpy((void *)(uintptr_t)(g->addr + off), src, take);
-		soft_mr_put(mr);
-		src += take;
-		len -= take;
-		off = 0;
-	}
-	return 0;
-}
-
 static void errq_add(struct soft_qp *qp, const struct dg_reject *why, bool remote, uint8_t opcode,
 		     uint32_t msn, uint32_t stag, uint64_t to, uint32_t len, const union dgv_sockaddr *peer)
 {
@@ -341,7 +292,7 @@ static int pump_ud_batched(struct soft_qp *qp, uint32_t idx, uint8_t op, bool ta
 						(uint16_t)w->segsz, 0);
 				iov[n][k++] = (struct iovec){&h[n], DG_UNTAGGED_HLEN};
 			}
-			k += sge_iov(w->sge, w->num_sge, pos, plen, &iov[n][k], SOFT_MAX_SGE);
+			k += soft_sge_iov(w->sge, w->num_sge, pos, plen, &iov[n][k], SOFT_MAX_SGE);
 			crc[n] = htobe32(dg_crc32c_iov(iov[n], k));
 			iov[n][k++] = (struct iovec){&crc[n], sizeof crc[n]};
 			mm[n].msg_hdr = (struct msghdr){.msg_name = conn ? NULL : &w->dst,
@@ -408,7 +359,7 @@ static int pump_swqe(struct soft_qp *qp, uint32_t idx)
 	if (w->opcode == DGV_WR_SEND_PLAIN) {
 		/* bypasses DDP (and RD): the bytes go out as the program gave them */
 		struct iovec pl[SOFT_MAX_SGE];
-		int npl = sge_iov(w->sge, w->num_sge, 0, w->len, pl, SOFT_MAX_SGE);
+		int npl = soft_sge_iov(w->sge, w->num_sge, 0, w->len, pl, SOFT_MAX_SGE);
 		int rc = udp_xmit(qp, pl, npl, &w->dst, w->dstlen);
 		if (rc == -EAGAIN) {
 			qp->pump_blocked = true;
@@ -434,7 +385,7 @@ static int pump_swqe(struct soft_qp *qp, uint32_t idx)
 			plen = w->segsz;
 		bool last = w->sent + plen == w->len;
 		struct iovec pl[SOFT_MAX_SGE];
-		int npl = sge_iov(w->sge, w->num_sge, w->sent, plen, pl, SOFT_MAX_SGE);
+		int npl = soft_sge_iov(w->sge, w->num_sge, w->sent, plen, pl, SOFT_MAX_SGE);
 		union {
 			struct dg_tagged_hdr t;
 			struct dg_untagged_hdr u;
@@ -805,7 +756,7 @@ static int rx_send(struct soft_qp *qp, const union dgv_sockaddr *from, socklen_t
 			recv_complete(qp, &w, DGV_WC_LOC_LEN_ERR, g->ml, g->msn, from, fromlen, se);
 			return 0;
 		}
-		if (sge_copy_in(qp, &w, 0, g->payload, g->plen)) {
+		if (soft_rwqe_copy(qp, &w, 0, g->payload, g->plen)) {
 			recv_complete(qp, &w, DGV_WC_LOC_PROT_ERR, 0, g->msn, from, fromlen, se);
 			return 0;
 		}
@@ -859,7 +810,7 @@ static int rx_send(struct soft_qp *qp, const union dgv_sockaddr *from, socklen_t
 			qp->st.malformed_drops++;
 		return 0;
 	}
-	if (s->kind == SLOT_SEND && sge_copy_in(qp, &s->wqe, g->mo, g->payload, g->plen)) {
+	if (s->kind == SLOT_SEND && soft_rwqe_copy(qp, &s->wqe, g->mo, g->payload, g->plen)) {
 		recv_complete(qp, &s->wqe, DGV_WC_LOC_PROT_ERR, 0, g->msn, from, fromlen, false);
 		s->kind = SLOT_DISCARD; /* the rest of the message goes nowhere */
 	}
@@ -1215,7 +1166,7 @@ static void rx_plain(struct soft_qp *qp, const uint8_t *buf, size_t len, const u
 		recv_complete(qp, &w, DGV_WC_LOC_LEN_ERR, (uint32_t)len, 0, from, fromlen, false);
 		return;
 	}
-	if (sge_copy_in(qp, &w, 0, buf, (uint32_t)len)) {
+	if (soft_rwqe_copy(qp, &w, 0, buf, (uint32_t)len)) {
 		recv_complete(qp, &w, DGV_WC_LOC_PROT_ERR, 0, 0, from, fromlen, false);
 		return;
 	}

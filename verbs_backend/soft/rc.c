@@ -646,28 +646,6 @@ static void fp_mark_last(struct rc_conn *rc, uint8_t kind, uint32_t idx)
 	rc->fp[rc->nfp - 1].idx = idx;
 }
 
-/* Pieces of the SGE list covering [off, off+len). Returns the count. */
-static int sge_iov(const struct dgv_sge *sge, uint32_t nsge, uint32_t off, uint32_t len, struct iovec *iov,
-		   int max)
-{
-	int n = 0;
-	for (uint32_t i = 0; i < nsge && len; i++) {
-		if (off >= sge[i].length) {
-			off -= sge[i].length;
-			continue;
-		}
-		uint32_t take = sge[i].length - off < len ? sge[i].length - off : len;
-		if (n == max)
-			break;
-		iov[n].iov_base = (void *)(uintptr_t)(sge[i].addr + off);
-		iov[n].iov_len = take;
-		n++;
-		len -= take;
-		off = 0;
-	}
-	return n;
-}
-
 /* Adds one FPDU to the batch: hdr (DDP header + RDMAP header, hlen bytes) and the payload
  * pieces pl[0..npl). Returns 0, or -ENOSPC when the batch has no room (nothing added). */
 static int batch_fpdu(struct soft_qp *qp, const void *hdr, uint32_t hlen, const struct iovec *pl, int npl,
@@ -765,7 +743,7 @@ static int emit_sq(struct soft_qp *qp)
 	uint32_t off = rc->cur_off;
 	uint32_t chunk = w->len - off < room ? w->len - off : room;
 	bool last = off + chunk == w->len;
-	int npl = sge_iov(w->sge, w->num_sge, off, chunk, pl, SOFT_MAX_SGE);
+	int npl = soft_sge_iov(w->sge, w->num_sge, off, chunk, pl, SOFT_MAX_SGE);
 	union {
 		struct ddp_tagged_hdr t;
 		struct ddp_untagged_hdr u;
@@ -1149,29 +1127,6 @@ static void rx_violation(struct soft_qp *qp, uint8_t l, uint8_t t, uint8_t c, co
 
 /* ------------------------------------------------------------------ reception */
 
-/* Copies len bytes into the receive WQE at message offset off, holding each region while it
- * writes. Returns 0 or -EFAULT (a region went away: nothing more written). */
-static int rwqe_copy(struct soft_qp *qp, const struct soft_rwqe *w, uint32_t off, const uint8_t *src, uint32_t len)
-{
-	for (uint32_t i = 0; i < w->num_sge && len; i++) {
-		const struct dgv_sge *g = &w->sge[i];
-		if (off >= g->length) {
-			off -= g->length;
-			continue;
-		}
-		uint32_t take = g->length - off < len ? g->length - off : len;
-		struct soft_mr *mr = soft_mr_get_local(qp->ctx, qp->pd, g, true);
-		if (!mr)
-			return -EFAULT;
-		memcpy((void *)(uintptr_t)(g->addr + off), src, take);
-		soft_mr_put(mr);
-		src += take;
-		len -= take;
-		off = 0;
-	}
-	return 0;
-}
-
 /* The MR registered under stag in this PD, held, for invalidation; NULL if none. */
 static struct soft_mr *mr_by_stag(struct soft_qp *qp, uint32_t stag)
 {
@@ -1473,7 +1428,7 @@ static int rx_segment(struct soft_qp *qp, const uint8_t *buf, uint32_t len)
 			     "Send longer than the posted receive", buf, hlen, len);
 		return -EPROTO;
 	}
-	if (plen && rwqe_copy(qp, &rc->rcv, rc->rcv_off, pl, plen)) {
+	if (plen && soft_rwqe_copy(qp, &rc->rcv, rc->rcv_off, pl, plen)) {
 		recv_done(qp, &rc->rcv, DGV_WC_LOC_PROT_ERR, rc->rcv_off, rc->rcv_msn, 0, 0);
 		rc->rcv_active = false;
 		struct dg_reject why = {TERM_LAYER_RDMAP, RDMAP_ETYPE_CATASTROPHIC, 0, "receive buffer deregistered"};

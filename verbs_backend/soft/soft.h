@@ -261,6 +261,16 @@ int soft_mr_check_local(struct soft_ctx *ctx, struct soft_pd *pd, const struct d
 struct soft_mr *soft_mr_get_local(struct soft_ctx *ctx, struct soft_pd *pd, const struct dgv_sge *sge,
 				  bool need_write);
 static inline void soft_mr_put(struct soft_mr *mr) { atomic_fetch_sub(&mr->users, 1); }
+
+/* Fills iov (at most max entries) with the pieces of an SGE list covering message bytes
+ * [off, off+len). Returns the count. Used by UD/RD and RC transmit paths alike. */
+int soft_sge_iov(const struct dgv_sge *sge, uint32_t nsge, uint32_t off, uint32_t len, struct iovec *iov,
+		 int max);
+/* Copies len bytes into the receive WQE's buffers at message offset off, holding each region
+ * while it writes. Returns 0, or -EFAULT if a region was deregistered since the post (nothing
+ * more is written). */
+int soft_rwqe_copy(struct soft_qp *qp, const struct soft_rwqe *w, uint32_t off, const uint8_t *src,
+		   uint32_t len);
 void soft_mr_table_fini(struct soft_ctx *ctx);
 
 /* cq.c */
