@@ -113,39 +113,14 @@ static int wait_sock(struct sock *s, short events, int *timeout_ms)
 	int qfd = s->qfd;
 	pthread_mutex_unlock(&s->lock);
 	struct pollfd p[2] = {{.fd = qfd, .events = events}, {.fd = cqfd, .events = POLLIN}};
-	uint64_t t0 = *timeout_ms > 0 ? shim_now_us() : 0;
-	/* bounded naps: the provider's thread runs the timers of a QP nobody polls, but a
-	 * sleeper also looks again now and then */
-	int ms = *timeout_ms < 0 || *timeout_ms > 200 ? 200 : *timeout_ms;
-	int r;
-	if (shim_cancel_prev == PTHREAD_CANCEL_ENABLE) {
-		/* a blocking socket call is a cancellation point; no lock is held here */
-		int depth = shim_depth;
-		pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, NULL);
-		shim_depth = 0; /* a cancelled thread's handlers call libc as the program */
-		r = real.poll(p, 2, ms);
-		int e = errno;
-		shim_depth = depth;
-		pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
-		errno = e;
-	} else {
-		r = real.poll(p, 2, ms);
-	}
-	int err = errno;
+	/* the provider's thread runs the timers of a QP nobody polls; the naps are bounded */
+	int r = shim_nap(p, 2, timeout_ms);
 	pthread_mutex_lock(&s->lock);
 	if (unlikely(s->gen != G.gen))
 		sock_reset_after_fork(s);
-	if (r < 0 && err == EINTR)
-		return -EINTR;
-	if (r > 0 && (p[1].revents & POLLIN) && s->cq)
+	if ((p[1].revents & POLLIN) && s->cq)
 		dgv_cq_ack_event(s->cq);
-	if (*timeout_ms > 0) {
-		uint64_t spent = (shim_now_us() - t0) / 1000;
-		*timeout_ms = spent >= (uint64_t)*timeout_ms ? 0 : *timeout_ms - (int)spent;
-		if (*timeout_ms == 0)
-			return -EAGAIN;
-	}
-	return 0;
+	return r;
 }
 
 /* ------------------------------------------------------------------ receive */

@@ -41,6 +41,35 @@ uint64_t shim_now_us(void)
 	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
+int shim_nap(struct pollfd *p, nfds_t n, int *timeout_ms)
+{
+	uint64_t t0 = *timeout_ms > 0 ? shim_now_us() : 0;
+	int ms = *timeout_ms < 0 || *timeout_ms > 200 ? 200 : *timeout_ms;
+	int r;
+	if (shim_cancel_prev == PTHREAD_CANCEL_ENABLE) {
+		/* a blocking socket call is a cancellation point; no lock is held here */
+		int depth = shim_depth;
+		pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, NULL);
+		shim_depth = 0; /* a cancelled thread's handlers call libc as the program */
+		r = real.poll(p, n, ms);
+		int e = errno;
+		shim_depth = depth;
+		pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
+		errno = e;
+	} else {
+		r = real.poll(p, n, ms);
+	}
+	if (r < 0 && errno == EINTR)
+		return -EINTR;
+	if (*timeout_ms > 0) {
+		uint64_t spent = (shim_now_us() - t0) / 1000;
+		*timeout_ms = spent >= (uint64_t)*timeout_ms ? 0 : *timeout_ms - (int)spent;
+		if (*timeout_ms == 0)
+			return -EAGAIN;
+	}
+	return 0;
+}
+
 static void *pages(size_t n)
 {
 	void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);

@@ -97,6 +97,11 @@ struct sock {
 };
 
 uint64_t shim_now_us(void);
+/* One nap of a blocking socket call: poll(p, n) for at most 200 ms of *timeout_ms (< 0:
+ * forever; bounded so a sleeper looks again now and then), as a cancellation point when the
+ * program's thread allows it. Call without locks. Returns 0 (woken or napped; *timeout_ms
+ * reduced by the time spent), -EAGAIN when *timeout_ms ran out, -EINTR on a signal. */
+int shim_nap(struct pollfd *p, nfds_t n, int *timeout_ms);
 int shim_default_mode(void);
 void sock_put(struct sock *s);
 /* 1 if the kernel socket behind fd has a port (bound or autobound). */

@@ -438,34 +438,11 @@ static int stream_wait(struct sock *s, struct stream *t, int *timeout_ms)
 	sock_unlock(s);
 	struct pollfd p[3] = {{.fd = cqfd, .events = POLLIN}, {.fd = chfd, .events = POLLIN},
 			      {.fd = qfd, .events = POLLIN}};
-	uint64_t t0 = *timeout_ms > 0 ? shim_now_us() : 0;
-	int ms = *timeout_ms < 0 || *timeout_ms > 200 ? 200 : *timeout_ms;
-	int r;
-	if (shim_cancel_prev == PTHREAD_CANCEL_ENABLE) {
-		int depth = shim_depth;
-		pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, NULL);
-		shim_depth = 0;
-		r = real.poll(p, 3, ms);
-		int e = errno;
-		shim_depth = depth;
-		pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
-		errno = e;
-	} else {
-		r = real.poll(p, 3, ms);
-	}
-	int err = errno;
+	int r = shim_nap(p, 3, timeout_ms);
 	sock_lock(s);
-	if (r < 0 && err == EINTR)
-		return -EINTR;
-	if (r > 0 && (p[0].revents & POLLIN) && t->cq)
+	if ((p[0].revents & POLLIN) && t->cq)
 		dgv_cq_ack_event(t->cq);
-	if (*timeout_ms > 0) {
-		uint64_t spent = (shim_now_us() - t0) / 1000;
-		*timeout_ms = spent >= (uint64_t)*timeout_ms ? 0 : *timeout_ms - (int)spent;
-		if (*timeout_ms == 0)
-			return -EAGAIN;
-	}
-	return 0;
+	return r;
 }
 
 /* ------------------------------------------------------------------ who speaks it */
