@@ -1,6 +1,7 @@
 # shellcheck shell=bash
-# lib.sh: helpers shared by the application integration tests (vlc_udp.sh, sipp_udp.sh).
-# Source it, then call dg_init NAME BUILD_DIR BASE_PORT.
+# lib.sh: helpers shared by the application integration tests (vlc_udp.sh, vlc_http.sh,
+# sipp_udp.sh, sipp_tcp.sh, tcp_interop.sh). Source it, then call dg_init NAME BUILD_DIR BASE_PORT.
+# What only the SIPp tests share is in sipp_lib.sh, what only the VLC tests share in vlc_lib.sh.
 #
 # Conventions: exit 0 pass, 1 fail, 77 skip (only when a program cannot be installed at all).
 # Everything temporary lives in one mktemp -d directory removed on exit; every background
@@ -148,16 +149,30 @@ dg_bg() {
 	DG_PIDS+=("$DG_LAST_PID")
 }
 
-# dg_wait_udp PORT SECONDS [PID]: waits until a UDP socket is bound to 127.0.0.1:PORT (or
-# *:PORT). Returns 1 on timeout, 2 as soon as PID (the process expected to bind) has exited.
-dg_wait_udp() {
-	local port=$1 secs=$2 pid=${3:-} i
+# dg_wait_port udp|tcp PORT SECONDS [PID]: waits until a UDP socket is bound to (udp), or a TCP
+# socket listens on (tcp), 127.0.0.1:PORT (or *:PORT). Returns 1 on timeout, 2 as soon as PID
+# (the process expected to bind or listen) has exited. SECONDS 0: one look, no wait.
+dg_wait_port() {
+	local proto=$1 port=$2 secs=$3 pid=${4:-} i flags
+	case $proto in
+	udp) flags=-Huln ;;
+	tcp) flags=-Hltn ;;
+	*) dg_fail "dg_wait_port: protocol '$proto' is neither udp nor tcp" ;;
+	esac
 	for i in $(seq 0 $((secs * 10))); do
-		ss -Huln 2>/dev/null | awk '{print $4}' | grep -Eq "^(127\.0\.0\.1|0\.0\.0\.0|\*|\[::\]):$port\$" && return 0
+		ss "$flags" 2>/dev/null | awk '{print $4}' | grep -Eq "^(127\.0\.0\.1|0\.0\.0\.0|\*|\[::\]):$port\$" && return 0
 		[ -z "$pid" ] || kill -0 "$pid" 2>/dev/null || return 2
 		[ "$i" -lt $((secs * 10)) ] && sleep 0.1
 	done
 	return 1
+}
+
+# dg_wait_udp PORT SECONDS [PID]: dg_wait_port udp (a UDP socket bound to PORT).
+dg_wait_udp() { dg_wait_port udp "$@"; }
+
+# dg_diff_report A B: where two files first differ, for a failure message.
+dg_diff_report() {
+	cmp "$1" "$2" 2>&1 | head -n 1 | sed "s|$DG_TMP/||g; s/^/$DG_NAME:   /"
 }
 
 # dg_summaries FILE: the shim's exit summary lines found in a log.
@@ -205,17 +220,8 @@ dg_check_framed() {
 
 # --- stream sockets (TCP carried over iWARP RC): vlc_http.sh, sipp_tcp.sh, tcp_interop.sh -----
 
-# dg_wait_tcp PORT SECONDS [PID]: waits until a TCP socket listens on 127.0.0.1:PORT (or
-# *:PORT). Returns 1 on timeout, 2 as soon as PID (the process expected to listen) has exited.
-dg_wait_tcp() {
-	local port=$1 secs=$2 pid=${3:-} i
-	for i in $(seq 0 $((secs * 10))); do
-		ss -Hltn 2>/dev/null | awk '{print $4}' | grep -Eq "^(127\.0\.0\.1|0\.0\.0\.0|\*|\[::\]):$port\$" && return 0
-		[ -z "$pid" ] || kill -0 "$pid" 2>/dev/null || return 2
-		[ "$i" -lt $((secs * 10)) ] && sleep 0.1
-	done
-	return 1
-}
+# dg_wait_tcp PORT SECONDS [PID]: dg_wait_port tcp (a TCP socket listening on PORT).
+dg_wait_tcp() { dg_wait_port tcp "$@"; }
 
 # dg_rc_summary LABEL FILE: common part of dg_check_rc and dg_check_rc_plain: the process(es)
 # logging to FILE wrote a summary and it has the stream keys. Prints the summary lines.

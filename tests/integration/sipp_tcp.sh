@@ -35,148 +35,28 @@ set -u
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=lib.sh
 . "$here/lib.sh"
+# shellcheck source=sipp_lib.sh
+. "$here/sipp_lib.sh"
 dg_init sipp_tcp "$@"
-base=$DG_PORT
 t_start=$(date +%s.%N)
+# 200 calls at 400 calls/s, each held 2000 ms (see Concurrency above); the pair runner,
+# sipp_run_pair, and the UAC/UAS statistics checks (sipp_csv_check) are in sipp_lib.sh.
+sipp_init tcp 200 400 2000
 
-dg_need sipp sip-tester
-dg_need python3 python3
-dg_need ss iproute2
-
-CALLS=200
-RATE=400
-HOLD_MS=2000
-sdir=$DG_TMP/sipp
-mkdir -p "$sdir"
-# -max_socket 19800 is required (the default exceeds ulimit -n).
-common=(-i 127.0.0.1 -max_socket 19800 -nostdin -trace_stat -fd 1 -trace_screen
-	-timeout 60s -timeout_error)
-
-# csv_check FILE LABEL ROLE: final statistics from a SIPp -trace_stat file; prints them and
-# returns 1 unless (uac) CALLS calls succeeded, none failed and CALLS were up at once, or (uas)
-# CALLS calls came in and every failed one failed for "TCP connection closed".
-csv_check() {
-	python3 - "$1" "$2" "$CALLS" "$3" "$DG_NAME" <<'EOF'
-import csv, sys
-path, label, calls, role, name = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
-try:
-    rows = list(csv.DictReader(open(path), delimiter=';'))
-except OSError as e:
-    print(f"{name}: {label}: no statistics file: {e}"); sys.exit(1)
-if not rows:
-    print(f"{name}: {label}: empty statistics file"); sys.exit(1)
-last = rows[-1]
-n = lambda k: int(last.get(k, 0) or 0)
-ok_calls, failed, created = n("SuccessfulCall(C)"), n("FailedCall(C)"), n("TotalCallCreated")
-incoming, tcp_closed, retrans = n("IncomingCall(C)"), n("FailedTcpClosed(C)"), n("Retransmissions(C)")
-peak = max(int(r["CurrentCall"]) for r in rows)
-print(f"{name}: {label}: created={created} incoming={incoming} successful={ok_calls} failed={failed} "
-      f"failed_tcp_closed={tcp_closed} peak_concurrent={peak} retransmissions={retrans} "
-      f"elapsed={last['ElapsedTime(C)'][:8]}")
-bad = []
-if role == "uac":
-    if ok_calls != calls or failed != 0:
-        bad.append(f"expected {calls} successful and 0 failed calls")
-    if peak < calls:
-        bad.append(f"only {peak} calls were up at once, not {calls}")
-else:
-    if incoming != calls:
-        bad.append(f"expected {calls} incoming calls")
-    if failed != tcp_closed:
-        bad.append(f"{failed - tcp_closed} call(s) failed for another reason than the UAC closing its TCP connection")
-for b in bad:
-    print(f"{name}: {label}: {b}")
-sys.exit(1 if bad else 0)
-EOF
-}
-
-# sipp_errors LOG LABEL: SIPp's error messages (timestamped lines) and the shim's
-# error/warning lines from a log, deduplicated.
-sipp_errors() {
-	local lines
-	lines=$(grep -aE $'^[0-9]{4}-[0-9]{2}-[0-9]{2}\t|dgshim\[[0-9]+\]: (error|warn)' "$1" |
-		sed -E 's/^[0-9]{4}-[^\t]*\t[^\t]*\t//; s/dgshim\[[0-9]+\]/dgshim[PID]/; s/fd [0-9]+/fd N/g' |
-		sort | uniq -c | sort -rn | head -n 15)
-	[ -n "$lines" ] || return 0
-	dg_log "--- $2 errors (count, message) from ${1#"$DG_TMP"/}"
-	sed 's/^/    | /' <<<"$lines"
-}
-
-# run_pair TAG MODE ENV...: UAS (-t t1) + UAC (-t MODE), ENV (NAME=VALUE words) given to both.
-# Logs and statistics stay in $sdir/TAG.*; returns 1 on failure.
-run_pair() {
-	local tag=$1 mode=$2 upid cpid urc crc ok=1 t0
-	shift 2
-	local p="$sdir/$tag"
-	if dg_wait_tcp "$base" 0; then
-		dg_log "$tag: TCP port $base is already in use by another program"
-		return 1
-	fi
-	t0=$(date +%s.%N)
-	dg_bg "$p.uas.log" bash -c 'cd "$1" && shift && exec "$@"' _ "$sdir" \
-		timeout -k 5 90 env "$@" sipp -sn uas -p "$base" -t t1 -m "$CALLS" \
-		-mp $((base + 2)) -cp $((base + 6)) "${common[@]}" \
-		-stf "$p.uas.csv" -screen_file "$p.uas.screen"
-	upid=$DG_LAST_PID
-	dg_wait_tcp "$base" 20 "$upid"
-	case $? in
-	1) dg_log "$tag: warning: UAS not listening on TCP port $base after 20 s" ;;
-	2) dg_log "$tag: UAS exited before it listened" ;;
-	esac
-	dg_bg "$p.uac.log" bash -c 'cd "$1" && shift && exec "$@"' _ "$sdir" \
-		timeout -k 5 90 env "$@" sipp -sn uac "127.0.0.1:$base" -p $((base + 1)) -t "$mode" \
-		-m "$CALLS" -l "$CALLS" -r "$RATE" -d "$HOLD_MS" \
-		-mp $((base + 3)) -cp $((base + 7)) "${common[@]}" \
-		-stf "$p.uac.csv" -screen_file "$p.uac.screen"
-	cpid=$DG_LAST_PID
-	# If one side dies early, stop the other at once instead of waiting for its -timeout
-	# (SIGINT: SIPp ends gracefully and still writes its statistics and the shim summary).
-	while kill -0 "$cpid" 2>/dev/null && kill -0 "$upid" 2>/dev/null; do sleep 0.2; done
-	if kill -0 "$cpid" 2>/dev/null; then
-		sleep 2 # a UAS that failed: let the UAC notice on its own first
-		kill -0 "$cpid" 2>/dev/null && dg_log "$tag: UAS ended early: stopping the UAC" && kill -INT "$cpid"
-	fi
-	wait "$cpid"
-	crc=$?
-	if kill -0 "$upid" 2>/dev/null && [ "$crc" -ne 0 ]; then
-		dg_log "$tag: UAC failed: stopping the UAS"
-		kill -INT "$upid"
-	fi
-	wait "$upid" # normally ends by itself after its CALLS calls
-	urc=$?
-	dg_log "$tag: UAC -t $mode exit $crc, UAS -t t1 exit $urc, $(dg_elapsed "$t0") s"
-	csv_check "$p.uac.csv" "$tag UAC" uac || ok=0
-	csv_check "$p.uas.csv" "$tag UAS" uas || ok=0
-	# UAS: 1 = some calls failed (the TCP-closed ones, checked above)
-	[ "$crc" -eq 0 ] && { [ "$urc" -eq 0 ] || [ "$urc" -eq 1 ]; } || ok=0
-	if [ $ok -ne 1 ]; then
-		[ ! -s "$p.uac.screen" ] || dg_tail "$p.uac.screen" 40
-		[ ! -s "$p.uas.screen" ] || dg_tail "$p.uas.screen" 20
-		sipp_errors "$p.uac.log" UAC
-		sipp_errors "$p.uas.log" UAS
-		return 1
-	fi
-}
-
-for mode in t1 tn; do
-	run_pair "native-$mode" "$mode" ||
-		dg_fail "native SIPp run (-t $mode, no shim) failed: environment problem, not the shim"
-done
-dg_log "native runs passed"
-
+sipp_native t1 tn
 dg_require_shim
 dg_log "shim: ${DG_SHIM_ENV[*]}"
 failed=()
 for mode in t1 tn; do
 	tag=shim-$mode
-	if ! run_pair "$tag" "$mode" "${DG_SHIM_ENV[@]}"; then
+	if ! sipp_run_pair "$tag" "$mode" "${DG_SHIM_ENV[@]}"; then
 		failed+=("SIPp -t $mode with the shim: calls failed")
 		continue
 	fi
 	min=1
-	[ "$mode" = t1 ] || min=$CALLS # one connection per call
+	[ "$mode" = t1 ] || min=$SIPP_CALLS # one connection per call
 	for role in uas uac; do
-		dg_check_rc "$tag ${role^^}" "$sdir/$tag.$role.log" "$min" ||
+		dg_check_rc "$tag ${role^^}" "$SIPP_DIR/$tag.$role.log" "$min" ||
 			failed+=("SIPp -t $mode ${role^^}: not over RC")
 	done
 done

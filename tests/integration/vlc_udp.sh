@@ -32,52 +32,20 @@ set -u
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=lib.sh
 . "$here/lib.sh"
+# shellcheck source=vlc_lib.sh
+. "$here/vlc_lib.sh"
 dg_init vlc_udp "$@"
 port=$DG_PORT
 t_start=$(date +%s.%N)
 
-dg_need ffmpeg ffmpeg
-dg_need vlc vlc-bin
-dg_need setpriv util-linux
-dg_need python3 python3
-dg_need ss iproute2
-[ -x /usr/bin/vlc ] || dg_fail "/usr/bin/vlc missing (install vlc-bin)"
-id nobody >/dev/null 2>&1 || dg_fail "user nobody does not exist"
-getent group nogroup >/dev/null || dg_fail "group nogroup does not exist"
-
-# VLC refuses to run as root: everything it touches lives in $DG_TMP/vlc, owned by nobody.
-chmod 0755 "$DG_TMP"
-vdir=$DG_TMP/vlc
-mkdir -p "$vdir/home"
-chown -R nobody:nogroup "$vdir"
-asnobody=(setpriv --reuid=nobody --regid=nogroup --clear-groups env "HOME=$vdir/home")
-vlcopts=(-I dummy --no-dbus --no-media-library --no-metadata-network-access --no-lua -A none
-	--no-video --no-stats --verbose=1)
-
-# VLC modules this test needs (vlc-plugin-base): demuxdump, udp access and udp access output.
-mods=$(cd "$vdir" && timeout 30 "${asnobody[@]}" /usr/bin/vlc -I dummy --list 2>/dev/null)
-for m in 'demuxdump  *File dumper' 'udp  *UDP stream output' 'udp  *UDP input'; do
-	grep -q "^ *$m" <<<"$mods" || dg_fail "VLC module '$m' missing (install vlc-plugin-base)"
-done
+# VLC runs as nobody in $vdir (vlc_lib.sh); the modules this test needs (vlc-plugin-base):
+# demuxdump, udp access and udp access output.
+vlc_init
+vlc_modules 'demuxdump  *File dumper' 'udp  *UDP stream output' 'udp  *UDP input'
 
 # --- test media: 4 s testsrc + sine in MPEG-TS, padded to a multiple of lcm(188, 16384) bytes
 media=$DG_TMP/media.ts
-ffmpeg -hide_banner -loglevel error -nostdin \
-	-f lavfi -i testsrc=size=320x240:rate=25 -f lavfi -i sine=frequency=440:sample_rate=48000 \
-	-t 4 -map 0:v -map 1:a -c:v mpeg2video -b:v 1000k -c:a mp2 -b:a 64k \
-	-fflags +bitexact -flags:v +bitexact -flags:a +bitexact -f mpegts "$DG_TMP/raw.ts" \
-	>"$DG_TMP/ffmpeg.log" 2>&1 || { dg_tail "$DG_TMP/ffmpeg.log"; dg_fail "ffmpeg could not make the test media"; }
-python3 - "$DG_TMP/raw.ts" "$media" <<'EOF' || dg_fail "padding the media failed"
-import sys
-data = open(sys.argv[1], 'rb').read()
-assert len(data) % 188 == 0 and data[0] == 0x47, "not a TS file"
-unit = 770048  # lcm(188, 16384)
-null = bytes([0x47, 0x1F, 0xFF, 0x10]) + b'\xff' * 184
-size = -(-len(data) // unit) * unit
-open(sys.argv[2], 'wb').write(data + null * ((size - len(data)) // 188))
-EOF
-chmod 0644 "$media"
-msize=$(stat -c %s "$media")
+vlc_media "$media"
 mmd5=$(md5sum <"$media" | cut -d' ' -f1)
 ndgram=$((msize / 16384 * 13))
 dg_log "media $msize bytes md5 $mmd5 ($(($(stat -c %s "$DG_TMP/raw.ts") / 188)) TS packets of A/V + null padding; expect $ndgram datagrams)"
@@ -153,21 +121,9 @@ run_case() {
 	dg_log "$tag dump $(stat -c %s "$dump") bytes md5 $(md5sum <"$dump" | cut -d' ' -f1)"
 }
 
-# diff_report A B: where two files first differ, for the failure message.
-diff_report() {
-	cmp "$1" "$2" 2>&1 | head -n 1 | sed "s|$DG_TMP/||g; s/^/$DG_NAME:   /"
-}
-
-# The shim's build decides first whether VLC can run it at all (before the native run).
-dg_require_shim
-if [ -n "$DG_ASAN_RT" ] &&
-	! timeout -k 2 15 env LD_PRELOAD="$DG_ASAN_RT" ASAN_OPTIONS=detect_leaks=0 "${asnobody[@]}" \
-		/usr/bin/vlc -I dummy --version >/dev/null 2>&1; then
-	# Seen on Debian 12: VLC hangs in bindtextdomain (glibc's _nl_state_lock) as soon as the ASan
-	# runtime is preloaded into it, shim or no shim (llvm/llvm-project#49223).
-	dg_log "SKIP: VLC does not start with only the ASan runtime preloaded (no shim), so the ASan build of the shim cannot be tested in it; the normal build runs this test"
-	exit 77
-fi
+# The shim's build decides first whether VLC can run it at all (before the native run): in an
+# ASan build VLC may not start at all (skip, exit 77).
+vlc_require_shim
 
 # udp_rcvbuf_errors: the kernel's count of UDP datagrams dropped because a receive buffer was
 # full (/proc/net/snmp RcvbufErrors), host-wide.
@@ -200,7 +156,7 @@ run_exact() {
 		run_case "$tag" "$@" || return 1
 		e1=$(udp_rcvbuf_errors)
 		cmp -s "$ref" "$vdir/$tag.ts" && return 0
-		diff_report "$ref" "$vdir/$tag.ts"
+		dg_diff_report "$ref" "$vdir/$tag.ts"
 		if [ "$e1" -le "$e0" ]; then
 			dg_log "$tag: dump differs and the kernel dropped no datagram (RcvbufErrors unchanged)"
 			return 2
