@@ -731,11 +731,12 @@ static int iwarp_get(struct sock *s, int name, void *v, socklen_t *l)
 		if (*l < sizeof(int))
 			return -EINVAL;
 		int x = 0;
-		if (s) {
+		if (s && s->strm && name == IWARP_TAKEN) {
+			x = stream_carried(s); /* takes the lock itself */
+		} else if (s) {
 			lock_sock(s);
 			x = name == IWARP_MODE ? s->mode : name == IWARP_ZCOPY_THRESHOLD ? s->zcopy
-			    : s->strm ? stream_carried(s)
-				      : (s->mode != IWARP_MODE_OFF && !s->broken);
+								     : (s->mode != IWARP_MODE_OFF && !s->broken);
 			unlock_sock(s);
 		} else {
 			x = name == IWARP_MODE ? IWARP_MODE_OFF : name == IWARP_ZCOPY_THRESHOLD ? G.zcopy_default : 0;
