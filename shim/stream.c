@@ -339,11 +339,9 @@ static void take_data(struct sock *s, struct stream *t, const struct dgv_record 
 	s->st->rx_framed_bytes += rec->length;
 }
 
-/* Drains the CQ and the connection events. Needs s->lock. */
-static void progress(struct sock *s, struct stream *t)
+/* Takes every completion queued so far. */
+static void drain_cq(struct sock *s, struct stream *t)
 {
-	if (!t->cq)
-		return;
 	struct dgv_wc wc[16];
 	int n;
 	while ((n = dgv_poll_cq(t->cq, 16, wc)) > 0) {
@@ -373,9 +371,18 @@ static void progress(struct sock *s, struct stream *t)
 	}
 	if (n < 0)
 		fail(t, -n, "completion queue error");
+}
+
+/* Drains the CQ and the connection events. Needs s->lock. */
+static void progress(struct sock *s, struct stream *t)
+{
+	if (!t->cq)
+		return;
+	drain_cq(s, t);
 	if (!t->ch)
 		return;
 	struct dgv_cm_event ev;
+	bool tcp_eof = false;
 	while (dgv_cm_get_event(t->ch, &ev) == 0) {
 		switch (ev.type) {
 		case DGV_CM_ESTABLISHED:
@@ -404,11 +411,7 @@ static void progress(struct sock *s, struct stream *t)
 			break;
 		}
 		case DGV_CM_PEER_CLOSED:
-			if (!t->peer_fin) {
-				/* TCP ended without our FIN: everything sent has completed already */
-				t->peer_fin = true;
-				t->fin_total = t->arrived;
-			}
+			tcp_eof = true;
 			break;
 		case DGV_CM_DISCONNECTED:
 			if (ev.status < 0)
@@ -417,6 +420,16 @@ static void progress(struct sock *s, struct stream *t)
 			break;
 		default:
 			break;
+		}
+	}
+	if (tcp_eof) {
+		/* the provider queued every record that came before TCP's end ahead of the event,
+		 * but they may have arrived since the CQ was drained above: take them first */
+		drain_cq(s, t);
+		if (!t->peer_fin) {
+			/* TCP ended without the peer's FIN: everything it sent has arrived */
+			t->peer_fin = true;
+			t->fin_total = t->arrived;
 		}
 	}
 	if (t->ctl_owed)
