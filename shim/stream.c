@@ -1231,8 +1231,15 @@ void stream_teardown(struct sock *s)
 	if (!t)
 		return;
 	if (t->state == SS_ESTAB && t->qp) {
+		/* SO_LINGER {1, 0}: an abortive close, as the kernel's. No FIN, no orderly end of
+		 * the QP: the program's close resets the connection and the peer reads
+		 * ECONNRESET (what had been handed to TCP before arrives first, as on loopback) */
+		struct linger lg = {0, 0};
+		socklen_t ll = sizeof lg;
+		bool abort = t->qfd >= 0 && real.getsockopt(t->qfd, SOL_SOCKET, SO_LINGER, &lg, &ll) == 0 &&
+			     lg.l_onoff && lg.l_linger == 0;
 		progress(s, t);
-		if (!t->tcp_down)
+		if (!t->tcp_down && !abort)
 			ctl_send(t, CTL_FIN | CTL_CLOSE);
 		/* queued data goes out before the QP: wait for our sends, bounded */
 		uint64_t end = shim_now_us() + 2000000;
@@ -1240,7 +1247,8 @@ void stream_teardown(struct sock *s)
 			dgv_cq_wait(t->cq, 10);
 			progress(s, t);
 		}
-		dgv_disconnect(t->qp);
+		if (!abort)
+			dgv_disconnect(t->qp);
 	}
 	res_free(t);
 	free(t);
