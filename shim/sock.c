@@ -15,6 +15,7 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -828,6 +829,11 @@ int sock_setsockopt(struct sock *s, int fd, int level, int name, const void *v, 
 		}
 		return -ENOPROTOOPT;
 	}
+	if (s->strm && level == IPPROTO_TCP && name == TCP_NODELAY) {
+		int r = stream_nodelay(s, fd, 1, (void *)v, &l);
+		if (r != -ENOSYS)
+			return r;
+	}
 	if (real.setsockopt(fd, level, name, v, l) < 0)
 		return -errno;
 	if (level == SOL_SOCKET && (name == SO_RCVTIMEO || name == SO_SNDTIMEO) && v &&
@@ -850,6 +856,11 @@ int sock_getsockopt(struct sock *s, int fd, int level, int name, void *v, sockle
 {
 	if (level == SOL_IWARP)
 		return iwarp_get(s, name, v, l);
+	if (s->strm && level == IPPROTO_TCP && name == TCP_NODELAY && l) {
+		int r = stream_nodelay(s, fd, 0, v, l);
+		if (r != -ENOSYS)
+			return r;
+	}
 	if (level == SOL_SOCKET && name == SO_ERROR && v && l && *l >= sizeof(int) && s->strm) {
 		int e = 0;
 		if (stream_so_error(s, &e) == 0) {

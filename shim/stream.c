@@ -61,6 +61,8 @@ struct stream {
 	int err;                 /* error to report once to recv/send (then EOF / EPIPE) */
 	int so_error;            /* SO_ERROR of a failed non-blocking connect */
 	bool connect_pending;    /* EINPROGRESS given: the next connect after success returns 0 */
+	bool nodelay_mine;       /* carried: TCP_NODELAY is answered from nodelay, not the kernel */
+	int nodelay;             /* TCP_NODELAY as the program set it (the provider sets it on TCP) */
 	bool counted;            /* in the conns total */
 	int mode;                /* IWARP_MODE_AUTO, _RC or _OFF */
 	struct dgv_cm_channel *ch;
@@ -499,6 +501,51 @@ static void go_plain(int fd)
 	sock_closing(fd);
 }
 
+/* ------------------------------------------------------------------ TCP_NODELAY */
+
+/* The provider turns Nagle off on a carried connection's TCP socket (it sends whole FPDUs);
+ * the program still reads back what it set, or the kernel's value from before. */
+static void nodelay_take(struct stream *t, int fd)
+{
+	int v = 0;
+	socklen_t l = sizeof v;
+	if (real.getsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &v, &l) == 0) {
+		t->nodelay = v != 0;
+		t->nodelay_mine = true;
+	}
+}
+
+int stream_nodelay(struct sock *s, int fd, int set, void *v, socklen_t *l)
+{
+	sock_lock(s);
+	struct stream *t = s->strm;
+	int rc = -ENOSYS;
+	if (t->nodelay_mine && set) {
+		int x;
+		if (*l < sizeof x) {
+			rc = -EINVAL;
+		} else if (!v) {
+			rc = -EFAULT;
+		} else {
+			memcpy(&x, v, sizeof x);
+			t->nodelay = x != 0;
+			rc = 0;
+		}
+	} else if (t->nodelay_mine) {
+		int x = t->nodelay;
+		socklen_t n = *l < sizeof x ? *l : sizeof x;
+		if (!v && n) {
+			rc = -EFAULT;
+		} else {
+			memcpy(v, &x, n);
+			*l = n;
+			rc = 0;
+		}
+	}
+	sock_unlock(s);
+	return rc;
+}
+
 /* ------------------------------------------------------------------ connect */
 
 static int local_port(int fd, union dgv_sockaddr *la)
@@ -600,6 +647,7 @@ int stream_connect(struct sock *s, int fd, const struct sockaddr *a, socklen_t l
 		sock_unlock(s);
 		return -ce;
 	}
+	nodelay_take(t, fd);
 	struct stream_hello h;
 	hello_make(t, &h);
 	struct dgv_conn_param cp = {.private_data = &h, .private_data_len = sizeof h};
@@ -787,6 +835,7 @@ int stream_accept(int fd, struct sockaddr *a, socklen_t *l, int flags)
 	memcpy(&ns->peer, &pa, pl);
 	ns->peerlen = pl;
 	ns->connected = true;
+	nodelay_take(ns->strm, nfd);
 	int rc = accept_rc(ns, nfd);
 	sock_unlock(ns);
 	if (rc) {

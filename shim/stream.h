@@ -73,6 +73,9 @@ int stream_fionread(struct sock *s, int *out);
 /* SO_ERROR of a stream socket the shim carries (pending error, consumed), or -ENOSYS. */
 int stream_so_error(struct sock *s, int *out);
 int stream_setmode(struct sock *s, int mode);
+/* TCP_NODELAY of a carried stream (set: 1, *l the length given): 0 or -errno; -ENOSYS when the
+ * kernel answers (not carried). */
+int stream_nodelay(struct sock *s, int fd, int set, void *v, socklen_t *l);
 /* 1 when the stream is (being) carried over RC. */
 int stream_carried(struct sock *s);
 void stream_cq_ack(struct sock *s);
