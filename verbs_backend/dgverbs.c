@@ -37,14 +37,38 @@ int dgv_open(const struct dgv_context_attr *attr, struct dgv_context **out)
 	}
 	switch (a.provider) {
 	case DGV_PROV_AUTO:
-		/* No ibverbs backend yet: auto means the software RNIC. */
-		DG_INFO("provider auto: using soft (no ibverbs backend built)");
+#ifdef DGV_HAVE_IBVERBS
+		/* A device is chosen by the address (or name) the caller will use it for; without
+		 * one there is no telling whether a device would reach the peer, so soft. */
+		if (!a.addr && !a.device && !getenv("DGSHIM_IBV_DEVICE")) {
+			DG_INFO("provider auto: soft (no address or device name to choose an RDMA device by)");
+		} else {
+			int r = dgv_ibverbs_open(&a, out);
+			if (r == 0) {
+				DG_INFO("provider auto: ibverbs (%s)", dgv_ibverbs_why());
+				return 0;
+			}
+			DG_INFO("provider auto: soft (ibverbs: %s)", r == -ENODEV ? dgv_ibverbs_why() : strerror(-r));
+		}
+#else
+		DG_INFO("provider auto: soft (no ibverbs backend built)");
+#endif
 		/* fall through */
 	case DGV_PROV_SOFT:
 		return dgv_soft_open(&a, out);
 	case DGV_PROV_IBVERBS:
-		DG_ERR("provider ibverbs requested but this build has no ibverbs backend");
+#ifdef DGV_HAVE_IBVERBS
+	{
+		int r = dgv_ibverbs_open(&a, out);
+		if (r)
+			DG_ERR("provider ibverbs: %s", r == -ENODEV ? dgv_ibverbs_why() : strerror(-r));
+		return r;
+	}
+#else
+		DG_ERR("provider ibverbs requested but this build has no ibverbs backend "
+		       "(libibverbs-dev and librdmacm-dev were not found)");
 		return -ENODEV;
+#endif
 	}
 	return -EINVAL;
 }

@@ -37,7 +37,7 @@ struct dgv_ah;
 enum dgv_provider_kind {
 	DGV_PROV_AUTO = 0, /* DGSHIM_PROVIDER from the environment, else the best available */
 	DGV_PROV_SOFT,     /* software datagram-iWARP RNIC over kernel UDP/TCP */
-	DGV_PROV_IBVERBS,  /* libibverbs/librdmacm device (later issue) */
+	DGV_PROV_IBVERBS,  /* libibverbs/librdmacm device (verbs_backend/ibverbs; RC) */
 };
 
 enum dgv_progress_mode {
@@ -49,6 +49,13 @@ enum dgv_progress_mode {
 struct dgv_context_attr {
 	enum dgv_provider_kind provider;
 	enum dgv_progress_mode progress;
+	/* ibverbs: the device is the one whose netdev carries this address (a local address, or a
+	 * remote one resolved through the routing table by rdma_cm). NULL: the device named by
+	 * `device` or DGSHIM_IBV_DEVICE, else the first one with an active port. AUTO picks
+	 * ibverbs only when an address or a device name is given and that device opens. */
+	const struct sockaddr *addr;
+	socklen_t addrlen;
+	const char *device;
 };
 
 /* Opens a provider. attr may be NULL (defaults). Returns 0 or -errno (-ENODEV: no such provider). */

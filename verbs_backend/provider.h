@@ -90,5 +90,10 @@ struct dgv_conn_req {
 
 /* Backend entry points. Return 0 or -errno (-ENODEV: not usable on this host). */
 int dgv_soft_open(const struct dgv_context_attr *attr, struct dgv_context **out);
+/* ibverbs/device.c (built when libibverbs and librdmacm are found: DGV_HAVE_IBVERBS).
+ * -ENODEV when no device serves attr's address or name; dgv_ibverbs_why() then says why (and
+ * after a success, which device was chosen). */
+int dgv_ibverbs_open(const struct dgv_context_attr *attr, struct dgv_context **out);
+const char *dgv_ibverbs_why(void);
 
 #endif
