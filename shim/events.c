@@ -26,6 +26,15 @@ static int remaining(uint64_t deadline, int timeout_ms)
 
 /* ------------------------------------------------------------------ poll */
 
+/* A carried stream decides these too (stream_poll_in/out give them as tcp_poll would). */
+#define STREAM_ENDS (POLLRDHUP | POLLHUP | POLLERR)
+
+/* What a carried stream reports for the events asked, from stream_poll_in/out (-1: not asked). */
+static int stream_rdy(short events, int in, int out)
+{
+	return ((in > 0 ? in : 0) | (out > 0 ? out : 0)) & (events | POLLHUP | POLLERR);
+}
+
 #define POLL_STACK 64
 
 int ev_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
@@ -42,14 +51,14 @@ int ev_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 		return real.poll(fds, n, timeout_ms);
 	}
 	struct pollfd stack[POLL_STACK];
-	int16_t sready[POLL_STACK];
+	int32_t sready[POLL_STACK];
 	uint8_t sisq[POLL_STACK];
 	/* each taken socket may add its CQ's descriptor and, for a stream, its TCP socket */
 	nfds_t cap = n + 2 * ntaken;
 	struct pollfd *p = cap <= POLL_STACK ? stack : malloc(cap * sizeof *p);
 	/* per entry: -1 the kernel decides everything; else the events the shim decides (high
-	 * byte) and those of them ready (low byte) */
-	int16_t *ready = cap <= POLL_STACK ? sready : malloc(n * sizeof *ready);
+	 * half) and those of them ready (low half) */
+	int32_t *ready = cap <= POLL_STACK ? sready : malloc(n * sizeof *ready);
 	/* isq[j]: entry j (>= n) is a stream's TCP socket (only watched), not a CQ's eventfd */
 	uint8_t *isq = cap <= POLL_STACK ? sisq : malloc(cap);
 	if (!p || !ready || !isq) {
@@ -78,15 +87,23 @@ int ev_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 			int out = (fds[i].events & POLLOUT) ? sock_poll_out(s, fds[i].fd) : -1;
 			if (in < 0 && out < 0)
 				continue; /* the OS carries it: its readiness is the truth */
-			int own = (in >= 0 ? POLLIN : 0) | (out >= 0 ? POLLOUT : 0);
-			int rdy = (in > 0 ? POLLIN : 0) | (out > 0 ? POLLOUT : 0);
-			ready[i] = (int16_t)(own << 8 | rdy);
-			/* a carried stream: the kernel socket is the provider's, its data and send room
-			 * are not the program's (errors and hang-ups still are) */
-			if (sock_is_stream(s))
+			int own, rdy;
+			if (sock_is_stream(s)) {
+				/* a carried stream: the kernel socket is the provider's, its data, send
+				 * room, hang-ups and errors are not the program's; the stream says them
+				 * all, and the kernel socket is not polled unless asked for more */
+				own = POLLIN | POLLOUT | STREAM_ENDS;
+				rdy = stream_rdy(fds[i].events, in, out);
 				p[i].events &= (short)~own;
-			else if (own & POLLOUT)
-				p[i].events &= (short)~POLLOUT;
+				if (!p[i].events)
+					p[i].fd = -1;
+			} else {
+				own = (in >= 0 ? POLLIN : 0) | (out >= 0 ? POLLOUT : 0);
+				rdy = (in > 0 ? POLLIN : 0) | (out > 0 ? POLLOUT : 0);
+				if (own & POLLOUT)
+					p[i].events &= (short)~POLLOUT;
+			}
+			ready[i] = own << 16 | rdy;
 			if (rdy) {
 				any_ready = true;
 				continue;
@@ -121,13 +138,17 @@ int ev_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 		for (nfds_t i = 0; i < n; i++) {
 			short rev = p[i].revents;
 			if (ready[i] >= 0) {
-				int own = ready[i] >> 8, rdy = ready[i] & 0xff;
+				int own = ready[i] >> 16, rdy = ready[i] & 0xffff;
 				rev &= (short)~own;
-				if (r > 0 && (own & ~rdy)) {
-					struct sock *s = fd_sock(fds[i].fd);
-					if (s && (own & ~rdy & POLLIN) && sock_poll_in(s, fds[i].fd) > 0)
+				struct sock *s = r > 0 && (own & ~rdy) ? fd_sock(fds[i].fd) : NULL;
+				if (s && sock_is_stream(s)) {
+					short ev = fds[i].events;
+					rdy = stream_rdy(ev, (ev & POLLIN) ? sock_poll_in(s, fds[i].fd) : -1,
+							 (ev & POLLOUT) ? sock_poll_out(s, fds[i].fd) : -1);
+				} else if (s) {
+					if ((own & ~rdy & POLLIN) && sock_poll_in(s, fds[i].fd) > 0)
 						rdy |= POLLIN;
-					if (s && (own & ~rdy & POLLOUT) && sock_poll_out(s, fds[i].fd) > 0)
+					if ((own & ~rdy & POLLOUT) && sock_poll_out(s, fds[i].fd) > 0)
 						rdy |= POLLOUT;
 				}
 				rev |= (short)rdy;
@@ -360,32 +381,35 @@ static inline uint64_t tag(struct reg *r, uint32_t i, bool cq)
 }
 
 /* Kernel events for a registration: the socket's own events; EPOLLIN of a taken socket is
- * checked before the program sees it; a carried stream's EPOLLIN/EPOLLOUT come from the
- * shim alone (the kernel socket's data and room are the provider's). */
+ * checked before the program sees it; a carried stream's EPOLLIN/EPOLLOUT/EPOLLRDHUP (and
+ * its hang-ups and errors) come from the shim alone (the kernel socket's data, room and
+ * state are the provider's): the kernel's registration only wakes the wait, edge-triggered
+ * so that a hang-up of the provider's socket the stream does not report is no busy loop. */
 static uint32_t kernel_events(const struct reg *r)
 {
 	if (r->s && sock_is_stream(r->s))
-		return r->events & ~(uint32_t)(EPOLLIN | EPOLLOUT);
+		return (r->events & ~(uint32_t)(EPOLLIN | EPOLLOUT | EPOLLRDHUP)) | EPOLLET;
 	return r->events;
 }
 
-/* Readiness the shim decides for r's socket among the events asked: a mask of EPOLLIN and
- * EPOLLOUT in *own (what it decides) and the return value (what is ready). */
+/* Readiness a carried stream decides for r's socket among the events asked: in *own what it
+ * decides (EPOLLIN, EPOLLOUT, and with either EPOLLRDHUP, EPOLLHUP, EPOLLERR: epoll's bits are
+ * poll's), the return value what is ready. */
 static uint32_t shim_ready(struct reg *r, uint32_t asked, uint32_t *own)
 {
 	uint32_t o = 0, rdy = 0;
 	if (asked & EPOLLIN) {
 		int in = sock_poll_in(r->s, r->fd);
 		if (in >= 0)
-			o |= EPOLLIN, rdy |= in > 0 ? EPOLLIN : 0;
+			o |= EPOLLIN | STREAM_ENDS, rdy |= in > 0 ? (uint32_t)in : 0;
 	}
 	if (asked & EPOLLOUT) {
 		int out = sock_poll_out(r->s, r->fd);
 		if (out >= 0)
-			o |= EPOLLOUT, rdy |= out > 0 ? EPOLLOUT : 0;
+			o |= EPOLLOUT | STREAM_ENDS, rdy |= out > 0 ? (uint32_t)out : 0;
 	}
 	*own = o;
-	return rdy;
+	return rdy & (r->events | EPOLLHUP | EPOLLERR);
 }
 
 /* Makes r a taken socket's registration (its CQ's descriptor registered too) once the socket
@@ -607,7 +631,8 @@ int ev_epoll_wait(struct ep *ep, int epfd, struct epoll_event *evs, int max, int
 			if (r->s) {
 				if (cq)
 					sock_cq_ack(r->s);
-				if (sock_is_stream(r->s)) {
+				bool strm = sock_is_stream(r->s);
+				if (strm) {
 					uint32_t own, rdy = shim_ready(r, r->events & (EPOLLIN | EPOLLOUT), &own);
 					e = (e & ~own) | rdy;
 				} else if ((e & EPOLLIN) || cq) {
@@ -616,7 +641,7 @@ int ev_epoll_wait(struct ep *ep, int epfd, struct epoll_event *evs, int max, int
 						e = (e & ~EPOLLIN) | (in > 0 ? EPOLLIN : 0);
 				}
 				if (cq)
-					e &= EPOLLIN | EPOLLOUT;
+					e &= EPOLLIN | EPOLLOUT | (strm ? STREAM_ENDS : 0);
 				e &= r->events | EPOLLERR | EPOLLHUP;
 				if (!e) {
 					if ((r->events & EPOLLONESHOT) && !cq) {

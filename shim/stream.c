@@ -85,6 +85,7 @@ struct stream {
 	/* receiving */
 	uint64_t arrived, consumed, recs_polled, adv_consumed, adv_recs;
 	bool peer_fin, peer_close, tcp_down, shut_rd;
+	bool reset;              /* ended as by a TCP reset (readiness: both directions over) */
 	uint64_t fin_total;
 };
 
@@ -290,6 +291,7 @@ static void fail(struct stream *t, int err, const char *why)
 {
 	if (!t->err && !t->peer_fin) {
 		t->err = err;
+		t->reset = true;
 		DG_INFO("stream: connection ends: %s (%s)", why, strerror(err));
 	}
 	t->tcp_down = true;
@@ -370,6 +372,10 @@ static void drain_cq(struct sock *s, struct stream *t)
 					fail(t, ECONNRESET, "work request failed");
 			}
 		}
+		/* A short batch with nothing left queued: the provider was just asked. Polling
+		 * again would only make it read the empty TCP socket once more. */
+		if (n < 16 && !dgv_cq_ready(t->cq))
+			return;
 	}
 	if (n < 0)
 		fail(t, -n, "completion queue error");
@@ -959,6 +965,10 @@ ssize_t stream_send(struct sock *s, int fd, const struct iovec *iov, int iovcnt,
 	for (;;) {
 		progress(s, t);
 		if (t->shut_wr || t->fin_sent || t->peer_close) {
+			/* a kernel's write to a closed peer is answered with a reset: the
+			 * socket is over both ways from then on (POLLHUP) */
+			if (t->peer_close)
+				t->reset = true;
 			rc = -EPIPE;
 			break;
 		}
@@ -1141,6 +1151,21 @@ int stream_shutdown(struct sock *s, int fd, int how)
 
 /* ------------------------------------------------------------------ readiness */
 
+/*
+ * What the kernel's tcp_poll reports besides data and room, from the stream's own state (the
+ * TCP socket's is the provider's: it stays open both ways after a shutdown, and its closing
+ * and resets follow the protocol, not the program): POLLRDHUP once the read side is over
+ * (the peer's FIN, shutdown(SHUT_RD), a reset), POLLHUP once both sides are (the kernel's
+ * SHUTDOWN_MASK), POLLERR while an error waits to be read.
+ */
+static int end_bits(const struct stream *t)
+{
+	bool dead = t->state == SS_DEAD || t->reset;
+	bool rd_end = dead || t->shut_rd || t->peer_fin;
+	bool wr_end = dead || t->shut_wr || t->fin_sent;
+	return (rd_end ? POLLRDHUP : 0) | (rd_end && wr_end ? POLLHUP : 0) | (t->err || t->so_error ? POLLERR : 0);
+}
+
 int stream_poll_in(struct sock *s)
 {
 	sock_lock(s);
@@ -1152,9 +1177,9 @@ int stream_poll_in(struct sock *s)
 		progress(s, t);
 		r = t->state == SS_DEAD || t->arrived != t->consumed || t->err || t->tcp_down || t->shut_rd ||
 		    (t->peer_fin && t->consumed >= t->fin_total);
+		r = r ? POLLIN | end_bits(t) : end_bits(t);
 		if (t->state == SS_CONNECTING)
 			r = 0;
-		r = r ? POLLIN : 0;
 	}
 	sock_unlock(s);
 	return r;
@@ -1172,9 +1197,9 @@ int stream_poll_out(struct sock *s)
 		if (t->state == SS_CONNECTING)
 			r = 0;
 		else if (t->state == SS_DEAD || t->err || t->tcp_down || t->fin_sent || t->shut_wr || t->peer_close)
-			r = POLLOUT; /* a write would not block: it fails */
+			r = POLLOUT | end_bits(t); /* a write would not block: it fails */
 		else
-			r = tx_room(t) ? POLLOUT : 0;
+			r = (tx_room(t) ? POLLOUT : 0) | end_bits(t);
 	}
 	sock_unlock(s);
 	return r;

@@ -61,7 +61,9 @@ int stream_accept(int fd, struct sockaddr *a, socklen_t *l, int flags);
 int stream_shutdown(struct sock *s, int fd, int how);
 ssize_t stream_send(struct sock *s, int fd, const struct iovec *iov, int iovcnt, int flags);
 ssize_t stream_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt, int flags);
-/* POLLIN / POLLOUT readiness: > 0 ready, 0 not (wait on stream_wait_fd), -1 the OS decides. */
+/* POLLIN / POLLOUT readiness: > 0 ready (a mask: POLLIN or POLLOUT, with POLLRDHUP, POLLHUP and
+ * POLLERR as the kernel's tcp_poll would give them), 0 not (wait on stream_wait_fd), -1 the OS
+ * decides. */
 int stream_poll_in(struct sock *s);
 int stream_poll_out(struct sock *s);
 /* The descriptor that becomes readable when the stream has news (CQ), armed. -1: none. */
