@@ -1061,12 +1061,9 @@ ssize_t stream_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt,
 	int timeout = s->rcvtimeo_ms > 0 ? s->rcvtimeo_ms : -1;
 	for (;;) {
 		progress(s, t);
+		/* after shutdown(SHUT_RD) what is queued (and, as Linux, what still comes) is read;
+		 * with nothing queued the read returns 0 instead of waiting */
 		uint64_t avail = t->arrived - t->consumed;
-		if (t->shut_rd && avail) {
-			t->consumed = t->arrived; /* read side shut: what comes is dropped */
-			avail = 0;
-			credit_maybe(t);
-		}
 		if (avail && total > done) {
 			size_t want = total - done < avail ? total - done : (size_t)avail;
 			size_t c = (flags & MSG_TRUNC) ? want
@@ -1134,11 +1131,8 @@ int stream_shutdown(struct sock *s, int fd, int how)
 			if (t->state == SS_ESTAB && ctl_send(t, CTL_FIN) == 0)
 				t->fin_sent = true;
 		}
-		if (how != SHUT_WR) {
-			t->shut_rd = true;
-			t->consumed = t->arrived;
-			credit_maybe(t);
-		}
+		if (how != SHUT_WR)
+			t->shut_rd = true; /* as Linux: queued data stays readable */
 	} else if (t->state == SS_DEAD) {
 		rc = 0;
 	} else {
