@@ -20,7 +20,10 @@
  *                 a reliable transport, the source address; the source's is WRITE_RECORD
  *   disconnect    orderly close from the active side; both ends see the end
  *   refused       connect to a port nobody listens on: CONNECT_ERROR with -ECONNREFUSED
- *   rem_access    RDMA Write with a wrong STag: REM_ACCESS_ERR completion, the QP in ERROR
+ *   rem_access    RDMA Write with a wrong STag: the connection ends in error, with the reason
+ *                 where the provider has one (REM_ACCESS_ERR completion on IB/RoCE, the peer's
+ *                 Terminate in the error queue on soft; siw tells neither end)
+ *   rem_bounds    the same with the right STag beyond the region's end (siw tells the target)
  * Exit: 0 nothing failed, 1 a check failed, 2 usage, 77 the provider cannot be opened here
  * (no RDMA device for ibverbs).
  */
@@ -63,6 +66,7 @@ struct side {
 static struct side S = {.name = "server"}, C = {.name = "client"};
 static struct dgv_listener *L;
 static int npass, nfail, nskip;
+static bool iwarp_dev; /* an ibverbs iWARP device (MPA negotiated): it reports errors differently */
 static char why[512];
 
 static void result(const char *st, const char *name, const char *fmt, ...)
@@ -287,6 +291,8 @@ static int connect_pair(const struct sockaddr *dst, socklen_t dlen, struct regio
 		fail_why("QP states %d/%d after ESTABLISHED, want RTS", dgv_qp_state(S.qp), dgv_qp_state(C.qp));
 		return -1;
 	}
+	struct dgv_conn_info ci;
+	iwarp_dev = !strcmp(dgv_provider_name(C.ctx), "ibverbs") && dgv_conn_info(C.qp, &ci) == 0 && ci.mpa_rev;
 	char a[INET6_ADDRSTRLEN] = "?";
 	if (ev.info.peer.sa.sa_family == AF_INET)
 		inet_ntop(AF_INET, &ev.info.peer.sin.sin_addr, a, sizeof a);
@@ -328,6 +334,91 @@ static int server_recv_check(uint32_t len, const char *what)
 		return -1;
 	}
 	return post_recv(&S, i);
+}
+
+/* A Write the target must refuse, on a fresh connection: a wrong STag, or (bounds) the right
+ * STag beyond the region's end. The connection ends in error; who is told what depends on the
+ * provider (comments below). */
+static void rem_test(const char *name, const union dgv_sockaddr *dst, socklen_t dlen, bool bounds)
+{
+	struct region_pd rg;
+	char detail[300];
+	if (!L) {
+		result("SKIP", name, "no listener");
+	} else if (connect_pair(&dst->sa, dlen, &rg, detail, sizeof detail)) {
+		result("FAIL", name, "second connection: %s", why);
+	} else {
+		/* A device reports the target's refusal in the Write's completion; the soft provider
+		 * completes a Write once TCP has it and learns of the refusal from the Terminate that
+		 * follows (error queue, remote). Either way the QP must end in ERROR. */
+		struct dgv_wc wc;
+		struct dgv_sge sge = {(uintptr_t)C.arena, 4096, C.mr->lkey};
+		struct dgv_send_wr wr = {.wr_id = 999, .sg_list = &sge, .num_sge = 1, .opcode = DGV_WR_WRITE,
+					 .send_flags = DGV_SEND_SIGNALED, .remote_addr = bounds ? rg.addr + REGION - 2048 : rg.addr,
+					 .rkey = bounds ? rg.rkey : rg.rkey ^ 0x5a5a5a00u};
+		int rr = dgv_post_send(C.qp, &wr, NULL);
+		if (rr) {
+			result("FAIL", name, "dgv_post_send: %s", strerror(-rr));
+		} else if (wait_wc(&C, C.scq, &wc, "RDMA Write with a wrong STag")) {
+			result("FAIL", name, "%s", why);
+		} else {
+			/* wait for the requester's QP to leave RTS, collecting both ends' error queues */
+			struct dgv_async_err ce[4], se[4];
+			int nce = 0, nse = 0, st = DGV_QPS_IDLE, ended = 0;
+			for (int i = 0; i < 300; i++) {
+				pump();
+				for (int k = 0; k < C.nq; k++)
+					if (C.q[k].type == DGV_CM_DISCONNECTED || C.q[k].type == DGV_CM_PEER_CLOSED ||
+					    C.q[k].type == DGV_CM_CONNECT_ERROR)
+						ended = 1;
+				C.nq = S.nq = 0;
+				struct dgv_wc more;
+				dgv_poll_cq(C.scq, 1, &more);
+				dgv_poll_cq(S.rcq, 1, &more);
+				if (nce < 4)
+					nce += dgv_poll_errq(C.qp, 4 - nce, ce + nce);
+				if (nse < 4)
+					nse += dgv_poll_errq(S.qp, 4 - nse, se + nse);
+				st = dgv_qp_state(C.qp);
+				if ((st == DGV_QPS_ERROR || ended) && (wc.status == DGV_WC_REM_ACCESS_ERR || nce || nse))
+					break;
+				if (ended && iwarp_dev && !bounds && i > 20)
+					break; /* nothing more will come (below) */
+				dgv_cm_wait(C.ch, 10);
+			}
+			int cprot = -1, sprot = -1;
+			for (int i = 0; i < nce; i++)
+				if (cprot < 0 && ce[i].remote && ce[i].etype == 1 &&
+				    (ce[i].layer == DGV_LAYER_RDMAP || ce[i].layer == DGV_LAYER_DDP))
+					cprot = i;
+			for (int i = 0; i < nse; i++)
+				if (sprot < 0 && !se[i].remote && se[i].etype == 1)
+					sprot = i;
+			if (wc.status == DGV_WC_REM_ACCESS_ERR && st == DGV_QPS_ERROR)
+				result("PASS", name, "Write completion REM_ACCESS_ERR, QP in ERROR%s%s",
+				       nce > 0 ? "; error queue: " : "", nce > 0 ? dgv_err_str(ce[0].layer, ce[0].etype, ce[0].ecode) : "");
+			else if (cprot >= 0 && st == DGV_QPS_ERROR)
+				result("PASS", name, "Write completion %s, then the peer's Terminate (%s), QP in ERROR",
+				       st_name(wc.status), dgv_err_str(ce[cprot].layer, ce[cprot].etype, ce[cprot].ecode));
+			else if (sprot >= 0 && (ended || st == DGV_QPS_ERROR))
+				/* an iWARP device tells the target (a bounds or rights violation), which
+				 * ends the connection; the requester only sees the end */
+				result("PASS", name, "Write completion %s; the target reported %s and the requester's "
+				       "connection ended (state %d)", st_name(wc.status),
+				       dgv_err_str(se[sprot].layer, se[sprot].etype, se[sprot].ecode), st);
+			else if (iwarp_dev && !bounds && wc.status == DGV_WC_SUCCESS && (ended || st == DGV_QPS_ERROR))
+				/* siw answers an unknown STag with a Terminate and no event on either
+				 * side: the requester sees the connection end, the reason is in dmesg */
+				result("PASS", name, "Write completion SUCCESS (an iWARP Write completes when sent); the target "
+				       "ended the connection (requester state %d; no event says why on this device)", st);
+			else
+				result("FAIL", name, "Write completion %s, requester QP state %d%s, %d/%d error queue "
+				       "entries (requester/target): no remote access error reported", st_name(wc.status), st,
+				       ended ? " (connection ended)" : "", nce, nse);
+		}
+		destroy_qps();
+	}
+
 }
 
 int main(int argc, char **argv)
@@ -511,7 +602,7 @@ int main(int argc, char **argv)
 					post_recv(&S, (int)(twc.wr_id - 100));
 				result("PASS", "write_record",
 				       "%u B at offset %u byte-exact; record stag, base, length, valid bytes, 1 range, source right; %s",
-				       len, off, consumed ? "one posted receive consumed (RDMA Write with Immediate)"
+				       len, off, consumed ? "one posted receive consumed"
 							  : "no receive consumed");
 			}
 		}
@@ -563,52 +654,9 @@ independent:
 		destroy_qps();
 	}
 
-	/* ---- rem_access: a Write with a wrong STag on a fresh connection */
-	if (!L) {
-		result("SKIP", "rem_access", "no listener");
-	} else if (connect_pair(&dst.sa, dlen, &rg, detail, sizeof detail)) {
-		result("FAIL", "rem_access", "second connection: %s", why);
-	} else {
-		/* A device reports the target's refusal in the Write's completion; the soft provider
-		 * completes a Write once TCP has it and learns of the refusal from the Terminate that
-		 * follows (error queue, remote). Either way the QP must end in ERROR. */
-		struct dgv_wc wc;
-		struct dgv_sge sge = {(uintptr_t)C.arena, 4096, C.mr->lkey};
-		struct dgv_send_wr wr = {.wr_id = 999, .sg_list = &sge, .num_sge = 1, .opcode = DGV_WR_WRITE,
-					 .send_flags = DGV_SEND_SIGNALED, .remote_addr = rg.addr, .rkey = rg.rkey ^ 0x5a5a5a00u};
-		int rr = dgv_post_send(C.qp, &wr, NULL);
-		if (rr) {
-			result("FAIL", "rem_access", "dgv_post_send: %s", strerror(-rr));
-		} else if (wait_wc(&C, C.scq, &wc, "RDMA Write with a wrong STag")) {
-			result("FAIL", "rem_access", "%s", why);
-		} else {
-			int st = DGV_QPS_IDLE;
-			for (int i = 0; i < 300 && (st = dgv_qp_state(C.qp)) != DGV_QPS_ERROR; i++) {
-				pump();
-				dgv_cm_wait(C.ch, 10);
-				struct dgv_wc more;
-				dgv_poll_cq(C.scq, 1, &more);
-			}
-			struct dgv_async_err e[4];
-			int ne = dgv_poll_errq(C.qp, 4, e), prot = -1;
-			for (int i = 0; i < ne && prot < 0; i++)
-				if (e[i].remote && e[i].etype == 1 && (e[i].layer == DGV_LAYER_RDMAP || e[i].layer == DGV_LAYER_DDP))
-					prot = i;
-			if (st != DGV_QPS_ERROR)
-				result("FAIL", "rem_access", "Write completion %s, but the QP is in state %d, not ERROR",
-				       st_name(wc.status), st);
-			else if (wc.status == DGV_WC_REM_ACCESS_ERR)
-				result("PASS", "rem_access", "Write completion REM_ACCESS_ERR, QP in ERROR%s%s",
-				       ne > 0 ? "; error queue: " : "", ne > 0 ? dgv_err_str(e[0].layer, e[0].etype, e[0].ecode) : "");
-			else if (prot >= 0)
-				result("PASS", "rem_access", "Write completion %s, then the peer's Terminate (%s), QP in ERROR",
-				       st_name(wc.status), dgv_err_str(e[prot].layer, e[prot].etype, e[prot].ecode));
-			else
-				result("FAIL", "rem_access", "Write completion %s, QP in ERROR, but no remote access error "
-				       "reported (%d error queue entries)", st_name(wc.status), ne);
-		}
-		destroy_qps();
-	}
+	/* ---- rem_access and rem_bounds */
+	rem_test("rem_access", &dst, dlen, false);
+	rem_test("rem_bounds", &dst, dlen, true);
 
 	if (L)
 		dgv_listener_destroy(L);

@@ -516,6 +516,10 @@ int dgv_ibverbs_open(const struct dgv_context_attr *attr, struct dgv_context **o
 		free(ctx);
 		return -ENODEV;
 	}
+	/* async events are read from the CM calls, never waited for (qp.c) */
+	int fl = fcntl(v->async_fd, F_GETFL);
+	if (fl >= 0)
+		fcntl(v->async_fd, F_SETFL, fl | O_NONBLOCK);
 	r = iv_chan_new(ctx, &ctx->defch);
 	if (r) {
 		snprintf(open_why, sizeof open_why, "rdma_create_event_channel: %s", strerror(-r));

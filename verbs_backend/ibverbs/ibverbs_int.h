@@ -78,6 +78,22 @@ struct iv_swr {
 	uint8_t opcode;              /* enum dgv_wc_opcode */
 };
 
+/* A posted receive: its wr_id, and where its first piece is (an iWARP Write-Record's
+ * descriptor arrives there, qp.c). */
+struct iv_rwr {
+	uint64_t wr_id;
+	uint64_t addr;
+	uint32_t len;
+};
+
+/* iWARP has no immediate data: a Write-Record is an RDMA Write then a Send of this (qp.c). */
+#define IV_WREC_MAGIC "dgWRrec1"
+struct iv_wrec {
+	char magic[8];
+	uint64_t base;               /* big-endian */
+	uint32_t length, stag;       /* big-endian */
+};
+
 /* A send held until the connection is up (dgverbs.h: posting from dgv_connect on is legal). */
 struct iv_held {
 	struct dgv_send_wr wr;
@@ -98,7 +114,10 @@ struct iv_qp {
 	pthread_mutex_t lock;        /* posting (slot counters, held sends); never across a wait */
 	_Atomic int state;           /* enum dgv_qp_state */
 	struct iv_swr *sslots;       /* indexed by the device wr_id modulo nsslots */
-	uint64_t *rslots;            /* receive wr_ids, same */
+	struct iv_rwr *rslots;       /* receives, same */
+	struct iv_wrec *wrec;        /* iWARP Write-Record descriptors, one per send slot */
+	struct ibv_mr *wrec_mr;
+	struct ibv_sge *wrec_sge;
 	uint32_t nsslots, nrslots, max_sge, max_inline;
 	uint64_t shead, rhead;
 	uint8_t *held;               /* held sends, nsslots records of held_sz bytes */

@@ -23,13 +23,19 @@
  * private data sends the bare prefix: iWARP reports a refused TCP connection and an MPA
  * reject alike (-ECONNREFUSED), and only a reject carries private data.
  *
- * Write-Record on RC = RDMA Write with Immediate (docs/design.md, "The ibverbs provider"):
- * the immediate is the low 32 bits of the target address (network byte order, as
- * ibv_send_wr.imm_data); the target consumes a posted receive (the device's rule), finds the
- * remotely writable region of the QP's PD that holds [address, address + byte_len) and
- * reports DGV_WC_RECV_WRITE_RECORD with the record a reliable transport gives: that region's
- * STag, the base address, the length, all bytes valid, one range. wr_id is the consumed
- * receive's (the soft provider consumes none and reports 0).
+ * Write-Record on RC (docs/design.md, "The ibverbs provider"). The target consumes a posted
+ * receive either way (wr_id is that receive's; the soft provider consumes none and reports 0)
+ * and reports DGV_WC_RECV_WRITE_RECORD with the record a reliable transport gives: the region's
+ * STag, the base address, the length, all bytes valid, one range.
+ *  - InfiniBand/RoCE: RDMA Write with Immediate. The immediate is the low 32 bits of the
+ *    target address (network byte order, as ibv_send_wr.imm_data); the target finds the
+ *    remotely writable region of the QP's PD that holds [address, address + byte_len).
+ *  - iWARP has no immediate data: an unsignaled RDMA Write, then a Send of a 24-byte
+ *    descriptor (struct iv_wrec: "dgWRrec1", base, length, STag, big-endian) from a registered
+ *    per-QP array; RC keeps the order, so the data is placed when the Send arrives. The target
+ *    recognises a 24-byte receive that starts with the magic (in the receive's first piece) and
+ *    reports the record from it. A program's own 24-byte Send starting with "dgWRrec1" would be
+ *    taken for one: the price of a device without immediate data.
  */
 #include <endian.h>
 #include <errno.h>
@@ -181,6 +187,7 @@ static void fill_info(struct iv_qp *qp, struct rdma_cm_id *id, const struct rdma
 }
 
 static void qp_send_held(struct iv_qp *qp);
+static void errq_push(struct iv_qp *qp, uint8_t layer, uint8_t etype, uint8_t ecode, bool remote);
 
 /* Translates one rdma_cm event into 0 or 1 queued dgv events. Needs ch->lock. */
 static void chan_translate(struct iv_chan *ch, struct rdma_cm_event *rev)
@@ -317,10 +324,45 @@ static void chan_translate(struct iv_chan *ch, struct rdma_cm_event *rev)
 	chan_push(ch, &ev);
 }
 
+/*
+ * The device's asynchronous events (non-blocking: the async fd is made so at open). A QP the
+ * device put in error for a reason no completion carries (an iWARP target that refused a
+ * tagged access, a fatal error) gets an error queue entry and DGV_QPS_ERROR here, so the
+ * DISCONNECTED that follows reports an error rather than an orderly close. Called from the CM
+ * calls (the path a program watching its connection takes).
+ */
+static void async_drain(struct iv_ctx *ctx)
+{
+	struct ibv_async_event e;
+	while (ibv_get_async_event(ctx->verbs, &e) == 0) {
+		enum ibv_event_type t = e.event_type;
+		if (t == IBV_EVENT_QP_FATAL || t == IBV_EVENT_QP_REQ_ERR || t == IBV_EVENT_QP_ACCESS_ERR) {
+			/* qp_context is ours for every QP made through this provider (qp_attach) */
+			struct iv_qp *qp = e.element.qp->qp_context;
+			if (qp && qp->tag.kind == IV_QP && qp->tag.obj == qp) {
+				pthread_mutex_lock(&qp->lock);
+				if (t == IBV_EVENT_QP_ACCESS_ERR)
+					errq_push(qp, DGV_LAYER_RDMAP, 1, 0xff, false);
+				else
+					errq_push(qp, DGV_LAYER_RDMAP, t == IBV_EVENT_QP_FATAL ? 0 : 2, 0xff, false);
+				pthread_mutex_unlock(&qp->lock);
+				qp_set_state(qp, DGV_QPS_ERROR);
+				DG_INFO("ibverbs: QP %u on %s: %s", e.element.qp->qp_num, ctx->dev, ibv_event_type_str(t));
+			}
+		} else if (t == IBV_EVENT_DEVICE_FATAL || t == IBV_EVENT_PORT_ERR) {
+			DG_ERR("ibverbs: %s: %s", ctx->dev, ibv_event_type_str(t));
+		} else {
+			DG_DBG("ibverbs: %s: %s", ctx->dev, ibv_event_type_str(t));
+		}
+		ibv_ack_async_event(&e);
+	}
+}
+
 /* Reads every rdma_cm event waiting (non-blocking) into the queue. Needs ch->lock. */
 static void chan_drain(struct iv_chan *ch)
 {
 	struct rdma_cm_event *rev;
+	async_drain(to_ictx(ch->base.ctx));
 	while (ch->qn < IV_EVQ && rdma_get_cm_event(ch->rch, &rev) == 0)
 		chan_translate(ch, rev);
 }
@@ -508,6 +550,10 @@ static struct iv_qp *qp_alloc(struct iv_pd *pd, const struct dgv_qp_init_attr *a
 
 static void qp_free(struct iv_qp *qp)
 {
+	if (qp->wrec_mr)
+		ibv_dereg_mr(qp->wrec_mr);
+	free(qp->wrec);
+	free(qp->wrec_sge);
 	free(qp->sslots);
 	free(qp->rslots);
 	free(qp->held);
@@ -535,6 +581,7 @@ static int qp_attach(struct iv_qp *qp, struct rdma_cm_id *id, const struct dgv_q
 	if ((int)ia.cap.max_send_sge > ctx->dattr.max_sge)
 		ia.cap.max_send_sge = ia.cap.max_recv_sge = (uint32_t)ctx->dattr.max_sge;
 	ia.sq_sig_all = 0;
+	ia.qp_context = qp; /* async events name the QP by it (iv_async_drain) */
 	if (rdma_create_qp(id, qp->pd->pd, &ia)) {
 		ia.cap.max_inline_data = 0; /* iWARP devices may have no inline data at all */
 		if (rdma_create_qp(id, qp->pd->pd, &ia)) {
@@ -554,7 +601,16 @@ static int qp_attach(struct iv_qp *qp, struct rdma_cm_id *id, const struct dgv_q
 	qp->rslots = calloc(qp->nrslots, sizeof *qp->rslots);
 	qp->held = calloc(qp->nsslots, qp->held_sz);
 	int r = 0;
-	if (!qp->sslots || !qp->rslots || !qp->held)
+	if (ctx->iwarp) {
+		/* Write-Record descriptors: registered once, one per send slot */
+		qp->wrec = calloc(qp->nsslots, sizeof *qp->wrec);
+		qp->wrec_sge = calloc(qp->nsslots, sizeof *qp->wrec_sge);
+		if (qp->wrec && qp->wrec_sge &&
+		    (qp->wrec_mr = ibv_reg_mr(qp->pd->pd, qp->wrec, qp->nsslots * sizeof *qp->wrec, IBV_ACCESS_LOCAL_WRITE)))
+			for (uint32_t i = 0; i < qp->nsslots; i++)
+				qp->wrec_sge[i] = (struct ibv_sge){(uintptr_t)&qp->wrec[i], sizeof *qp->wrec, qp->wrec_mr->lkey};
+	}
+	if (!qp->sslots || !qp->rslots || !qp->held || (ctx->iwarp && !qp->wrec_mr))
 		r = -ENOMEM;
 	else if ((r = cq_add_qp(qp->scq, qp)) == 0 && qp->rcq != qp->scq && (r = cq_add_qp(qp->rcq, qp)))
 		cq_del_qp(qp->scq, qp);
@@ -646,73 +702,108 @@ static const char *op_name(enum dgv_wr_opcode op)
 	}
 }
 
-/* Posts a chain on the device. Needs qp->lock. */
+/* Fills w for one dgv WR (the second half of an iWARP Write-Record into w2). Returns the number of
+ * device WRs (1 or 2) or -errno. */
+static int build_send(struct iv_qp *qp, const struct dgv_send_wr *wr, uint64_t slot, struct ibv_send_wr *w,
+		      struct ibv_send_wr *w2)
+{
+	uint32_t len = 0;
+	uint8_t wc_op;
+	if (wr->num_sge < 0 || (uint32_t)wr->num_sge > qp->max_sge || (wr->num_sge && !wr->sg_list))
+		return -EINVAL;
+	for (int i = 0; i < wr->num_sge; i++)
+		len += wr->sg_list[i].length;
+	memset(w, 0, sizeof *w);
+	w->sg_list = (struct ibv_sge *)wr->sg_list;
+	w->num_sge = wr->num_sge;
+	w->send_flags = wr->send_flags & DGV_SEND_SIGNALED ? IBV_SEND_SIGNALED : 0;
+	w->wr.rdma.remote_addr = wr->remote_addr;
+	w->wr.rdma.rkey = wr->rkey;
+	switch (wr->opcode) {
+	case DGV_WR_SEND_SE:
+		w->send_flags |= IBV_SEND_SOLICITED;
+		/* fall through */
+	case DGV_WR_SEND:
+		w->opcode = IBV_WR_SEND;
+		wc_op = DGV_WC_SEND;
+		break;
+	case DGV_WR_SEND_SE_INV:
+		w->send_flags |= IBV_SEND_SOLICITED;
+		/* fall through */
+	case DGV_WR_SEND_INV:
+		w->opcode = IBV_WR_SEND_WITH_INV;
+		w->invalidate_rkey = wr->invalidate_rkey;
+		wc_op = DGV_WC_SEND;
+		break;
+	case DGV_WR_WRITE:
+		w->opcode = IBV_WR_RDMA_WRITE;
+		wc_op = DGV_WC_WRITE;
+		break;
+	case DGV_WR_WRITE_RECORD:
+		wc_op = DGV_WC_WRITE_RECORD;
+		if (!qp->wrec) {
+			w->opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+			w->imm_data = htobe32((uint32_t)wr->remote_addr);
+			break;
+		}
+		/* iWARP: the Write, unsignaled, then the descriptor as a Send that completes the WR
+		 * (RC keeps their order, so the target has the data when the Send arrives) */
+		w->opcode = IBV_WR_RDMA_WRITE;
+		w->send_flags &= ~(unsigned)IBV_SEND_SIGNALED;
+		struct iv_wrec *d = &qp->wrec[(slot + 1) % qp->nsslots];
+		memcpy(d->magic, IV_WREC_MAGIC, sizeof d->magic);
+		d->base = htobe64(wr->remote_addr);
+		d->length = htobe32(len);
+		d->stag = htobe32(wr->rkey);
+		memset(w2, 0, sizeof *w2);
+		w2->opcode = IBV_WR_SEND;
+		w2->send_flags = wr->send_flags & DGV_SEND_SIGNALED ? IBV_SEND_SIGNALED : 0;
+		w2->sg_list = &qp->wrec_sge[(slot + 1) % qp->nsslots];
+		w2->num_sge = 1;
+		w2->wr_id = slot + 1;
+		qp->sslots[slot % qp->nsslots] = (struct iv_swr){.wr_id = wr->wr_id, .len = len, .opcode = wc_op};
+		qp->sslots[(slot + 1) % qp->nsslots] = qp->sslots[slot % qp->nsslots];
+		w->wr_id = slot;
+		w->next = w2;
+		return 2;
+	case DGV_WR_READ:
+		w->opcode = IBV_WR_RDMA_READ;
+		wc_op = DGV_WC_READ;
+		break;
+	default:
+		DG_WARN("ibverbs: %s work requests are not supported on an RC QP of a device", op_name(wr->opcode));
+		return -EOPNOTSUPP;
+	}
+	if (len <= qp->max_inline && wr->opcode != DGV_WR_READ && len)
+		w->send_flags |= IBV_SEND_INLINE; /* copied at post time: no DMA read later */
+	qp->sslots[slot % qp->nsslots] = (struct iv_swr){.wr_id = wr->wr_id, .len = len, .opcode = wc_op};
+	w->wr_id = slot;
+	return 1;
+}
+
+/* Posts a chain on the device, up to B device WRs per ibv_post_send. Needs qp->lock. */
 static int post_now(struct iv_qp *qp, struct dgv_send_wr *wr, struct dgv_send_wr **bad)
 {
 	enum { B = 16 };
 	struct ibv_send_wr iw[B], *ibad;
 	struct dgv_send_wr *src[B];
-	while (wr) {
+	int err = 0;
+	while (wr && !err) {
 		int n = 0;
-		for (; wr && n < B; wr = wr->next, n++) {
-			struct ibv_send_wr *w = &iw[n];
-			uint32_t len = 0;
-			if (wr->num_sge < 0 || (uint32_t)wr->num_sge > qp->max_sge || (wr->num_sge && !wr->sg_list)) {
+		for (; wr && n < B - 1; wr = wr->next) {
+			int k = build_send(qp, wr, qp->shead + (uint64_t)n, &iw[n], &iw[n + 1]);
+			if (k < 0) {
+				err = k;
 				*bad = wr;
-				goto flush_err_einval;
+				break;
 			}
-			for (int i = 0; i < wr->num_sge; i++)
-				len += wr->sg_list[i].length;
-			memset(w, 0, sizeof *w);
-			w->sg_list = (struct ibv_sge *)wr->sg_list;
-			w->num_sge = wr->num_sge;
-			w->send_flags = wr->send_flags & DGV_SEND_SIGNALED ? IBV_SEND_SIGNALED : 0;
-			w->wr.rdma.remote_addr = wr->remote_addr;
-			w->wr.rdma.rkey = wr->rkey;
-			uint8_t wc_op;
-			switch (wr->opcode) {
-			case DGV_WR_SEND_SE:
-				w->send_flags |= IBV_SEND_SOLICITED;
-				/* fall through */
-			case DGV_WR_SEND:
-				w->opcode = IBV_WR_SEND;
-				wc_op = DGV_WC_SEND;
-				break;
-			case DGV_WR_SEND_SE_INV:
-				w->send_flags |= IBV_SEND_SOLICITED;
-				/* fall through */
-			case DGV_WR_SEND_INV:
-				w->opcode = IBV_WR_SEND_WITH_INV;
-				w->invalidate_rkey = wr->invalidate_rkey;
-				wc_op = DGV_WC_SEND;
-				break;
-			case DGV_WR_WRITE:
-				w->opcode = IBV_WR_RDMA_WRITE;
-				wc_op = DGV_WC_WRITE;
-				break;
-			case DGV_WR_WRITE_RECORD:
-				w->opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
-				w->imm_data = htobe32((uint32_t)wr->remote_addr);
-				wc_op = DGV_WC_WRITE_RECORD;
-				break;
-			case DGV_WR_READ:
-				w->opcode = IBV_WR_RDMA_READ;
-				wc_op = DGV_WC_READ;
-				break;
-			default:
-				DG_WARN("ibverbs: %s work requests are not supported on an RC QP of a device",
-					op_name(wr->opcode));
-				*bad = wr;
-				goto flush_err_opnotsupp;
-			}
-			if (len <= qp->max_inline && wr->opcode != DGV_WR_READ && len)
-				w->send_flags |= IBV_SEND_INLINE; /* copied at post time: no DMA read later */
-			uint64_t slot = qp->shead + (uint64_t)n;
-			qp->sslots[slot % qp->nsslots] = (struct iv_swr){.wr_id = wr->wr_id, .len = len, .opcode = wc_op};
-			w->wr_id = slot;
-			w->next = &iw[n + 1];
-			src[n] = wr;
+			for (int i = 0; i < k; i++)
+				src[n + i] = wr;
+			n += k;
+			iw[n - 1].next = &iw[n];
 		}
+		if (!n)
+			break;
 		iw[n - 1].next = NULL;
 		int r = ibv_post_send(qp->qp, iw, &ibad);
 		if (r) {
@@ -722,26 +813,8 @@ static int post_now(struct iv_qp *qp, struct dgv_send_wr *wr, struct dgv_send_wr
 			return -r;
 		}
 		qp->shead += (uint64_t)n;
-		continue;
-	flush_err_einval:
-	flush_err_opnotsupp:;
-		/* post what came before the bad one, then fail at it */
-		struct dgv_send_wr *badwr = *bad;
-		int err = badwr->num_sge < 0 || (uint32_t)badwr->num_sge > qp->max_sge ? -EINVAL : -EOPNOTSUPP;
-		if (n) {
-			iw[n - 1].next = NULL;
-			r = ibv_post_send(qp->qp, iw, &ibad);
-			if (r) {
-				int k = (int)(ibad - iw);
-				qp->shead += (uint64_t)k;
-				*bad = src[k];
-				return -r;
-			}
-			qp->shead += (uint64_t)n;
-		}
-		return err;
 	}
-	return 0;
+	return err;
 }
 
 /* Posts the sends held while the connection was being made. Needs qp->lock. */
@@ -801,7 +874,9 @@ int iv_post_recv(struct dgv_qp *qb, struct dgv_recv_wr *wr, struct dgv_recv_wr *
 				break;
 			}
 			uint64_t slot = qp->rhead + (uint64_t)n;
-			qp->rslots[slot % qp->nrslots] = wr->wr_id;
+			qp->rslots[slot % qp->nrslots] = (struct iv_rwr){
+				.wr_id = wr->wr_id, .addr = wr->num_sge ? wr->sg_list[0].addr : 0,
+				.len = wr->num_sge ? wr->sg_list[0].length : 0};
 			iw[n] = (struct ibv_recv_wr){.wr_id = slot | RECV_BIT, .next = &iw[n + 1],
 						     .sg_list = (struct ibv_sge *)wr->sg_list, .num_sge = wr->num_sge};
 			src[n] = wr;
@@ -863,7 +938,8 @@ static bool convert(struct iv_cq *cq, const struct ibv_wc *w, struct dgv_wc *o, 
 	o->status = map_status(w->status);
 	o->qp = &qp->base;
 	if (w->wr_id & RECV_BIT) {
-		o->wr_id = qp->rslots[(w->wr_id & ~RECV_BIT) % qp->nrslots];
+		const struct iv_rwr *rs = &qp->rslots[(w->wr_id & ~RECV_BIT) % qp->nrslots];
+		o->wr_id = rs->wr_id;
 		o->opcode = DGV_WC_RECV;
 		o->src = qp->info.peer;
 		o->src_len = qp->info.peer_len;
@@ -876,7 +952,18 @@ static bool convert(struct iv_cq *cq, const struct ibv_wc *w, struct dgv_wc *o, 
 				o->flags |= DGV_WC_WITH_INV;
 				o->invalidated_rkey = w->invalidated_rkey;
 			}
-			if (w->opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
+			struct iv_wrec d;
+			if (qp->wrec && w->opcode == IBV_WC_RECV && w->byte_len == sizeof d && rs->len >= sizeof d &&
+			    (memcpy(&d, (void *)(uintptr_t)rs->addr, sizeof d), !memcmp(d.magic, IV_WREC_MAGIC, sizeof d.magic))) {
+				/* an iWARP Write-Record's descriptor (header comment) */
+				uint32_t len = be32toh(d.length);
+				o->opcode = DGV_WC_RECV_WRITE_RECORD;
+				o->byte_len = len;
+				qp->st.rx_bytes += len - (uint32_t)sizeof d;
+				cq->ranges[idx] = (struct dgv_range){0, len};
+				o->record = (struct dgv_record){.stag = be32toh(d.stag), .base = be64toh(d.base), .length = len,
+								.valid_bytes = len, .nranges = 1, .ranges = &cq->ranges[idx]};
+			} else if (w->opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
 				uint32_t lo = be32toh(w->imm_data);
 				o->opcode = DGV_WC_RECV_WRITE_RECORD;
 				cq->ranges[idx] = (struct dgv_range){0, w->byte_len};
@@ -905,7 +992,7 @@ static bool convert(struct iv_cq *cq, const struct ibv_wc *w, struct dgv_wc *o, 
 		bool rem = o->status == DGV_WC_REM_ACCESS_ERR || o->status == DGV_WC_REM_OP_ERR;
 		pthread_mutex_lock(&qp->lock);
 		errq_push(qp, rem ? DGV_LAYER_RDMAP : DGV_LAYER_LLP, o->status == DGV_WC_REM_ACCESS_ERR ? 1 : 2,
-			  o->status == DGV_WC_REM_ACCESS_ERR ? 0x00 : 0xff, rem);
+			  0xff, rem); /* the device does not say which check failed */
 		pthread_mutex_unlock(&qp->lock);
 		qp_set_state(qp, DGV_QPS_ERROR);
 		DG_INFO("ibverbs: QP %u: %s completion %s (vendor error %#x)", w->qp_num,
