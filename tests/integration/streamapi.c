@@ -1,0 +1,1235 @@
+/*
+ * streamapi - the stream (TCP) socket calls a program sees, checked natively and under
+ * libdgshim.so with both ends preloaded (issue 4: "stream sockets behave as the kernel's").
+ *
+ *   streamapi PORT      uses 127.0.0.1:PORT (listener), PORT+1 (listener with a full backlog)
+ *                       and PORT+2 (nothing listens: refused)
+ *
+ * One process forks before it makes any socket: the child is the server (it listens and
+ * accepts), the parent the client. They keep step over an AF_UNIX socketpair (which the shim
+ * leaves to the OS) and each runs its half of every case on a fresh TCP connection. Every check
+ * prints "ok <name>: detail" or "FAIL <name>: detail"; a difference the shim is known to have
+ * (documented in docs/shim.md, "Limits") prints "KNOWN <name>: ..." instead of failing. Exit 1
+ * when any check failed (either process), else 0.
+ *
+ * Every expectation is what Linux does (the native run of streamapi.sh proves it): where the
+ * kernel's answer depends on timing (a send racing the peer's RST), the check accepts only the
+ * answers the kernel can give. Under the shim (getsockopt(SOL_IWARP) answers) each connection
+ * must also be carried (IWARP_TAKEN = 1), or the checks would only test the kernel again.
+ *
+ * Cases, in order (client / server):
+ *   names      getsockname/getpeername both ends, accept()'s address, no O_NONBLOCK/FD_CLOEXEC
+ *              after accept(), TCP_NODELAY read before and after set (1 and 0), a second
+ *              connect after a blocking one -> EISCONN
+ *   accept4    accept4(SOCK_NONBLOCK|SOCK_CLOEXEC): flags visible through fcntl, the accepted
+ *              socket does not block (EAGAIN), then data arrives (poll POLLIN)
+ *   reads      MSG_DONTWAIT on an empty stream -> EAGAIN, O_NONBLOCK -> EAGAIN, FIONREAD 0,
+ *              SO_RCVTIMEO -> EAGAIN after the timeout, FIONREAD counts what arrived (and what
+ *              is left after a short read), MSG_PEEK, MSG_WAITALL with SO_RCVTIMEO returns the
+ *              part that arrived
+ *   sndtimeo   SO_SNDTIMEO with a peer that does not read: once the buffers are full a send ends
+ *              after the timeout (short count, or EAGAIN)
+ *   nbconnect  non-blocking connect: EINPROGRESS, POLLOUT, SO_ERROR 0, connect -> 0, -> EISCONN
+ *   ealready   non-blocking connect to a listener whose backlog is full: EINPROGRESS, then
+ *              EALREADY while in progress; once accepted: POLLOUT, SO_ERROR 0, 0, EISCONN
+ *   refused    non-blocking connect to a closed port: SO_ERROR ECONNREFUSED once, then 0;
+ *              blocking connect -> ECONNREFUSED
+ *   shutwr     client SHUT_WR: its send -> EPIPE + SIGPIPE, MSG_NOSIGNAL -> EPIPE without,
+ *              write() -> EPIPE + SIGPIPE, POLLOUT; server: POLLIN|POLLRDHUP (poll, epoll),
+ *              data then 0, 0, can still send; server SHUT_WR -> POLLHUP on both ends
+ *   shutrd     client SHUT_RD with 5 bytes queued: recv returns them, then 0 without waiting,
+ *              POLLIN|POLLRDHUP without POLLHUP; the client can still send; the server's sends
+ *              succeed and (Linux) the client still reads what arrives after its SHUT_RD
+ *   shutrdwr   client SHUT_RDWR: recv 0, send EPIPE, POLLIN|POLLOUT|POLLHUP|POLLRDHUP;
+ *              server sees end of stream and POLLRDHUP
+ *   close      client sends then closes: server POLLIN|POLLRDHUP (no POLLHUP), data, 0, 0;
+ *              its sends end in EPIPE (SIGPIPE counted; MSG_NOSIGNAL: no signal), then POLLHUP
+ *   wake       the server waits in poll (epoll_wait) when the client shuts (closes) a connection:
+ *              the wait ends with POLLIN|POLLRDHUP
+ *   linger0    SO_LINGER {1,0} read back; client sends and closes at once: server POLLIN|POLLHUP|
+ *              POLLRDHUP, reads the data, then ECONNRESET, then 0; send -> EPIPE
+ *   lingern    SO_LINGER {1,3}: 1 MiB written, close returns within the linger time once the
+ *              data is out; server reads every byte (verified) then 0
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/sockios.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dgshim.h"
+
+#define WATCHDOG_S 60
+#define LINGER_BYTES (1u << 20)
+
+static const char *role = "?";
+static int port;
+static int ctl = -1;          /* the other process, over AF_UNIX */
+static int fails;
+static int shim;              /* 1: libdgshim.so answers SOL_IWARP */
+static const char *cur = "start";
+static volatile sig_atomic_t sigpipes;
+
+/* ------------------------------------------------------------------ reporting */
+
+static void vreport(const char *kind, const char *name, const char *fmt, va_list ap)
+{
+	char msg[512];
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	printf("%s %s.%s: %s: %s\n", kind, cur, name, role, msg);
+	fflush(stdout);
+}
+
+/* check COND NAME FMT...: one result line. Returns cond. */
+static bool check(bool cond, const char *name, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vreport(cond ? "ok" : "FAIL", name, fmt, ap);
+	va_end(ap);
+	if (!cond)
+		fails++;
+	return cond;
+}
+
+/* A fatal problem in the test's own machinery (sync lost, socket() failed): report, end. */
+static void die(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vreport("FAIL", "fatal", fmt, ap);
+	va_end(ap);
+	exit(1);
+}
+
+static void on_alarm(int sig)
+{
+	(void)sig;
+	static const char m[] = "FAIL watchdog: a case hung (60 s)\n";
+	ssize_t r = write(1, m, sizeof m - 1);
+	(void)r;
+	_exit(1);
+}
+
+static void on_pipe(int sig)
+{
+	(void)sig;
+	sigpipes++;
+}
+
+static double now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static void sleep_ms(int ms)
+{
+	struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+	while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+		;
+}
+
+static const char *ename(int e)
+{
+	switch (e) {
+	case 0: return "0";
+	case EAGAIN: return "EAGAIN";
+	case EPIPE: return "EPIPE";
+	case ECONNRESET: return "ECONNRESET";
+	case ECONNREFUSED: return "ECONNREFUSED";
+	case EINPROGRESS: return "EINPROGRESS";
+	case EALREADY: return "EALREADY";
+	case EISCONN: return "EISCONN";
+	case ENOTCONN: return "ENOTCONN";
+	case EINVAL: return "EINVAL";
+	case ETIMEDOUT: return "ETIMEDOUT";
+	default: return strerror(e);
+	}
+}
+
+/* "3" or "-1 EAGAIN": a call's result for a detail */
+static const char *res(ssize_t r, int e)
+{
+	static char b[4][64];
+	static int i;
+	char *p = b[i++ & 3];
+	if (r < 0)
+		snprintf(p, 64, "-1 %s", ename(e));
+	else
+		snprintf(p, 64, "%zd", r);
+	return p;
+}
+
+static const char *pollstr(int ev)
+{
+	static char b[4][96];
+	static int i;
+	char *p = b[i++ & 3];
+	p[0] = 0;
+	static const struct { int bit; const char *n; } names[] = {
+		{POLLIN, "IN"}, {POLLPRI, "PRI"}, {POLLOUT, "OUT"}, {POLLERR, "ERR"}, {POLLHUP, "HUP"},
+		{POLLNVAL, "NVAL"}, {POLLRDHUP, "RDHUP"}};
+	for (size_t k = 0; k < sizeof names / sizeof names[0]; k++)
+		if (ev & names[k].bit)
+			snprintf(p + strlen(p), 96 - strlen(p), "%s%s", p[0] ? "|" : "", names[k].n);
+	if (!p[0])
+		strcpy(p, "0");
+	return p;
+}
+
+/* ------------------------------------------------------------------ keeping step */
+
+/* Tags are 16 bytes on the control socket; a mismatch means the two halves lost step. */
+static void say(const char *tag)
+{
+	char b[16] = {0};
+	strncpy(b, tag, sizeof b - 1);
+	if (write(ctl, b, sizeof b) != (ssize_t)sizeof b)
+		die("control socket write (%s): %s", tag, strerror(errno));
+}
+
+static void ctl_read(void *p, size_t n, const char *what)
+{
+	size_t got = 0;
+	while (got < n) {
+		struct pollfd pf = {.fd = ctl, .events = POLLIN};
+		int r = poll(&pf, 1, 30000);
+		if (r == 0)
+			die("waiting for the other side (%s): 30 s without word", what);
+		if (r < 0) {
+			if (errno == EINTR)
+				continue;
+			die("poll on the control socket: %s", strerror(errno));
+		}
+		ssize_t k = read(ctl, (char *)p + got, n - got);
+		if (k == 0)
+			die("the other side ended while we waited for %s", what);
+		if (k < 0) {
+			if (errno == EINTR)
+				continue;
+			die("control socket read: %s", strerror(errno));
+		}
+		got += (size_t)k;
+	}
+}
+
+static void hear(const char *tag)
+{
+	char b[16];
+	ctl_read(b, sizeof b, tag);
+	if (strncmp(b, tag, sizeof b - 1))
+		die("out of step: expected '%s' from the other side, got '%.15s'", tag, b);
+}
+
+static void put_data(const void *p, size_t n)
+{
+	if (write(ctl, p, n) != (ssize_t)n)
+		die("control socket write: %s", strerror(errno));
+}
+
+/* ------------------------------------------------------------------ sockets */
+
+static struct sockaddr_in addr_of(int p)
+{
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)p)};
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	return a;
+}
+
+static int tcp_socket(int flags)
+{
+	int fd = socket(AF_INET, SOCK_STREAM | flags, 0);
+	if (fd < 0)
+		die("socket: %s", strerror(errno));
+	return fd;
+}
+
+static int listen_on(int p, int backlog)
+{
+	int fd = tcp_socket(0), one = 1;
+	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+	struct sockaddr_in a = addr_of(p);
+	if (bind(fd, (struct sockaddr *)&a, sizeof a) < 0)
+		die("bind 127.0.0.1:%d: %s", p, strerror(errno));
+	if (listen(fd, backlog) < 0)
+		die("listen: %s", strerror(errno));
+	return fd;
+}
+
+static int connect_block(void)
+{
+	int fd = tcp_socket(0);
+	struct sockaddr_in a = addr_of(port);
+	if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0)
+		die("connect 127.0.0.1:%d: %s", port, strerror(errno));
+	return fd;
+}
+
+static int accept_one(int ls, int flags)
+{
+	int fd = flags ? accept4(ls, NULL, NULL, flags) : accept(ls, NULL, NULL);
+	if (fd < 0)
+		die("accept: %s", strerror(errno));
+	return fd;
+}
+
+/* Under the shim a connection between two preloaded ends must be carried over RC. */
+static void check_carried(int fd)
+{
+	if (!shim)
+		return;
+	int v = -1;
+	socklen_t l = sizeof v;
+	int r = getsockopt(fd, SOL_IWARP, IWARP_TAKEN, &v, &l);
+	check(r == 0 && v == 1, "carried", "IWARP_TAKEN = %d (%s): %s", v, res(r, errno),
+	      v == 1 ? "carried over RC" : "the connection is plain TCP: these checks test the kernel only");
+}
+
+static int pollrev(int fd, short events, int ms)
+{
+	struct pollfd p = {.fd = fd, .events = events};
+	int r = poll(&p, 1, ms);
+	return r < 0 ? -1 : p.revents;
+}
+
+/* epoll_wait on fd alone with EVENTS; returns the events reported (0: none within ms). */
+static int epollrev(int fd, uint32_t events, int ms)
+{
+	int ep = epoll_create1(EPOLL_CLOEXEC);
+	if (ep < 0)
+		die("epoll_create1: %s", strerror(errno));
+	struct epoll_event ev = {.events = events, .data.u32 = 7};
+	if (epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) < 0)
+		die("epoll_ctl ADD: %s", strerror(errno));
+	struct epoll_event out = {0};
+	int n = epoll_wait(ep, &out, 1, ms);
+	close(ep);
+	if (n == 1 && out.data.u32 != 7)
+		return -2;
+	return n == 1 ? (int)out.events : n;
+}
+
+static bool eq_addr(const struct sockaddr_in *a, const struct sockaddr_in *b)
+{
+	return a->sin_family == b->sin_family && a->sin_port == b->sin_port &&
+	       a->sin_addr.s_addr == b->sin_addr.s_addr;
+}
+
+static const char *astr(const struct sockaddr_in *a)
+{
+	static char b[4][48];
+	static int i;
+	char *p = b[i++ & 3], ip[INET_ADDRSTRLEN] = "?";
+	inet_ntop(AF_INET, &a->sin_addr, ip, sizeof ip);
+	snprintf(p, 48, "%s:%u", ip, ntohs(a->sin_port));
+	return p;
+}
+
+/* recv into a fresh buffer; the result and errno in *e */
+static ssize_t rcv(int fd, char *buf, size_t len, int flags, int *e)
+{
+	errno = 0;
+	ssize_t r = recv(fd, buf, len, flags);
+	*e = errno;
+	return r;
+}
+
+static ssize_t snd(int fd, const char *buf, size_t len, int flags, int *e)
+{
+	errno = 0;
+	ssize_t r = send(fd, buf, len, flags);
+	*e = errno;
+	return r;
+}
+
+/* ------------------------------------------------------------------ cases */
+
+static void c_names(void)
+{
+	int fd = connect_block();
+	check_carried(fd);
+	struct sockaddr_in me, peer;
+	socklen_t ml = sizeof me, pl = sizeof peer;
+	memset(&me, 0, sizeof me), memset(&peer, 0, sizeof peer);
+	int r1 = getsockname(fd, (struct sockaddr *)&me, &ml);
+	int r2 = getpeername(fd, (struct sockaddr *)&peer, &pl);
+	struct sockaddr_in want = addr_of(port);
+	check(r1 == 0 && ml == sizeof me && me.sin_family == AF_INET && me.sin_port != 0 &&
+		      me.sin_addr.s_addr == htonl(INADDR_LOOPBACK),
+	      "getsockname", "%s len %u", astr(&me), (unsigned)ml);
+	check(r2 == 0 && pl == sizeof peer && eq_addr(&peer, &want), "getpeername", "%s len %u (want %s)",
+	      astr(&peer), (unsigned)pl, astr(&want));
+	put_data(&me, sizeof me);
+	put_data(&peer, sizeof peer);
+	/* TCP_NODELAY: off on a new connection, and reads back what was set */
+	int v = -1;
+	socklen_t l = sizeof v;
+	int r = getsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &v, &l);
+	check(r == 0 && v == 0, "nodelay_default", "TCP_NODELAY before any setsockopt: %d (%s)", v, res(r, errno));
+	int one = 1, zero = 0;
+	r = setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+	v = -1;
+	getsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &v, &l);
+	check(r == 0 && v == 1, "nodelay_set", "set 1 (%s), read back %d", res(r, errno), v);
+	r = setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &zero, sizeof zero);
+	v = -1;
+	getsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &v, &l);
+	check(r == 0 && v == 0, "nodelay_clear", "set 0 (%s), read back %d", res(r, errno), v);
+	/* a second connect on a connected socket */
+	errno = 0;
+	r = connect(fd, (struct sockaddr *)&want, sizeof want);
+	check(r < 0 && errno == EISCONN, "connect_again", "connect after a blocking connect: %s (want -1 EISCONN)",
+	      res(r, errno));
+	int e;
+	ssize_t n = snd(fd, "ping", 4, 0, &e);
+	check(n == 4, "send", "%s", res(n, e));
+	hear("names-done");
+	close(fd);
+}
+
+static void s_names(int ls)
+{
+	struct sockaddr_in from;
+	socklen_t fl = sizeof from;
+	memset(&from, 0, sizeof from);
+	int fd = accept(ls, (struct sockaddr *)&from, &fl);
+	if (fd < 0)
+		die("accept: %s", strerror(errno));
+	check_carried(fd);
+	int fl_ = fcntl(fd, F_GETFL), fd_ = fcntl(fd, F_GETFD);
+	check(fl_ >= 0 && !(fl_ & O_NONBLOCK) && fd_ >= 0 && !(fd_ & FD_CLOEXEC), "accept_flags",
+	      "accept(): O_NONBLOCK %d FD_CLOEXEC %d (want 0 0)", !!(fl_ & O_NONBLOCK), !!(fd_ & FD_CLOEXEC));
+	struct sockaddr_in me, peer, cme, cpeer;
+	socklen_t ml = sizeof me, pl = sizeof peer;
+	memset(&me, 0, sizeof me), memset(&peer, 0, sizeof peer);
+	int r1 = getsockname(fd, (struct sockaddr *)&me, &ml);
+	int r2 = getpeername(fd, (struct sockaddr *)&peer, &pl);
+	ctl_read(&cme, sizeof cme, "client's names");
+	ctl_read(&cpeer, sizeof cpeer, "client's names");
+	check(fl == sizeof from && eq_addr(&from, &cme), "accept_addr", "accept() says %s, the client is %s",
+	      astr(&from), astr(&cme));
+	check(r1 == 0 && eq_addr(&me, &cpeer), "getsockname", "%s, the client's peer %s", astr(&me), astr(&cpeer));
+	check(r2 == 0 && pl == sizeof peer && eq_addr(&peer, &cme), "getpeername", "%s, the client's name %s",
+	      astr(&peer), astr(&cme));
+	int v = -1;
+	socklen_t l = sizeof v;
+	int r = getsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &v, &l);
+	check(r == 0 && v == 0, "nodelay_default", "accepted socket's TCP_NODELAY: %d (%s)", v, res(r, errno));
+	int one = 1;
+	r = setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+	v = -1;
+	getsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &v, &l);
+	check(r == 0 && v == 1, "nodelay_set", "set 1 (%s), read back %d", res(r, errno), v);
+	char b[16] = {0};
+	int e;
+	ssize_t n = recv(fd, b, sizeof b, 0);
+	e = errno;
+	check(n == 4 && !memcmp(b, "ping", 4), "recv", "%s '%.*s'", res(n, e), n > 0 ? (int)n : 0, b);
+	say("names-done");
+	close(fd);
+}
+
+static void c_accept4(void)
+{
+	int fd = connect_block();
+	check_carried(fd);
+	hear("a4-ready");
+	int e;
+	ssize_t n = snd(fd, "four", 4, 0, &e);
+	check(n == 4, "send", "%s", res(n, e));
+	hear("a4-done");
+	close(fd);
+}
+
+static void s_accept4(int ls)
+{
+	int fd = accept_one(ls, SOCK_NONBLOCK | SOCK_CLOEXEC);
+	check_carried(fd);
+	int fl = fcntl(fd, F_GETFL), fdf = fcntl(fd, F_GETFD);
+	check(fl >= 0 && (fl & O_NONBLOCK), "nonblock", "fcntl(F_GETFL) & O_NONBLOCK = %d", !!(fl & O_NONBLOCK));
+	check(fdf >= 0 && (fdf & FD_CLOEXEC), "cloexec", "fcntl(F_GETFD) & FD_CLOEXEC = %d", !!(fdf & FD_CLOEXEC));
+	char b[16];
+	int e;
+	double t0 = now_ms();
+	ssize_t n = rcv(fd, b, sizeof b, 0, &e);
+	check(n < 0 && e == EAGAIN && now_ms() - t0 < 500, "recv_empty", "recv on the empty non-blocking socket: %s",
+	      res(n, e));
+	say("a4-ready");
+	int rev = pollrev(fd, POLLIN, 5000);
+	check(rev == POLLIN, "pollin", "poll(POLLIN): %s", pollstr(rev));
+	n = rcv(fd, b, sizeof b, 0, &e);
+	check(n == 4 && !memcmp(b, "four", 4), "recv", "%s", res(n, e));
+	/* O_NONBLOCK cleared through fcntl: the socket blocks again (SO_RCVTIMEO bounds it) */
+	fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+	struct timeval tv = {0, 200000};
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	t0 = now_ms();
+	n = rcv(fd, b, sizeof b, 0, &e);
+	double dt = now_ms() - t0;
+	check(n < 0 && e == EAGAIN && dt >= 150, "blocks_after_fcntl", "recv after clearing O_NONBLOCK: %s after %.0f ms",
+	      res(n, e), dt);
+	say("a4-done");
+	close(fd);
+}
+
+static void c_reads(void)
+{
+	int fd = connect_block();
+	check_carried(fd);
+	char b[64];
+	int e, v = -1;
+	ssize_t n = rcv(fd, b, sizeof b, MSG_DONTWAIT, &e);
+	check(n < 0 && e == EAGAIN, "dontwait_empty", "recv(MSG_DONTWAIT) on an empty stream: %s", res(n, e));
+	n = rcv(fd, b, sizeof b, MSG_DONTWAIT | MSG_PEEK, &e);
+	check(n < 0 && e == EAGAIN, "peek_dontwait_empty", "recv(MSG_PEEK|MSG_DONTWAIT): %s", res(n, e));
+	int fl = fcntl(fd, F_GETFL);
+	fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+	n = rcv(fd, b, sizeof b, 0, &e);
+	check(n < 0 && e == EAGAIN, "nonblock_empty", "recv with O_NONBLOCK: %s", res(n, e));
+	errno = 0;
+	n = read(fd, b, sizeof b);
+	e = errno;
+	check(n < 0 && e == EAGAIN, "read_nonblock_empty", "read with O_NONBLOCK: %s", res(n, e));
+	fcntl(fd, F_SETFL, fl);
+	int r = ioctl(fd, FIONREAD, &v);
+	check(r == 0 && v == 0, "fionread_empty", "FIONREAD %d (%s)", v, res(r, errno));
+	int rev = pollrev(fd, POLLIN | POLLRDHUP, 0);
+	check(rev == 0, "poll_quiet", "poll(POLLIN|POLLRDHUP) on a quiet stream: %s", pollstr(rev));
+	struct timeval tv = {0, 300000}, got = {0, 0};
+	socklen_t tl = sizeof got;
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	getsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &got, &tl);
+	check(got.tv_sec == 0 && got.tv_usec == 300000, "rcvtimeo_get", "SO_RCVTIMEO read back %ld.%06ld",
+	      (long)got.tv_sec, (long)got.tv_usec);
+	double t0 = now_ms();
+	n = rcv(fd, b, sizeof b, 0, &e);
+	double dt = now_ms() - t0;
+	check(n < 0 && e == EAGAIN && dt >= 250 && dt < 3000, "rcvtimeo", "recv: %s after %.0f ms (timeout 300 ms)",
+	      res(n, e), dt);
+	say("reads-send");
+	hear("reads-sent");
+	/* "abc" and "defg" in two sends: FIONREAD counts both once they arrived */
+	rev = pollrev(fd, POLLIN, 5000);
+	check(rev == POLLIN, "pollin", "poll(POLLIN): %s", pollstr(rev));
+	t0 = now_ms();
+	do {
+		v = -1;
+		r = ioctl(fd, FIONREAD, &v);
+	} while (r == 0 && v < 7 && now_ms() - t0 < 2000 && (sleep_ms(5), 1));
+	check(r == 0 && v == 7, "fionread", "FIONREAD %d after two sends of 3 and 4 bytes", v);
+	n = rcv(fd, b, 3, 0, &e);
+	check(n == 3 && !memcmp(b, "abc", 3), "short_read", "recv(3): %s", res(n, e));
+	v = -1;
+	r = ioctl(fd, FIONREAD, &v);
+	int v2 = -1;
+	ioctl(fd, SIOCINQ, &v2);
+	check(r == 0 && v == 4 && v2 == 4, "fionread_left", "FIONREAD %d, SIOCINQ %d after reading 3 of 7", v, v2);
+	memset(b, 0, sizeof b);
+	n = rcv(fd, b, sizeof b, MSG_PEEK, &e);
+	check(n == 4 && !memcmp(b, "defg", 4), "peek", "recv(MSG_PEEK): %s '%.4s'", res(n, e), b);
+	/* MSG_WAITALL for more than will come: the timeout ends it with what arrived */
+	memset(b, 0, sizeof b);
+	t0 = now_ms();
+	n = rcv(fd, b, 10, MSG_WAITALL, &e);
+	dt = now_ms() - t0;
+	check(n == 4 && !memcmp(b, "defg", 4) && dt >= 250, "waitall_timeout",
+	      "recv(10, MSG_WAITALL) with SO_RCVTIMEO 300 ms: %s '%.4s' after %.0f ms (want 4)", res(n, e), b, dt);
+	v = -1;
+	r = ioctl(fd, FIONREAD, &v);
+	check(r == 0 && v == 0, "fionread_drained", "FIONREAD %d", v);
+	n = rcv(fd, b, sizeof b, MSG_DONTWAIT, &e);
+	check(n < 0 && e == EAGAIN, "dontwait_drained", "recv(MSG_DONTWAIT) after reading all: %s", res(n, e));
+	say("reads-done");
+	close(fd);
+}
+
+static void s_reads(int ls)
+{
+	int fd = accept_one(ls, 0);
+	check_carried(fd);
+	hear("reads-send");
+	int e;
+	ssize_t n1 = snd(fd, "abc", 3, 0, &e);
+	ssize_t n2 = snd(fd, "defg", 4, 0, &e);
+	check(n1 == 3 && n2 == 4, "send", "%zd and %zd", n1, n2);
+	say("reads-sent");
+	hear("reads-done");
+	close(fd);
+}
+
+static void c_sndtimeo(void)
+{
+	int fd = connect_block();
+	check_carried(fd);
+	struct timeval tv = {0, 200000};
+	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+	static char chunk[64 << 10];
+	memset(chunk, 'x', sizeof chunk);
+	size_t total = 0;
+	ssize_t n = 0;
+	int e = 0;
+	double t0 = now_ms(), dt = 0;
+	/* the peer does not read: once the buffers are full a send must end within the timeout */
+	while (total < (256u << 20) && now_ms() - t0 < 20000) {
+		double s0 = now_ms();
+		n = snd(fd, chunk, sizeof chunk, 0, &e);
+		dt = now_ms() - s0;
+		if (n < (ssize_t)sizeof chunk)
+			break;
+		total += (size_t)n;
+	}
+	/* the kernel returns what it took before the timeout (or EAGAIN when it took nothing) */
+	check(((n < 0 && e == EAGAIN) || (n >= 0 && n < (ssize_t)sizeof chunk)) && dt >= 150 && dt < 3000, "sndtimeo",
+	      "after %zu bytes a send of 64 KiB: %s after %.0f ms (want a short count or EAGAIN after the 200 ms "
+	      "timeout)", total, res(n, e), dt);
+	say("sndtimeo-done");
+	close(fd);
+}
+
+static void s_sndtimeo(int ls)
+{
+	int fd = accept_one(ls, 0);
+	check_carried(fd);
+	hear("sndtimeo-done");
+	close(fd);
+}
+
+static void c_nbconnect(void)
+{
+	int fd = tcp_socket(SOCK_NONBLOCK);
+	struct sockaddr_in a = addr_of(port);
+	errno = 0;
+	int r = connect(fd, (struct sockaddr *)&a, sizeof a);
+	int e = errno;
+	check(r < 0 && e == EINPROGRESS, "einprogress", "non-blocking connect: %s", res(r, e));
+	int rev = pollrev(fd, POLLOUT, 10000);
+	check(rev == POLLOUT, "pollout", "poll(POLLOUT): %s", pollstr(rev));
+	int v = -1;
+	socklen_t l = sizeof v;
+	r = getsockopt(fd, SOL_SOCKET, SO_ERROR, &v, &l);
+	check(r == 0 && v == 0, "so_error", "SO_ERROR %s", ename(v));
+	errno = 0;
+	r = connect(fd, (struct sockaddr *)&a, sizeof a);
+	e = errno;
+	check(r == 0, "connect_again", "second connect after POLLOUT: %s (want 0, as VLC expects)", res(r, e));
+	errno = 0;
+	r = connect(fd, (struct sockaddr *)&a, sizeof a);
+	e = errno;
+	check(r < 0 && e == EISCONN, "connect_third", "third connect: %s (want -1 EISCONN)", res(r, e));
+	check_carried(fd);
+	ssize_t n = snd(fd, "nb", 2, 0, &e);
+	check(n == 2, "send", "%s", res(n, e));
+	hear("nb-done");
+	close(fd);
+}
+
+static void s_nbconnect(int ls)
+{
+	int fd = accept_one(ls, 0);
+	char b[4];
+	int e;
+	ssize_t n = rcv(fd, b, sizeof b, 0, &e);
+	check(n == 2 && !memcmp(b, "nb", 2), "recv", "%s", res(n, e));
+	say("nb-done");
+	close(fd);
+}
+
+/* The listener on PORT+1 has backlog 0: one connection fills its queue, the SYN of a second
+ * is dropped until the first is accepted, so the second stays connecting. */
+static void c_ealready(void)
+{
+	struct sockaddr_in a = addr_of(port + 1);
+	int c1 = tcp_socket(SOCK_NONBLOCK), c2 = tcp_socket(SOCK_NONBLOCK);
+	errno = 0;
+	int r = connect(c1, (struct sockaddr *)&a, sizeof a);
+	int e = errno;
+	check(r < 0 && e == EINPROGRESS, "first_einprogress", "first connect: %s", res(r, e));
+	sleep_ms(100); /* its handshake is done: it fills the queue */
+	errno = 0;
+	r = connect(c2, (struct sockaddr *)&a, sizeof a);
+	e = errno;
+	check(r < 0 && e == EINPROGRESS, "einprogress", "second socket's connect: %s", res(r, e));
+	errno = 0;
+	r = connect(c2, (struct sockaddr *)&a, sizeof a);
+	e = errno;
+	check(r < 0 && e == EALREADY, "ealready", "connect again while in progress: %s (want -1 EALREADY)", res(r, e));
+	int rev = pollrev(c2, POLLOUT, 0);
+	check(rev == 0, "no_pollout_yet", "poll(POLLOUT) while in progress: %s", pollstr(rev));
+	say("ea-accept");
+	int v;
+	socklen_t l = sizeof v;
+	for (int i = 0; i < 2; i++) {
+		int fd = i ? c2 : c1;
+		const char *w = i ? "second" : "first";
+		rev = pollrev(fd, POLLOUT, 10000);
+		check(rev == POLLOUT, i ? "pollout" : "first_pollout", "%s: poll(POLLOUT): %s", w, pollstr(rev));
+		v = -1;
+		r = getsockopt(fd, SOL_SOCKET, SO_ERROR, &v, &l);
+		check(r == 0 && v == 0, i ? "so_error" : "first_so_error", "%s: SO_ERROR %s", w, ename(v));
+	}
+	errno = 0;
+	r = connect(c2, (struct sockaddr *)&a, sizeof a);
+	e = errno;
+	check(r == 0, "connect_done", "connect once connected: %s (want 0)", res(r, e));
+	errno = 0;
+	r = connect(c2, (struct sockaddr *)&a, sizeof a);
+	e = errno;
+	check(r < 0 && e == EISCONN, "connect_isconn", "and again: %s (want -1 EISCONN)", res(r, e));
+	check_carried(c2);
+	ssize_t n = snd(c2, "c2", 2, 0, &e);
+	check(n == 2, "send", "%s", res(n, e));
+	hear("ea-done");
+	close(c1);
+	close(c2);
+}
+
+static void s_ealready(int ls2)
+{
+	hear("ea-accept");
+	int a1 = accept_one(ls2, 0);
+	int a2 = accept_one(ls2, 0); /* the second's SYN comes again after 1 s */
+	char b[4];
+	int e;
+	ssize_t n = rcv(a2, b, sizeof b, 0, &e);
+	check(n == 2 && !memcmp(b, "c2", 2), "recv", "%s", res(n, e));
+	say("ea-done");
+	close(a1);
+	close(a2);
+}
+
+static void c_refused(void)
+{
+	struct sockaddr_in a = addr_of(port + 2);
+	int fd = tcp_socket(SOCK_NONBLOCK);
+	errno = 0;
+	int r = connect(fd, (struct sockaddr *)&a, sizeof a);
+	int e = errno;
+	check(r < 0 && e == EINPROGRESS, "einprogress", "non-blocking connect to a closed port: %s", res(r, e));
+	int rev = pollrev(fd, POLLOUT, 5000);
+	check(rev >= 0 && (rev & POLLOUT) && (rev & POLLERR) && (rev & POLLHUP), "poll", "poll(POLLOUT): %s",
+	      pollstr(rev));
+	int v = -1;
+	socklen_t l = sizeof v;
+	r = getsockopt(fd, SOL_SOCKET, SO_ERROR, &v, &l);
+	check(r == 0 && v == ECONNREFUSED, "so_error", "SO_ERROR %s (want ECONNREFUSED)", ename(v));
+	v = -1;
+	r = getsockopt(fd, SOL_SOCKET, SO_ERROR, &v, &l);
+	check(r == 0 && v == 0, "so_error_cleared", "SO_ERROR read again: %s", ename(v));
+	close(fd);
+	fd = tcp_socket(0);
+	errno = 0;
+	r = connect(fd, (struct sockaddr *)&a, sizeof a);
+	e = errno;
+	check(r < 0 && e == ECONNREFUSED, "blocking", "blocking connect to a closed port: %s", res(r, e));
+	close(fd);
+}
+
+static void c_shutwr(void)
+{
+	int fd = connect_block();
+	check_carried(fd);
+	int e;
+	ssize_t n = snd(fd, "hello", 5, 0, &e);
+	check(n == 5, "send", "%s", res(n, e));
+	int r = shutdown(fd, SHUT_WR);
+	check(r == 0, "shutdown", "shutdown(SHUT_WR): %s", res(r, errno));
+	int before = sigpipes;
+	n = snd(fd, "x", 1, 0, &e);
+	check(n < 0 && e == EPIPE && sigpipes == before + 1, "send_epipe_sigpipe",
+	      "send after SHUT_WR: %s, %d SIGPIPE", res(n, e), (int)(sigpipes - before));
+	before = sigpipes;
+	n = snd(fd, "x", 1, MSG_NOSIGNAL, &e);
+	check(n < 0 && e == EPIPE && sigpipes == before, "send_nosignal", "send(MSG_NOSIGNAL): %s, %d SIGPIPE",
+	      res(n, e), (int)(sigpipes - before));
+	before = sigpipes;
+	errno = 0;
+	n = write(fd, "x", 1);
+	e = errno;
+	check(n < 0 && e == EPIPE && sigpipes == before + 1, "write_epipe_sigpipe", "write: %s, %d SIGPIPE",
+	      res(n, e), (int)(sigpipes - before));
+	int rev = pollrev(fd, POLLIN | POLLOUT | POLLRDHUP, 0);
+	check(rev == POLLOUT, "poll", "poll(IN|OUT|RDHUP) after our SHUT_WR: %s (want OUT)", pollstr(rev));
+	say("shutwr-shut");
+	hear("shutwr-replied");
+	char b[16] = {0};
+	n = rcv(fd, b, sizeof b, 0, &e);
+	check(n == 5 && !memcmp(b, "reply", 5), "recv_reply", "the server still sends after our SHUT_WR: %s '%.5s'",
+	      res(n, e), b);
+	n = rcv(fd, b, sizeof b, 0, &e);
+	check(n == 0, "recv_eof", "after the server's SHUT_WR: %s", res(n, e));
+	rev = pollrev(fd, POLLIN | POLLOUT | POLLRDHUP, 2000);
+	check(rev == (POLLIN | POLLOUT | POLLRDHUP | POLLHUP), "poll_both_shut", "poll(IN|OUT|RDHUP): %s (want IN|OUT|HUP|RDHUP)",
+	      pollstr(rev));
+	rev = epollrev(fd, EPOLLIN | EPOLLRDHUP, 2000);
+	check(rev == (EPOLLIN | EPOLLRDHUP | EPOLLHUP), "epoll_both_shut", "epoll(IN|RDHUP): %s (want IN|HUP|RDHUP)",
+	      pollstr(rev));
+	say("shutwr-done");
+	close(fd);
+}
+
+static void s_shutwr(int ls)
+{
+	int fd = accept_one(ls, 0);
+	check_carried(fd);
+	hear("shutwr-shut");
+	int rev = pollrev(fd, POLLIN | POLLRDHUP, 5000);
+	check(rev == (POLLIN | POLLRDHUP), "poll", "poll(IN|RDHUP) after the client's SHUT_WR: %s (want IN|RDHUP)",
+	      pollstr(rev));
+	rev = epollrev(fd, EPOLLIN | EPOLLRDHUP, 5000);
+	check(rev == (EPOLLIN | EPOLLRDHUP), "epoll", "epoll(IN|RDHUP): %s (want IN|RDHUP)", pollstr(rev));
+	char b[16] = {0};
+	int e;
+	ssize_t n = rcv(fd, b, sizeof b, 0, &e);
+	check(n == 5 && !memcmp(b, "hello", 5), "recv", "%s", res(n, e));
+	n = rcv(fd, b, sizeof b, 0, &e);
+	check(n == 0, "recv_eof", "%s", res(n, e));
+	n = rcv(fd, b, sizeof b, MSG_DONTWAIT, &e);
+	check(n == 0, "recv_eof_again", "%s", res(n, e));
+	rev = pollrev(fd, POLLIN | POLLOUT | POLLRDHUP, 0);
+	check(rev == (POLLIN | POLLOUT | POLLRDHUP), "poll_drained", "poll(IN|OUT|RDHUP) after reading 0: %s",
+	      pollstr(rev));
+	n = snd(fd, "reply", 5, 0, &e);
+	check(n == 5, "send", "the half-closed peer still reads: %s", res(n, e));
+	int r = shutdown(fd, SHUT_WR);
+	check(r == 0, "shutdown", "shutdown(SHUT_WR): %s", res(r, errno));
+	rev = pollrev(fd, POLLIN | POLLOUT | POLLRDHUP, 0);
+	check(rev == (POLLIN | POLLOUT | POLLRDHUP | POLLHUP), "poll_both_shut", "poll(IN|OUT|RDHUP): %s (want IN|OUT|HUP|RDHUP)",
+	      pollstr(rev));
+	say("shutwr-replied");
+	hear("shutwr-done");
+	close(fd);
+}
+
+static void c_shutrd(void)
+{
+	int fd = connect_block();
+	check_carried(fd);
+	hear("shutrd-early");
+	int rev = pollrev(fd, POLLIN, 5000);
+	check(rev == POLLIN, "pollin", "poll(POLLIN) with data queued: %s", pollstr(rev));
+	int r = shutdown(fd, SHUT_RD);
+	check(r == 0, "shutdown", "shutdown(SHUT_RD): %s", res(r, errno));
+	char b[16] = {0};
+	int e;
+	/* Linux: SHUT_RD only ends the reading side once nothing is queued; what had arrived is
+	 * still read */
+	ssize_t n = rcv(fd, b, sizeof b, 0, &e);
+	check(n == 5 && !memcmp(b, "early", 5), "recv_queued", "recv after SHUT_RD with 5 bytes queued: %s '%.5s' (want 5)",
+	      res(n, e), b);
+	n = rcv(fd, b, sizeof b, 0, &e);
+	check(n == 0, "recv_eof", "recv after SHUT_RD, nothing queued: %s (want 0, no wait)", res(n, e));
+	n = rcv(fd, b, sizeof b, MSG_DONTWAIT, &e);
+	check(n == 0, "recv_eof_dontwait", "recv(MSG_DONTWAIT) after SHUT_RD: %s (want 0)", res(n, e));
+	rev = pollrev(fd, POLLIN | POLLOUT | POLLRDHUP, 0);
+	check(rev == (POLLIN | POLLOUT | POLLRDHUP), "poll", "poll(IN|OUT|RDHUP) after SHUT_RD: %s (want IN|OUT|RDHUP)",
+	      pollstr(rev));
+	n = snd(fd, "still", 5, 0, &e);
+	check(n == 5, "send", "send after SHUT_RD: %s", res(n, e));
+	say("shutrd-sent");
+	hear("shutrd-late");
+	/* Linux queues what the peer sends after our SHUT_RD, and recv returns it */
+	double t0 = now_ms();
+	memset(b, 0, sizeof b);
+	do
+		n = rcv(fd, b, sizeof b, MSG_DONTWAIT, &e);
+	while (n == 0 && now_ms() - t0 < 2000 && (sleep_ms(5), 1));
+	check(n == 4 && !memcmp(b, "late", 4), "recv_late", "data sent after our SHUT_RD: %s '%.4s' (want 4, as Linux)",
+	      res(n, e), b);
+	say("shutrd-done");
+	close(fd);
+}
+
+static void s_shutrd(int ls)
+{
+	int fd = accept_one(ls, 0);
+	check_carried(fd);
+	int e;
+	ssize_t n = snd(fd, "early", 5, 0, &e);
+	check(n == 5, "send_early", "%s", res(n, e));
+	say("shutrd-early");
+	hear("shutrd-sent");
+	char b[16] = {0};
+	n = rcv(fd, b, sizeof b, 0, &e);
+	check(n == 5 && !memcmp(b, "still", 5), "recv", "the client's data after its SHUT_RD: %s", res(n, e));
+	int rev = pollrev(fd, POLLIN | POLLRDHUP, 200);
+	check(rev == 0, "poll", "poll(IN|RDHUP): %s (the peer's SHUT_RD is not seen)", pollstr(rev));
+	n = snd(fd, "late", 4, MSG_NOSIGNAL, &e);
+	check(n == 4, "send", "send to a peer that shut its read side: %s", res(n, e));
+	say("shutrd-late");
+	hear("shutrd-done");
+	close(fd);
+}
+
+static void c_shutrdwr(void)
+{
+	int fd = connect_block();
+	check_carried(fd);
+	int r = shutdown(fd, SHUT_RDWR);
+	check(r == 0, "shutdown", "shutdown(SHUT_RDWR): %s", res(r, errno));
+	char b[16];
+	int e;
+	ssize_t n = rcv(fd, b, sizeof b, 0, &e);
+	check(n == 0, "recv_eof", "%s", res(n, e));
+	n = snd(fd, "x", 1, MSG_NOSIGNAL, &e);
+	check(n < 0 && e == EPIPE, "send_epipe", "%s", res(n, e));
+	int rev = pollrev(fd, POLLIN | POLLOUT | POLLRDHUP, 0);
+	check(rev == (POLLIN | POLLOUT | POLLRDHUP | POLLHUP), "poll", "poll(IN|OUT|RDHUP): %s (want IN|OUT|HUP|RDHUP)",
+	      pollstr(rev));
+	rev = epollrev(fd, EPOLLIN | EPOLLOUT | EPOLLRDHUP, 0);
+	check(rev == (EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLHUP), "epoll", "epoll(IN|OUT|RDHUP): %s", pollstr(rev));
+	say("shutrdwr-shut");
+	hear("shutrdwr-done");
+	close(fd);
+}
+
+static void s_shutrdwr(int ls)
+{
+	int fd = accept_one(ls, 0);
+	check_carried(fd);
+	hear("shutrdwr-shut");
+	int rev = pollrev(fd, POLLIN | POLLRDHUP, 5000);
+	check(rev == (POLLIN | POLLRDHUP), "poll", "poll(IN|RDHUP): %s (want IN|RDHUP)", pollstr(rev));
+	char b[16];
+	int e;
+	ssize_t n = rcv(fd, b, sizeof b, 0, &e);
+	check(n == 0, "recv_eof", "%s", res(n, e));
+	say("shutrdwr-done");
+	close(fd);
+}
+
+/* Sends until EPIPE (the kernel's first sends may still succeed: the peer's RST is on its
+ * way). Returns the number of tries; *e the last errno. */
+static int send_until_epipe(int fd, int flags, int *e, ssize_t *last)
+{
+	int i;
+	for (i = 1; i <= 20; i++) {
+		*last = snd(fd, "data", 4, flags, e);
+		if (*last < 0)
+			break;
+		sleep_ms(50);
+	}
+	return i;
+}
+
+static void c_close(void)
+{
+	int fd = connect_block();
+	check_carried(fd);
+	int e;
+	ssize_t n = snd(fd, "bye", 3, 0, &e);
+	check(n == 3, "send", "%s", res(n, e));
+	int r = close(fd);
+	check(r == 0, "close", "%s", res(r, errno));
+	say("close-closed");
+	hear("close-done");
+}
+
+static void s_close(int ls)
+{
+	int fd = accept_one(ls, 0);
+	check_carried(fd);
+	hear("close-closed");
+	int rev = pollrev(fd, POLLIN | POLLRDHUP, 5000);
+	check(rev == (POLLIN | POLLRDHUP), "poll", "poll(IN|RDHUP) after the peer closed: %s (want IN|RDHUP)",
+	      pollstr(rev));
+	rev = epollrev(fd, EPOLLIN | EPOLLRDHUP, 5000);
+	check(rev == (EPOLLIN | EPOLLRDHUP), "epoll", "epoll(IN|RDHUP): %s (want IN|RDHUP)", pollstr(rev));
+	char b[16] = {0};
+	int e;
+	ssize_t n = rcv(fd, b, sizeof b, 0, &e);
+	check(n == 3 && !memcmp(b, "bye", 3), "recv", "%s", res(n, e));
+	n = rcv(fd, b, sizeof b, 0, &e);
+	check(n == 0, "recv_eof", "%s", res(n, e));
+	n = rcv(fd, b, sizeof b, 0, &e);
+	check(n == 0, "recv_eof_again", "%s", res(n, e));
+	int before = sigpipes;
+	int tries = send_until_epipe(fd, 0, &e, &n);
+	check(n < 0 && e == EPIPE && sigpipes == before + 1, "send_epipe_sigpipe",
+	      "sends to the closed peer: %s at try %d, %d SIGPIPE", res(n, e), tries, (int)(sigpipes - before));
+	before = sigpipes;
+	n = snd(fd, "x", 1, MSG_NOSIGNAL, &e);
+	check(n < 0 && e == EPIPE && sigpipes == before, "send_nosignal", "send(MSG_NOSIGNAL): %s, %d SIGPIPE",
+	      res(n, e), (int)(sigpipes - before));
+	n = rcv(fd, b, sizeof b, 0, &e);
+	check(n == 0, "recv_after_epipe", "%s", res(n, e));
+	rev = pollrev(fd, POLLIN | POLLOUT | POLLRDHUP, 0);
+	check(rev >= 0 && (rev & (POLLIN | POLLOUT | POLLRDHUP | POLLHUP)) == (POLLIN | POLLOUT | POLLRDHUP | POLLHUP),
+	      "poll_reset", "poll(IN|OUT|RDHUP) after EPIPE: %s (want IN|OUT|HUP|RDHUP)", pollstr(rev));
+	say("close-done");
+	close(fd);
+}
+
+static void c_linger0(void)
+{
+	int fd = connect_block();
+	check_carried(fd);
+	struct linger lg = {1, 0}, got = {-1, -1};
+	socklen_t l = sizeof got;
+	int r = setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+	getsockopt(fd, SOL_SOCKET, SO_LINGER, &got, &l);
+	check(r == 0 && got.l_onoff == 1 && got.l_linger == 0, "get", "SO_LINGER set {1,0} (%s), read back {%d,%d}",
+	      res(r, errno), got.l_onoff, got.l_linger);
+	int e;
+	ssize_t n = snd(fd, "abort", 5, 0, &e);
+	check(n == 5, "send", "%s", res(n, e));
+	r = close(fd); /* at once: the data is not read yet */
+	check(r == 0, "close", "%s", res(r, errno));
+	say("linger0-closed");
+	hear("linger0-done");
+}
+
+static void s_linger0(int ls)
+{
+	int fd = accept_one(ls, 0);
+	check_carried(fd);
+	char b[16] = {0};
+	int e;
+	hear("linger0-closed");
+	int rev = pollrev(fd, POLLIN | POLLRDHUP, 5000);
+	check(rev >= 0 && (rev & (POLLIN | POLLRDHUP | POLLHUP)) == (POLLIN | POLLRDHUP | POLLHUP), "poll",
+	      "poll(IN|RDHUP) after the abortive close: %s (want IN|HUP|RDHUP, ERR while the error is pending)",
+	      pollstr(rev));
+	/* what arrived before the reset is read first (Linux) */
+	ssize_t n = rcv(fd, b, sizeof b, 0, &e);
+	check(n == 5 && !memcmp(b, "abort", 5), "recv", "data sent before the abortive close: %s (want 5)", res(n, e));
+	n = rcv(fd, b, sizeof b, 0, &e);
+	check(n < 0 && e == ECONNRESET, "recv_reset", "recv: %s (want -1 ECONNRESET)", res(n, e));
+	n = rcv(fd, b, sizeof b, 0, &e);
+	check(n == 0, "recv_after_reset", "recv again: %s (want 0)", res(n, e));
+	n = snd(fd, "x", 1, MSG_NOSIGNAL, &e);
+	check(n < 0 && e == EPIPE, "send_epipe", "%s", res(n, e));
+	rev = pollrev(fd, POLLIN | POLLOUT | POLLRDHUP, 0);
+	check(rev == (POLLIN | POLLOUT | POLLRDHUP | POLLHUP), "poll_after", "poll(IN|OUT|RDHUP): %s (want IN|OUT|HUP|RDHUP)",
+	      pollstr(rev));
+	say("linger0-done");
+	close(fd);
+}
+
+/* The server is already waiting (poll, then epoll) when the client half-closes one connection
+ * and closes another: the end must wake the wait, not only be seen by a later one. */
+static void c_wake(void)
+{
+	int c1 = connect_block(), c2 = connect_block();
+	check_carried(c1);
+	check_carried(c2);
+	hear("wake-waiting");
+	sleep_ms(200);
+	int r = shutdown(c1, SHUT_WR);
+	check(r == 0, "shutdown", "shutdown(SHUT_WR): %s", res(r, errno));
+	hear("wake-epoll");
+	sleep_ms(200);
+	r = close(c2);
+	check(r == 0, "close", "%s", res(r, errno));
+	hear("wake-done");
+	close(c1);
+}
+
+static void s_wake(int ls)
+{
+	int a1 = accept_one(ls, 0), a2 = accept_one(ls, 0);
+	say("wake-waiting");
+	double t0 = now_ms();
+	int rev = pollrev(a1, POLLIN | POLLRDHUP, 5000);
+	double dt = now_ms() - t0;
+	check(rev == (POLLIN | POLLRDHUP) && dt < 2000, "poll", "poll(IN|RDHUP) waiting when the peer shut: %s after %.0f ms",
+	      pollstr(rev), dt);
+	say("wake-epoll");
+	t0 = now_ms();
+	rev = epollrev(a2, EPOLLIN | EPOLLRDHUP, 5000);
+	dt = now_ms() - t0;
+	check(rev == (EPOLLIN | EPOLLRDHUP) && dt < 2000, "epoll",
+	      "epoll_wait(IN|RDHUP) waiting when the peer closed: %s after %.0f ms", pollstr(rev), dt);
+	say("wake-done");
+	close(a1);
+	close(a2);
+}
+
+static uint8_t pat(size_t i)
+{
+	return (uint8_t)(i * 2654435761u >> 13);
+}
+
+static void c_lingern(void)
+{
+	int fd = connect_block();
+	check_carried(fd);
+	struct linger lg = {1, 3}, got = {-1, -1};
+	socklen_t l = sizeof got;
+	int r = setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+	getsockopt(fd, SOL_SOCKET, SO_LINGER, &got, &l);
+	check(r == 0 && got.l_onoff == 1 && got.l_linger == 3, "get", "SO_LINGER set {1,3} (%s), read back {%d,%d}",
+	      res(r, errno), got.l_onoff, got.l_linger);
+	uint8_t *buf = malloc(LINGER_BYTES);
+	if (!buf)
+		die("malloc");
+	for (size_t i = 0; i < LINGER_BYTES; i++)
+		buf[i] = pat(i);
+	say("lingern-go"); /* the server starts reading 300 ms from now */
+	size_t off = 0;
+	while (off < LINGER_BYTES) {
+		ssize_t n = send(fd, buf + off, LINGER_BYTES - off, 0);
+		if (n < 0) {
+			check(false, "send", "after %zu bytes: %s", off, strerror(errno));
+			break;
+		}
+		off += (size_t)n;
+	}
+	double t0 = now_ms();
+	r = close(fd);
+	double dt = now_ms() - t0;
+	check(r == 0 && dt < 3500, "close", "close with SO_LINGER {1,3}: %s after %.0f ms", res(r, errno), dt);
+	free(buf);
+	hear("lingern-done");
+}
+
+static void s_lingern(int ls)
+{
+	int fd = accept_one(ls, 0);
+	check_carried(fd);
+	hear("lingern-go");
+	sleep_ms(300);
+	static uint8_t b[64 << 10];
+	size_t total = 0, bad = (size_t)-1;
+	ssize_t n;
+	int e = 0;
+	for (;;) {
+		n = rcv(fd, (char *)b, sizeof b, 0, &e);
+		if (n <= 0)
+			break;
+		for (ssize_t i = 0; i < n && bad == (size_t)-1; i++)
+			if (b[i] != pat(total + (size_t)i))
+				bad = total + (size_t)i;
+		total += (size_t)n;
+	}
+	check(total == LINGER_BYTES && bad == (size_t)-1 && n == 0, "recv_all",
+	      "%zu of %u bytes, first wrong byte %zd, ended with %s", total, LINGER_BYTES,
+	      bad == (size_t)-1 ? (ssize_t)-1 : (ssize_t)bad, res(n, e));
+	say("lingern-done");
+	close(fd);
+}
+
+/* ------------------------------------------------------------------ main */
+
+static const struct {
+	const char *name;
+	void (*client)(void);
+	void (*server)(int ls); /* NULL: nothing to accept */
+	bool second_listener;
+} cases[] = {
+	{"names", c_names, s_names, false},
+	{"accept4", c_accept4, s_accept4, false},
+	{"reads", c_reads, s_reads, false},
+	{"sndtimeo", c_sndtimeo, s_sndtimeo, false},
+	{"nbconnect", c_nbconnect, s_nbconnect, false},
+	{"ealready", c_ealready, s_ealready, true},
+	{"refused", c_refused, NULL, false},
+	{"shutwr", c_shutwr, s_shutwr, false},
+	{"shutrd", c_shutrd, s_shutrd, false},
+	{"shutrdwr", c_shutrdwr, s_shutrdwr, false},
+	{"close", c_close, s_close, false},
+	{"wake", c_wake, s_wake, false},
+	{"linger0", c_linger0, s_linger0, false},
+	{"lingern", c_lingern, s_lingern, false},
+};
+#define NCASES (sizeof cases / sizeof cases[0])
+
+static void server(void)
+{
+	int ls = listen_on(port, 16), ls2 = listen_on(port + 1, 0);
+	say("listening");
+	for (size_t i = 0; i < NCASES; i++) {
+		cur = cases[i].name;
+		hear(cur);
+		if (cases[i].server)
+			cases[i].server(cases[i].second_listener ? ls2 : ls);
+		say("next");
+	}
+	close(ls);
+	close(ls2);
+}
+
+static void client(void)
+{
+	hear("listening");
+	for (size_t i = 0; i < NCASES; i++) {
+		cur = cases[i].name;
+		say(cur);
+		cases[i].client();
+		hear("next");
+	}
+}
+
+int main(int argc, char **argv)
+{
+	if (argc != 2 || atoi(argv[1]) < 1024 || atoi(argv[1]) > 65000) {
+		fprintf(stderr, "usage: streamapi PORT   (uses PORT, PORT+1, PORT+2 on 127.0.0.1)\n");
+		return 2;
+	}
+	port = atoi(argv[1]);
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	struct sigaction sa = {.sa_handler = on_pipe};
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGPIPE, &sa, NULL);
+	signal(SIGALRM, on_alarm);
+
+	int sv[2];
+	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) {
+		perror("socketpair");
+		return 1;
+	}
+	fflush(stdout);
+	pid_t pid = fork();
+	if (pid < 0) {
+		perror("fork");
+		return 1;
+	}
+	/* the shim answers SOL_IWARP on any socket; the kernel does not know the level */
+	int probe = socket(AF_INET, SOCK_STREAM, 0), m = 0;
+	socklen_t ml = sizeof m;
+	shim = probe >= 0 && getsockopt(probe, SOL_IWARP, IWARP_MODE, &m, &ml) == 0;
+	if (probe >= 0)
+		close(probe);
+	const char *expect = getenv("STREAMAPI_EXPECT");
+	if (expect && strcmp(expect, shim ? "preload" : "native")) {
+		role = pid ? "client" : "server";
+		die("STREAMAPI_EXPECT=%s but the shim is %s", expect, shim ? "loaded" : "not loaded");
+	}
+	alarm(WATCHDOG_S);
+	if (pid == 0) {
+		role = "server";
+		close(sv[0]);
+		ctl = sv[1];
+		server();
+		printf("server: %d failed\n", fails);
+		return fails ? 1 : 0;
+	}
+	role = "client";
+	close(sv[1]);
+	ctl = sv[0];
+	client();
+	int st = 0;
+	waitpid(pid, &st, 0);
+	int srv_ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+	if (!WIFEXITED(st) || WEXITSTATUS(st) > 1)
+		printf("FAIL server: ended with status %#x\n", st);
+	printf("client: %d failed; server: %s\n", fails, srv_ok ? "0 failed" : "failures (above)");
+	return fails || !srv_ok ? 1 : 0;
+}
