@@ -18,7 +18,8 @@
  *   write_record  Write-Record of 5000 B at an offset: the target's completion is
  *                 RECV_WRITE_RECORD with STag, base, length, valid bytes and the single range of
  *                 a reliable transport, the source address; the source's is WRITE_RECORD
- *   disconnect    orderly close from the active side; both ends see the end
+ *   disconnect    orderly close from the active side right after posting Sends: they all
+ *                 arrive, then both ends see the end
  *   refused       connect to a port nobody listens on: CONNECT_ERROR with -ECONNREFUSED
  *   rem_access    RDMA Write with a wrong STag: the connection ends in error, with the reason
  *                 where the provider has one (REM_ACCESS_ERR completion on IB/RoCE, the peer's
@@ -608,11 +609,23 @@ int main(int argc, char **argv)
 		}
 	}
 
-	/* ---- disconnect: from the active side */
+	/* ---- disconnect: from the active side, with NRECV unsignaled Sends still in flight: an
+	 * orderly close delivers them first */
 	{
 		struct dgv_cm_event ev = {0};
-		int rr = dgv_disconnect(C.qp), first = 0;
+		struct dgv_sge sge[NRECV];
+		struct dgv_send_wr wr[NRECV];
+		const uint32_t len = 200000;
+		fill(C.arena, len, 11);
+		for (int i = 0; i < NRECV; i++) {
+			sge[i] = (struct dgv_sge){(uintptr_t)C.arena, len, C.mr->lkey};
+			wr[i] = (struct dgv_send_wr){.wr_id = 500 + (uint64_t)i, .sg_list = &sge[i], .num_sge = 1,
+						     .opcode = DGV_WR_SEND, .next = i + 1 < NRECV ? &wr[i + 1] : NULL};
+		}
+		int rr = dgv_post_send(C.qp, wr, NULL), first = 0, got = 0;
 		if (rr)
+			fail_why("client: dgv_post_send: %s", strerror(-rr));
+		else if ((rr = dgv_disconnect(C.qp)))
 			fail_why("client: dgv_disconnect: %s", strerror(-rr));
 		else if (wait_ev(&S, DGV_CM_PEER_CLOSED, DGV_CM_DISCONNECTED, &ev))
 			rr = -1;
@@ -624,8 +637,20 @@ int main(int argc, char **argv)
 		}
 		if (!rr && wait_ev(&C, DGV_CM_DISCONNECTED, 0, &ev))
 			rr = -1;
+		/* every Send posted before the close arrived whole */
+		for (struct dgv_wc wc; !rr && got < NRECV && dgv_poll_cq(S.rcq, 1, &wc) == 1; got++)
+			if (wc.status != DGV_WC_SUCCESS || wc.byte_len != len) {
+				fail_why("server: receive %d after the close: status %s byte_len %u", got, st_name(wc.status),
+					 wc.byte_len);
+				rr = -1;
+			}
+		if (!rr && got < NRECV) {
+			fail_why("server: %d of the %d Sends posted before dgv_disconnect arrived", got, NRECV);
+			rr = -1;
+		}
 		if (!rr)
-			result("PASS", "disconnect", "client dgv_disconnect; server %s; DISCONNECTED on both (client status %d)",
+			result("PASS", "disconnect", "%d unsignaled Sends then client dgv_disconnect: all %d received whole; "
+			       "server %s; DISCONNECTED on both (client status %d)", NRECV, got,
 			       first == DGV_CM_PEER_CLOSED ? "PEER_CLOSED, then its dgv_disconnect" : "DISCONNECTED",
 			       ev.status);
 		else

@@ -393,7 +393,7 @@ static int iv_cq_notify_background(struct dgv_cq *cb, int on)
 	return on ? -EOPNOTSUPP : 0;
 }
 
-static int iv_cq_ready(struct dgv_cq *cb)
+int iv_cq_ready(struct dgv_cq *cb)
 {
 	struct iv_cq *cq = to_icq(cb);
 	if (pthread_mutex_trylock(&cq->lock))
@@ -401,6 +401,7 @@ static int iv_cq_ready(struct dgv_cq *cb)
 	if (!cq->nstash) {
 		int n = ibv_poll_cq(cq->cq, IV_STASH, cq->stash);
 		if (n > 0) {
+			iv_note_sends(cq, cq->stash, n);
 			cq->sthead = 0;
 			__atomic_store_n(&cq->nstash, n, __ATOMIC_RELEASE);
 		}

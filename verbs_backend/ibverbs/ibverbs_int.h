@@ -33,7 +33,8 @@ struct iv_ctx {
 	struct iv_chan *defch;
 	pthread_mutex_t lock;        /* the deferred accepts list (cold) */
 	struct iv_qp *accepts;       /* accepted QPs whose rdma_accept waits (iv_run_accepts) */
-	atomic_int naccepts;         /* == list length; read without the lock on the poll path */
+	struct iv_qp *discs;         /* QPs whose rdma_disconnect waits for their sends (same) */
+	atomic_int naccepts;         /* entries on both lists; read without the lock on the poll path */
 };
 
 /* Registration cache: one entry per (addr, length, access) per PD, shared by reference. */
@@ -76,6 +77,8 @@ struct iv_swr {
 	uint64_t wr_id;
 	uint32_t len;
 	uint8_t opcode;              /* enum dgv_wc_opcode */
+	bool deliver;                /* the program asked for a completion (DGV_SEND_SIGNALED); the
+					device is always asked, to know when the send queue is empty */
 };
 
 /* A posted receive: its wr_id, and where its first piece is (an iWARP Write-Record's
@@ -120,6 +123,9 @@ struct iv_qp {
 	struct ibv_sge *wrec_sge;
 	uint32_t nsslots, nrslots, max_sge, max_inline;
 	uint64_t shead, rhead;
+	uint64_t sdone;              /* device send WRs completed (RC completes them in order) */
+	uint64_t disc_deadline;      /* ms: a deferred disconnect goes ahead at the latest then */
+	struct iv_qp *next_disc;
 	uint8_t *held;               /* held sends, nsslots records of held_sz bytes */
 	size_t held_sz;
 	uint32_t nheld;
@@ -174,6 +180,8 @@ static inline struct iv_chan *to_ichan(struct dgv_cm_channel *c) { return (struc
 uint64_t iv_now_ms(void);
 const char *iv_addr_str(const struct sockaddr *sa, char *buf, size_t len);
 int iv_wait_event(struct rdma_event_channel *rch, enum rdma_cm_event_type want, int timeout_ms, int *status);
+/* Completions ready (stashed from the device if need be); never blocks. */
+int iv_cq_ready(struct dgv_cq *cq);
 bool iv_record_target(struct iv_pd *pd, uint32_t imm_lo, uint32_t len, uint32_t *stag, uint64_t *base);
 
 /* qp.c */
@@ -187,6 +195,9 @@ static inline void iv_run_accepts(struct iv_ctx *ctx)
 		iv_run_accepts_slow(ctx);
 }
 int iv_poll_cq(struct dgv_cq *cq, int n, struct dgv_wc *wc);
+/* Notes the send completions among n device completions just taken off cq (stashed, not yet
+ * converted). Needs cq->lock. */
+void iv_note_sends(struct iv_cq *cq, const struct ibv_wc *w, int n);
 int iv_create_ah(struct dgv_pd *pd, const struct sockaddr *addr, socklen_t len, struct dgv_ah **out);
 int iv_destroy_ah(struct dgv_ah *ah);
 int iv_create_qp(struct dgv_pd *pd, const struct dgv_qp_init_attr *attr, struct dgv_qp **out);

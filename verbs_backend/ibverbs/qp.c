@@ -467,13 +467,55 @@ static bool accept_unlink(struct iv_ctx *ctx, struct iv_qp *qp)
 	return found;
 }
 
+/* Removes qp from the deferred disconnects. */
+static void disc_unlink(struct iv_ctx *ctx, struct iv_qp *qp)
+{
+	pthread_mutex_lock(&ctx->lock);
+	for (struct iv_qp **pp = &ctx->discs; *pp; pp = &(*pp)->next_disc)
+		if (*pp == qp) {
+			*pp = qp->next_disc;
+			atomic_fetch_sub(&ctx->naccepts, 1);
+			break;
+		}
+	pthread_mutex_unlock(&ctx->lock);
+}
+
+static void do_disconnect(struct iv_qp *qp);
+
+/* Deferred disconnects whose sends are all complete (or whose deadline passed) go ahead. */
+static void run_discs(struct iv_ctx *ctx)
+{
+	struct iv_qp *ready = NULL;
+	pthread_mutex_lock(&ctx->lock);
+	for (struct iv_qp **pp = &ctx->discs; *pp;) {
+		struct iv_qp *qp = *pp;
+		iv_cq_ready(&qp->scq->base); /* takes what the device completed (iv_note_sends) */
+		if (__atomic_load_n(&qp->sdone, __ATOMIC_ACQUIRE) >= __atomic_load_n(&qp->shead, __ATOMIC_ACQUIRE) ||
+		    iv_now_ms() >= qp->disc_deadline || atomic_load(&qp->state) == DGV_QPS_ERROR) {
+			*pp = qp->next_disc;
+			atomic_fetch_sub(&ctx->naccepts, 1);
+			qp->next_disc = ready;
+			ready = qp;
+		} else {
+			pp = &qp->next_disc;
+		}
+	}
+	pthread_mutex_unlock(&ctx->lock);
+	for (; ready; ready = ready->next_disc)
+		do_disconnect(ready);
+}
+
 void iv_run_accepts_slow(struct iv_ctx *ctx)
 {
 	pthread_mutex_lock(&ctx->lock);
 	struct iv_qp *list = ctx->accepts;
+	bool discs = ctx->discs != NULL;
+	for (struct iv_qp *q = list; q; q = q->next_accept)
+		atomic_fetch_sub(&ctx->naccepts, 1);
 	ctx->accepts = NULL;
-	atomic_store(&ctx->naccepts, 0);
 	pthread_mutex_unlock(&ctx->lock);
+	if (discs)
+		run_discs(ctx);
 	/* oldest first (the list is newest first) */
 	struct iv_qp *rev = NULL;
 	while (list) {
@@ -652,6 +694,7 @@ int iv_destroy_qp(struct dgv_qp *qb)
 	struct iv_qp *qp = to_iqp(qb);
 	struct iv_ctx *ctx = to_ictx(qb->ctx);
 	accept_unlink(ctx, qp);
+	disc_unlink(ctx, qp);
 	if (qp->qp) {
 		/* to ERROR first, so the device stops placing before the QP goes */
 		struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
@@ -716,7 +759,7 @@ static int build_send(struct iv_qp *qp, const struct dgv_send_wr *wr, uint64_t s
 	memset(w, 0, sizeof *w);
 	w->sg_list = (struct ibv_sge *)wr->sg_list;
 	w->num_sge = wr->num_sge;
-	w->send_flags = wr->send_flags & DGV_SEND_SIGNALED ? IBV_SEND_SIGNALED : 0;
+	w->send_flags = IBV_SEND_SIGNALED; /* always: iv_swr.deliver */
 	w->wr.rdma.remote_addr = wr->remote_addr;
 	w->wr.rdma.rkey = wr->rkey;
 	switch (wr->opcode) {
@@ -757,12 +800,13 @@ static int build_send(struct iv_qp *qp, const struct dgv_send_wr *wr, uint64_t s
 		d->stag = htobe32(wr->rkey);
 		memset(w2, 0, sizeof *w2);
 		w2->opcode = IBV_WR_SEND;
-		w2->send_flags = wr->send_flags & DGV_SEND_SIGNALED ? IBV_SEND_SIGNALED : 0;
+		w2->send_flags = IBV_SEND_SIGNALED;
 		w2->sg_list = &qp->wrec_sge[(slot + 1) % qp->nsslots];
 		w2->num_sge = 1;
 		w2->wr_id = slot + 1;
 		qp->sslots[slot % qp->nsslots] = (struct iv_swr){.wr_id = wr->wr_id, .len = len, .opcode = wc_op};
-		qp->sslots[(slot + 1) % qp->nsslots] = qp->sslots[slot % qp->nsslots];
+		qp->sslots[(slot + 1) % qp->nsslots] = (struct iv_swr){
+			.wr_id = wr->wr_id, .len = len, .opcode = wc_op, .deliver = !!(wr->send_flags & DGV_SEND_SIGNALED)};
 		w->wr_id = slot;
 		w->next = w2;
 		return 2;
@@ -776,7 +820,8 @@ static int build_send(struct iv_qp *qp, const struct dgv_send_wr *wr, uint64_t s
 	}
 	if (len <= qp->max_inline && wr->opcode != DGV_WR_READ && len)
 		w->send_flags |= IBV_SEND_INLINE; /* copied at post time: no DMA read later */
-	qp->sslots[slot % qp->nsslots] = (struct iv_swr){.wr_id = wr->wr_id, .len = len, .opcode = wc_op};
+	qp->sslots[slot % qp->nsslots] = (struct iv_swr){
+		.wr_id = wr->wr_id, .len = len, .opcode = wc_op, .deliver = !!(wr->send_flags & DGV_SEND_SIGNALED)};
 	w->wr_id = slot;
 	return 1;
 }
@@ -982,9 +1027,13 @@ static bool convert(struct iv_cq *cq, const struct ibv_wc *w, struct dgv_wc *o, 
 		o->wr_id = s->wr_id;
 		o->opcode = s->opcode;
 		o->byte_len = s->opcode == DGV_WC_READ ? w->byte_len : s->len;
+		if (w->wr_id + 1 > __atomic_load_n(&qp->sdone, __ATOMIC_RELAXED))
+			__atomic_store_n(&qp->sdone, w->wr_id + 1, __ATOMIC_RELEASE);
 		if (o->status == DGV_WC_SUCCESS) {
 			qp->st.tx_msgs++;
 			qp->st.tx_bytes += o->byte_len;
+			if (!s->deliver)
+				return false; /* the program did not ask for it */
 		}
 	}
 	if (o->status != DGV_WC_SUCCESS && o->status != DGV_WC_WR_FLUSH_ERR) {
@@ -999,6 +1048,17 @@ static bool convert(struct iv_cq *cq, const struct ibv_wc *w, struct dgv_wc *o, 
 			w->wr_id & RECV_BIT ? "receive" : "send", ibv_wc_status_str(w->status), w->vendor_err);
 	}
 	return true;
+}
+
+void iv_note_sends(struct iv_cq *cq, const struct ibv_wc *w, int n)
+{
+	for (int i = 0; i < n; i++) {
+		struct iv_qp *qp;
+		if ((w[i].wr_id & RECV_BIT) || !(qp = cq_find_qp(cq, w[i].qp_num)))
+			continue;
+		if (w[i].wr_id + 1 > __atomic_load_n(&qp->sdone, __ATOMIC_RELAXED))
+			__atomic_store_n(&qp->sdone, w[i].wr_id + 1, __ATOMIC_RELEASE);
+	}
 }
 
 int iv_poll_cq(struct dgv_cq *cb, int n, struct dgv_wc *wc)
@@ -1310,16 +1370,12 @@ int iv_reject(struct dgv_conn_req *rb, const void *pdata, uint16_t len)
 	return r;
 }
 
-int iv_disconnect(struct dgv_qp *qb)
+/* rdma_disconnect, and the DISCONNECTED nobody else will report. */
+static void do_disconnect(struct iv_qp *qp)
 {
-	struct iv_qp *qp = to_iqp(qb);
-	struct iv_ctx *ctx = to_ictx(qb->ctx);
-	if (accept_unlink(ctx, qp)) {
-		/* never accepted: refuse it instead */
-		rdma_reject(qp->id, NULL, 0);
-		qp_set_state(qp, DGV_QPS_CLOSED);
-		return 0;
-	}
+	struct dgv_qp *qb = &qp->base;
+	if (atomic_load(&qp->state) == DGV_QPS_CLOSED)
+		return; /* the peer's DISCONNECTED came while we waited for our sends */
 	pthread_mutex_lock(&qp->ch->lock);
 	qp->disc_called = true;
 	int r = rdma_disconnect(qp->id) ? -errno : 0;
@@ -1333,7 +1389,43 @@ int iv_disconnect(struct dgv_qp *qb)
 		qp_set_state(qp, DGV_QPS_CLOSING);
 	}
 	pthread_mutex_unlock(&qp->ch->lock);
-	return r;
+}
+
+/*
+ * Graceful: rdma_disconnect moves the QP to error at once (IB) and flushes what is still in
+ * the send queue, so it waits until every send posted so far has completed (each device send
+ * is signaled for this: iv_swr.deliver), at most 5 s; the CQ and CM calls check (run_discs).
+ */
+int iv_disconnect(struct dgv_qp *qb)
+{
+	struct iv_qp *qp = to_iqp(qb);
+	struct iv_ctx *ctx = to_ictx(qb->ctx);
+	if (accept_unlink(ctx, qp)) {
+		/* never accepted: refuse it instead */
+		rdma_reject(qp->id, NULL, 0);
+		qp_set_state(qp, DGV_QPS_CLOSED);
+		return 0;
+	}
+	if (qp->disc_called)
+		return 0;
+	pthread_mutex_lock(&qp->lock);
+	bool busy = qp->established && atomic_load(&qp->state) != DGV_QPS_ERROR &&
+		    __atomic_load_n(&qp->sdone, __ATOMIC_ACQUIRE) < qp->shead;
+	pthread_mutex_unlock(&qp->lock);
+	if (!busy) {
+		do_disconnect(qp);
+		return 0;
+	}
+	qp->disc_called = true;
+	qp->disc_deadline = iv_now_ms() + 5000;
+	if (atomic_load(&qp->state) != DGV_QPS_ERROR)
+		qp_set_state(qp, DGV_QPS_CLOSING);
+	pthread_mutex_lock(&ctx->lock);
+	qp->next_disc = ctx->discs;
+	ctx->discs = qp;
+	atomic_fetch_add(&ctx->naccepts, 1);
+	pthread_mutex_unlock(&ctx->lock);
+	return 0;
 }
 
 enum dgv_qp_state iv_qp_state(struct dgv_qp *qb) { return (enum dgv_qp_state)atomic_load(&to_iqp(qb)->state); }
