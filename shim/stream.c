@@ -1247,6 +1247,11 @@ int stream_so_error(struct sock *s, int *out)
 		progress(s, t);
 		*out = t->so_error;
 		t->so_error = 0;
+		if (!*out && t->state != SS_CONNECTING && t->err) {
+			/* the kernel's sk_err: a reset is read once, through SO_ERROR or a read */
+			*out = t->err;
+			t->err = 0;
+		}
 		rc = 0;
 	}
 	sock_unlock(s);
