@@ -48,6 +48,8 @@
  *              the wait ends with POLLIN|POLLRDHUP
  *   linger0    SO_LINGER {1,0} read back; client sends and closes at once: server POLLIN|POLLHUP|
  *              POLLRDHUP, reads the data, then ECONNRESET, then 0; send -> EPIPE
+ *   resetso    the same reset read through SO_ERROR first: ECONNRESET, then 0, POLLERR gone,
+ *              the data, then 0
  *   lingern    SO_LINGER {1,3}: 1 MiB written, close returns within the linger time once the
  *              data is out; server reads every byte (verified) then 0
  */
@@ -1062,6 +1064,50 @@ static void s_wake(int ls)
 	close(a2);
 }
 
+/* The same reset, read through SO_ERROR first (as an event loop does after POLLERR). */
+static void c_resetso(void)
+{
+	int fd = connect_block();
+	check_carried(fd);
+	struct linger lg = {1, 0};
+	setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+	int e;
+	ssize_t n = snd(fd, "abort", 5, 0, &e);
+	check(n == 5, "send", "%s", res(n, e));
+	int r = close(fd);
+	check(r == 0, "close", "%s", res(r, errno));
+	say("resetso-closed");
+	hear("resetso-done");
+}
+
+static void s_resetso(int ls)
+{
+	int fd = accept_one(ls, 0);
+	check_carried(fd);
+	hear("resetso-closed");
+	int rev = pollrev(fd, POLLIN | POLLRDHUP, 5000);
+	check(rev == (POLLIN | POLLRDHUP | POLLHUP | POLLERR), "poll", "poll(IN|RDHUP) after the reset: %s (want IN|ERR|HUP|RDHUP)",
+	      pollstr(rev));
+	int v = -1;
+	socklen_t l = sizeof v;
+	int r = getsockopt(fd, SOL_SOCKET, SO_ERROR, &v, &l);
+	check(r == 0 && v == ECONNRESET, "so_error", "SO_ERROR %s (want ECONNRESET)", ename(v));
+	v = -1;
+	r = getsockopt(fd, SOL_SOCKET, SO_ERROR, &v, &l);
+	check(r == 0 && v == 0, "so_error_cleared", "SO_ERROR again: %s (want 0)", ename(v));
+	rev = pollrev(fd, POLLIN | POLLRDHUP, 0);
+	check(rev == (POLLIN | POLLRDHUP | POLLHUP), "poll_after", "poll(IN|RDHUP) once the error was read: %s (want IN|HUP|RDHUP)",
+	      pollstr(rev));
+	char b[16] = {0};
+	int e;
+	ssize_t n = rcv(fd, b, sizeof b, 0, &e);
+	check(n == 5 && !memcmp(b, "abort", 5), "recv", "the data: %s (want 5)", res(n, e));
+	n = rcv(fd, b, sizeof b, 0, &e);
+	check(n == 0, "recv_eof", "then: %s (want 0: the error was read through SO_ERROR)", res(n, e));
+	say("resetso-done");
+	close(fd);
+}
+
 static uint8_t pat(size_t i)
 {
 	return (uint8_t)(i * 2654435761u >> 13);
@@ -1147,6 +1193,7 @@ static const struct {
 	{"close", c_close, s_close, false},
 	{"wake", c_wake, s_wake, false},
 	{"linger0", c_linger0, s_linger0, false},
+	{"resetso", c_resetso, s_resetso, false},
 	{"lingern", c_lingern, s_lingern, false},
 };
 #define NCASES (sizeof cases / sizeof cases[0])
