@@ -7,7 +7,7 @@
  *
  *   verbs_conf [-P soft|ibverbs|auto] [-d DEV] IP PORT
  *
- * It uses PORT (the listener) and PORT+1 (where nobody listens). Checks, one line each,
+ * It uses PORT (the listener), PORT+1 (where nobody listens) and PORT+2..PORT+4 (UD). Checks, one line each,
  * "PASS|FAIL|SKIP <name> <detail>":
  *   open          both contexts open on the provider asked for
  *   rc_connect    listen, connect with private data, CONNECT_REQUEST carries it byte-exact,
@@ -25,6 +25,12 @@
  *                 where the provider has one (REM_ACCESS_ERR completion on IB/RoCE, the peer's
  *                 Terminate in the error queue on soft; siw tells neither end)
  *   rem_bounds    the same with the right STag beyond the region's end (siw tells the target)
+ *   ud_send       UD QPs on PORT+2 and PORT+3, an address handle by address, Sends of 1 B..1000 B
+ *                 byte-exact with the sender's address as source (skipped where the device
+ *                 has no UD: iWARP)
+ *   ud_large      UD Sends of 4 KiB and 64 KiB (skipped, with the reason, above a device's MTU)
+ *   ud_no_peer    an address handle to PORT+4, where no UD QP is, fails on a device (discovery);
+ *                 skipped on soft, whose address handles ask nothing
  * Exit: 0 nothing failed, 1 a check failed, 2 usage, 77 the provider cannot be opened here
  * (no RDMA device for ibverbs).
  */
@@ -422,6 +428,123 @@ static void rem_test(const char *name, const union dgv_sockaddr *dst, socklen_t 
 
 }
 
+/* UD: QPs at PORT+2 (server) and PORT+3 (client), an address handle by address (on a device:
+ * service ID resolution, the discovery of the remote QP number and Q_Key), Sends byte-exact
+ * with the right source address; then an address handle to PORT+4 where no UD QP is. */
+static void ud_tests(const union dgv_sockaddr *dst, socklen_t dlen)
+{
+	union dgv_sockaddr sa = *dst, ca = *dst, none = *dst;
+	uint16_t p0 = ntohs(dst->sin.sin_port); /* sin_port and sin6_port share the offset */
+	sa.sin.sin_port = htons((uint16_t)(p0 + 2));
+	ca.sin.sin_port = htons((uint16_t)(p0 + 3));
+	none.sin.sin_port = htons((uint16_t)(p0 + 4));
+	struct dgv_qp_init_attr qa = {.qp_type = DGV_QPT_UD, .send_cq = S.scq, .recv_cq = S.rcq, .max_send_wr = 32,
+				      .max_recv_wr = 16, .max_sge = 1, .bind_addr = &sa.sa, .bind_len = dlen};
+	struct dgv_ah *ah = NULL;
+	struct dgv_wc junk[8];
+	/* flushes of the RC QPs destroyed before */
+	while (dgv_poll_cq(S.rcq, 8, junk) > 0 || dgv_poll_cq(S.scq, 8, junk) > 0 || dgv_poll_cq(C.rcq, 8, junk) > 0 ||
+	       dgv_poll_cq(C.scq, 8, junk) > 0)
+		;
+	int r = dgv_create_qp(S.pd, &qa, &S.qp);
+	if (r == -EOPNOTSUPP) {
+		result("SKIP", "ud_send", "provider %s on this device has no UD queue pairs (iWARP: datagram sockets "
+		       "stay on soft)", dgv_provider_name(S.ctx));
+		result("SKIP", "ud_large", "no UD");
+		result("SKIP", "ud_no_peer", "no UD");
+		S.qp = NULL;
+		return;
+	}
+	qa.send_cq = C.scq;
+	qa.recv_cq = C.rcq;
+	qa.bind_addr = &ca.sa;
+	if (r || (r = dgv_create_qp(C.pd, &qa, &C.qp))) {
+		result("FAIL", "ud_send", "dgv_create_qp(UD): %s", strerror(-r));
+		result("SKIP", "ud_large", "no UD QP");
+		result("SKIP", "ud_no_peer", "no UD QP");
+		destroy_qps();
+		return;
+	}
+	union dgv_sockaddr cl;
+	socklen_t cll = sizeof cl;
+	dgv_qp_local_addr(C.qp, &cl, &cll);
+	static const uint32_t sizes[] = {1, 64, 1000, 4096, 65536};
+	size_t k = 0, nsmall = 3;
+	uint32_t too_big = 0;
+	const char *fail = NULL;
+	for (int i = 0; i < NRECV && !fail; i++)
+		if (post_recv(&S, i))
+			fail = why;
+	if (!fail && (r = dgv_create_ah(C.pd, &sa.sa, dlen, &ah))) {
+		fail_why("dgv_create_ah to the server's UD QP: %s", strerror(-r));
+		fail = why;
+	}
+	for (; !fail && k < sizeof sizes / sizeof *sizes; k++) {
+		struct dgv_sge sge = {(uintptr_t)C.arena, sizes[k], C.mr->lkey};
+		struct dgv_send_wr wr = {.wr_id = 700 + k, .sg_list = &sge, .num_sge = 1, .opcode = DGV_WR_SEND,
+					 .send_flags = DGV_SEND_SIGNALED, .ah = ah};
+		struct dgv_wc wc;
+		fill(C.arena, sizes[k], sizes[k] + 5);
+		if ((r = dgv_post_send(C.qp, &wr, NULL))) {
+			if (r == -EMSGSIZE && k >= nsmall) {
+				too_big = sizes[k];
+				break;
+			}
+			fail_why("size %u: dgv_post_send: %s", sizes[k], strerror(-r));
+			fail = why;
+		} else if (wait_wc(&C, C.scq, &wc, "UD Send") || wc.status != DGV_WC_SUCCESS) {
+			if (!*why || wc.status != DGV_WC_SUCCESS)
+				fail_why("size %u: send completion %s", sizes[k], st_name(wc.status));
+			fail = why;
+		} else if (wait_wc(&S, S.rcq, &wc, "UD Receive")) {
+			fail = why;
+		} else {
+			int i = (int)(wc.wr_id - 100);
+			long d = i >= 0 && i < NRECV ? diff_at(S.arena + (size_t)i * RBUF, C.arena, sizes[k]) : 0;
+			if (wc.status != DGV_WC_SUCCESS || wc.opcode != DGV_WC_RECV || wc.byte_len != sizes[k] || i < 0 ||
+			    i >= NRECV)
+				fail_why("size %u: receive status %s opcode %d byte_len %u wr_id %" PRIu64, sizes[k],
+					 st_name(wc.status), wc.opcode, wc.byte_len, wc.wr_id);
+			else if (d >= 0)
+				fail_why("size %u: byte %ld differs", sizes[k], d);
+			else if (!dgv_addr_eq(&wc.src, &cl))
+				fail_why("size %u: source address is not the client QP's", sizes[k]);
+			else if (post_recv(&S, i) == 0)
+				continue;
+			fail = why;
+		}
+	}
+	if (fail)
+		result("FAIL", "ud_send", "%s", fail);
+	else
+		result("PASS", "ud_send", "%zu UD Sends of 1..%u B through an address handle by address, byte-exact, "
+		       "source address right", k, sizes[(k ? k : 1) - 1]);
+	if (fail)
+		result("SKIP", "ud_large", "ud_send failed");
+	else if (too_big)
+		result("SKIP", "ud_large", "%u-byte UD message: -EMSGSIZE (larger than the device's MTU; segmentation "
+		       "on a device is not implemented yet)", too_big);
+	else
+		result("PASS", "ud_large", "UD messages of 4 KiB and 64 KiB (segmented) byte-exact");
+	if (ah)
+		dgv_destroy_ah(ah);
+	/* ud_no_peer */
+	struct dgv_ah *ah2 = NULL;
+	r = dgv_create_ah(C.pd, &none.sa, dlen, &ah2);
+	if (r == 0 && !strcmp(dgv_provider_name(C.ctx), "soft"))
+		result("SKIP", "ud_no_peer", "soft: an address handle is a UDP address, nothing is asked (discovery is "
+		       "the shim's)");
+	else if (r == 0)
+		result("FAIL", "ud_no_peer", "dgv_create_ah to port %u, where no UD QP is, succeeded", p0 + 4);
+	else if (r == -ECONNREFUSED || r == -ETIMEDOUT || r == -EHOSTUNREACH)
+		result("PASS", "ud_no_peer", "dgv_create_ah to port %u (no UD QP there): %s", p0 + 4, strerror(-r));
+	else
+		result("FAIL", "ud_no_peer", "dgv_create_ah to port %u: %s (want -ECONNREFUSED)", p0 + 4, strerror(-r));
+	if (ah2)
+		dgv_destroy_ah(ah2);
+	destroy_qps();
+}
+
 int main(int argc, char **argv)
 {
 	enum dgv_provider_kind prov = DGV_PROV_AUTO;
@@ -682,6 +805,9 @@ independent:
 	/* ---- rem_access and rem_bounds */
 	rem_test("rem_access", &dst, dlen, false);
 	rem_test("rem_bounds", &dst, dlen, true);
+
+	/* ---- ud_send, ud_large, ud_no_peer */
+	ud_tests(&dst, dlen);
 
 	if (L)
 		dgv_listener_destroy(L);

@@ -78,7 +78,8 @@ int iv_wait_event(struct rdma_event_channel *rch, enum rdma_cm_event_type want, 
 
 /* ---------------------------------------------------------------- context */
 
-static struct ibv_context *ctx_by_addr(const struct sockaddr *addr, socklen_t len, char *why, size_t whylen)
+static struct ibv_context *ctx_by_addr(const struct sockaddr *addr, socklen_t len, char *why, size_t whylen,
+				       bool *local)
 {
 	struct rdma_event_channel *rch = rdma_create_event_channel();
 	struct rdma_cm_id *id = NULL;
@@ -103,6 +104,7 @@ static struct ibv_context *ctx_by_addr(const struct sockaddr *addr, socklen_t le
 	 * traffic to it (rdma_cm resolves through the routing table). */
 	if (rdma_bind_addr(id, &a.sa) == 0 && id->verbs) {
 		v = id->verbs;
+		*local = true;
 		goto out;
 	}
 	rdma_destroy_id(id);
@@ -151,6 +153,7 @@ static struct ibv_context *ctx_by_name(const char *name, char *why, size_t whyle
 static void iv_close(struct dgv_context *cb)
 {
 	struct iv_ctx *ctx = to_ictx(cb);
+	iv_ud_close(ctx);
 	if (ctx->defch)
 		iv_chan_free(ctx->defch);
 	pthread_mutex_destroy(&ctx->lock);
@@ -492,10 +495,11 @@ int dgv_ibverbs_open(const struct dgv_context_attr *attr, struct dgv_context **o
 {
 	const char *name = attr && attr->device ? attr->device : getenv("DGSHIM_IBV_DEVICE");
 	struct ibv_context *v;
+	bool local = false;
 	if (name && !*name)
 		name = NULL;
 	if (attr && attr->addr && !name)
-		v = ctx_by_addr(attr->addr, attr->addrlen, open_why, sizeof open_why);
+		v = ctx_by_addr(attr->addr, attr->addrlen, open_why, sizeof open_why, &local);
 	else
 		v = ctx_by_name(name, open_why, sizeof open_why);
 	if (!v) {
@@ -511,6 +515,17 @@ int dgv_ibverbs_open(const struct dgv_context_attr *attr, struct dgv_context **o
 	snprintf(ctx->dev, sizeof ctx->dev, "%s", ibv_get_device_name(v->device));
 	ctx->iwarp = v->device->transport_type == IBV_TRANSPORT_IWARP;
 	pthread_mutex_init(&ctx->lock, NULL);
+	pthread_mutex_init(&ctx->ud_lock, NULL);
+	ctx->sidr_ep = ctx->sidr_efd = -1;
+	if (local) {
+		/* UD QPs without a bind address are reached here */
+		memcpy(&ctx->addr, attr->addr, attr->addrlen < sizeof ctx->addr ? attr->addrlen : sizeof ctx->addr);
+		if (ctx->addr.sa.sa_family == AF_INET)
+			ctx->addr.sin.sin_port = 0;
+		else
+			ctx->addr.sin6.sin6_port = 0;
+		ctx->have_addr = true;
+	}
 	int r = ibv_query_device(v, &ctx->dattr);
 	if (r) {
 		snprintf(open_why, sizeof open_why, "ibv_query_device(%s): %s", ctx->dev, strerror(r));

@@ -35,6 +35,13 @@ struct iv_ctx {
 	struct iv_qp *accepts;       /* accepted QPs whose rdma_accept waits (iv_run_accepts) */
 	struct iv_qp *discs;         /* QPs whose rdma_disconnect waits for their sends (same) */
 	atomic_int naccepts;         /* entries on both lists; read without the lock on the poll path */
+	union dgv_sockaddr addr;     /* the local address the device was chosen by (port 0), if any */
+	bool have_addr;
+	/* UD (ud.c): a thread answers address resolution requests (SIDR) for the UD QPs */
+	pthread_mutex_t ud_lock;
+	pthread_t sidr_thr;
+	int sidr_ep, sidr_efd;
+	bool sidr_running;
 };
 
 /* Registration cache: one entry per (addr, length, access) per PD, shared by reference. */
@@ -130,6 +137,12 @@ struct iv_qp {
 	size_t held_sz;
 	uint32_t nheld;
 	uint32_t rx_msn;
+	/* UD (ud.c) */
+	bool ud;
+	uint8_t *grh;                /* IV_GRH bytes per receive slot: where the device puts the GRH */
+	struct ibv_mr *grh_mr;
+	uint32_t ud_mtu;             /* largest message: the port's active MTU */
+	uint16_t ud_port;            /* our port (host order), in every Send's immediate */
 	bool disc_called, peer_closed, established;
 	/* deferred rdma_accept (iv_run_accepts) */
 	struct iv_qp *next_accept;
@@ -175,6 +188,28 @@ static inline struct iv_pd *to_ipd(struct dgv_pd *p) { return (struct iv_pd *)p;
 static inline struct iv_cq *to_icq(struct dgv_cq *c) { return (struct iv_cq *)c; }
 static inline struct iv_qp *to_iqp(struct dgv_qp *q) { return (struct iv_qp *)q; }
 static inline struct iv_chan *to_ichan(struct dgv_cm_channel *c) { return (struct iv_chan *)c; }
+
+#define IV_GRH 40
+#define IV_UD_MAX_SGE 7
+
+struct iv_ah {
+	struct dgv_ah base;
+	struct ibv_ah *ah;
+	uint32_t qpn, qkey;
+};
+
+/* ud.c */
+int iv_ud_create_qp(struct dgv_pd *pd, const struct dgv_qp_init_attr *attr, struct dgv_qp **out);
+void iv_ud_destroy(struct iv_qp *qp);
+int iv_ud_build(struct iv_qp *qp, const struct dgv_send_wr *wr, uint32_t len, struct ibv_send_wr *w);
+void iv_ud_recv(struct iv_qp *qp, const struct ibv_wc *w, uint64_t slot, struct dgv_wc *o);
+void iv_ud_close(struct iv_ctx *ctx);
+
+/* qp.c, shared with ud.c */
+struct iv_qp *iv_qp_alloc(struct iv_pd *pd, const struct dgv_qp_init_attr *attr, struct iv_chan *ch);
+void iv_qp_free(struct iv_qp *qp);
+int iv_cq_add_qp(struct iv_cq *cq, struct iv_qp *qp);
+void iv_cq_del_qp(struct iv_cq *cq, struct iv_qp *qp);
 
 /* device.c */
 uint64_t iv_now_ms(void);

@@ -547,7 +547,7 @@ static void errq_push(struct iv_qp *qp, uint8_t layer, uint8_t etype, uint8_t ec
 	qp->errq_n++;
 }
 
-static int cq_add_qp(struct iv_cq *cq, struct iv_qp *qp)
+int iv_cq_add_qp(struct iv_cq *cq, struct iv_qp *qp)
 {
 	int r = 0;
 	pthread_mutex_lock(&cq->lock);
@@ -561,7 +561,7 @@ static int cq_add_qp(struct iv_cq *cq, struct iv_qp *qp)
 	return r;
 }
 
-static void cq_del_qp(struct iv_cq *cq, struct iv_qp *qp)
+void iv_cq_del_qp(struct iv_cq *cq, struct iv_qp *qp)
 {
 	pthread_mutex_lock(&cq->lock);
 	for (uint32_t i = 0; i < cq->nqps; i++)
@@ -572,7 +572,7 @@ static void cq_del_qp(struct iv_cq *cq, struct iv_qp *qp)
 	pthread_mutex_unlock(&cq->lock);
 }
 
-static struct iv_qp *qp_alloc(struct iv_pd *pd, const struct dgv_qp_init_attr *attr, struct iv_chan *ch)
+struct iv_qp *iv_qp_alloc(struct iv_pd *pd, const struct dgv_qp_init_attr *attr, struct iv_chan *ch)
 {
 	struct iv_qp *qp = calloc(1, sizeof *qp);
 	if (!qp)
@@ -590,7 +590,7 @@ static struct iv_qp *qp_alloc(struct iv_pd *pd, const struct dgv_qp_init_attr *a
 	return qp;
 }
 
-static void qp_free(struct iv_qp *qp)
+void iv_qp_free(struct iv_qp *qp)
 {
 	if (qp->wrec_mr)
 		ibv_dereg_mr(qp->wrec_mr);
@@ -654,8 +654,8 @@ static int qp_attach(struct iv_qp *qp, struct rdma_cm_id *id, const struct dgv_q
 	}
 	if (!qp->sslots || !qp->rslots || !qp->held || (ctx->iwarp && !qp->wrec_mr))
 		r = -ENOMEM;
-	else if ((r = cq_add_qp(qp->scq, qp)) == 0 && qp->rcq != qp->scq && (r = cq_add_qp(qp->rcq, qp)))
-		cq_del_qp(qp->scq, qp);
+	else if ((r = iv_cq_add_qp(qp->scq, qp)) == 0 && qp->rcq != qp->scq && (r = iv_cq_add_qp(qp->rcq, qp)))
+		iv_cq_del_qp(qp->scq, qp);
 	if (r) {
 		rdma_destroy_qp(id);
 		qp->qp = NULL;
@@ -676,32 +676,31 @@ int iv_create_qp(struct dgv_pd *pd, const struct dgv_qp_init_attr *attr, struct 
 		DG_INFO("ibverbs: RC QPs come from dgv_connect or dgv_accept");
 		return -EINVAL;
 	}
-	DG_WARN("ibverbs: %s QPs are not implemented yet in the ibverbs provider",
-		attr->qp_type == DGV_QPT_UD ? "UD" : "RD");
+	if (attr->qp_type == DGV_QPT_UD)
+		return iv_ud_create_qp(pd, attr, out);
+	DG_WARN("ibverbs: RD QPs are not implemented in the ibverbs provider (datagram sockets that "
+		"need them stay on soft)");
 	return -EOPNOTSUPP;
 }
-
-int iv_create_ah(struct dgv_pd *pd, const struct sockaddr *addr, socklen_t len, struct dgv_ah **out)
-{
-	DG_WARN("ibverbs: address handles (UD) are not implemented yet in the ibverbs provider");
-	return -EOPNOTSUPP;
-}
-
-int iv_destroy_ah(struct dgv_ah *ah) { return -EOPNOTSUPP; }
 
 int iv_destroy_qp(struct dgv_qp *qb)
 {
 	struct iv_qp *qp = to_iqp(qb);
 	struct iv_ctx *ctx = to_ictx(qb->ctx);
+	if (qp->ud) {
+		iv_ud_destroy(qp);
+		iv_qp_free(qp);
+		return 0;
+	}
 	accept_unlink(ctx, qp);
 	disc_unlink(ctx, qp);
 	if (qp->qp) {
 		/* to ERROR first, so the device stops placing before the QP goes */
 		struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
 		ibv_modify_qp(qp->qp, &a, IBV_QP_STATE);
-		cq_del_qp(qp->scq, qp);
+		iv_cq_del_qp(qp->scq, qp);
 		if (qp->rcq != qp->scq)
-			cq_del_qp(qp->rcq, qp);
+			iv_cq_del_qp(qp->rcq, qp);
 		rdma_destroy_qp(qp->id);
 		pthread_mutex_lock(&qp->pd->lock);
 		qp->pd->nqps--;
@@ -722,7 +721,7 @@ int iv_destroy_qp(struct dgv_qp *qb)
 	pthread_mutex_unlock(&qp->ch->lock);
 	if (qp->id)
 		rdma_destroy_id(qp->id);
-	qp_free(qp);
+	iv_qp_free(qp);
 	return 0;
 }
 
@@ -762,6 +761,15 @@ static int build_send(struct iv_qp *qp, const struct dgv_send_wr *wr, uint64_t s
 	w->send_flags = IBV_SEND_SIGNALED; /* always: iv_swr.deliver */
 	w->wr.rdma.remote_addr = wr->remote_addr;
 	w->wr.rdma.rkey = wr->rkey;
+	if (qp->ud) {
+		int r = iv_ud_build(qp, wr, len, w);
+		if (r)
+			return r;
+		qp->sslots[slot % qp->nsslots] = (struct iv_swr){
+			.wr_id = wr->wr_id, .len = len, .opcode = DGV_WC_SEND, .deliver = !!(wr->send_flags & DGV_SEND_SIGNALED)};
+		w->wr_id = slot;
+		return 1;
+	}
 	switch (wr->opcode) {
 	case DGV_WR_SEND_SE:
 		w->send_flags |= IBV_SEND_SOLICITED;
@@ -909,6 +917,7 @@ int iv_post_recv(struct dgv_qp *qb, struct dgv_recv_wr *wr, struct dgv_recv_wr *
 	struct iv_qp *qp = to_iqp(qb);
 	struct ibv_recv_wr iw[B], *ibad;
 	struct dgv_recv_wr *src[B];
+	struct ibv_sge usge[B][IV_UD_MAX_SGE + 1]; /* UD: the GRH slot, then the program's pieces */
 	int r = 0;
 	pthread_mutex_lock(&qp->lock);
 	while (wr && !r) {
@@ -924,6 +933,14 @@ int iv_post_recv(struct dgv_qp *qb, struct dgv_recv_wr *wr, struct dgv_recv_wr *
 				.len = wr->num_sge ? wr->sg_list[0].length : 0};
 			iw[n] = (struct ibv_recv_wr){.wr_id = slot | RECV_BIT, .next = &iw[n + 1],
 						     .sg_list = (struct ibv_sge *)wr->sg_list, .num_sge = wr->num_sge};
+			if (qp->ud) {
+				usge[n][0] = (struct ibv_sge){(uintptr_t)(qp->grh + (slot % qp->nrslots) * IV_GRH),
+							      IV_GRH, qp->grh_mr->lkey};
+				if (wr->num_sge)
+					memcpy(&usge[n][1], wr->sg_list, (size_t)wr->num_sge * sizeof usge[n][1]);
+				iw[n].sg_list = usge[n];
+				iw[n].num_sge = wr->num_sge + 1;
+			}
 			src[n] = wr;
 		}
 		if (r)
@@ -986,6 +1003,14 @@ static bool convert(struct iv_cq *cq, const struct ibv_wc *w, struct dgv_wc *o, 
 		const struct iv_rwr *rs = &qp->rslots[(w->wr_id & ~RECV_BIT) % qp->nrslots];
 		o->wr_id = rs->wr_id;
 		o->opcode = DGV_WC_RECV;
+		if (qp->ud) {
+			if (o->status == DGV_WC_SUCCESS) {
+				iv_ud_recv(qp, w, (w->wr_id & ~RECV_BIT) % qp->nrslots, o);
+				qp->st.rx_msgs++;
+				qp->st.rx_bytes += o->byte_len;
+			}
+			return true;
+		}
 		o->src = qp->info.peer;
 		o->src_len = qp->info.peer_len;
 		if (o->status == DGV_WC_SUCCESS) {
@@ -1154,7 +1179,7 @@ int iv_connect(struct dgv_pd *pb, const struct dgv_qp_init_attr *attr, const str
 			param->private_data_len, ctx->dev);
 		return -EINVAL;
 	}
-	struct iv_qp *qp = qp_alloc(to_ipd(pb), attr, ch);
+	struct iv_qp *qp = iv_qp_alloc(to_ipd(pb), attr, ch);
 	if (!qp)
 		return -ENOMEM;
 	tmp = rdma_create_event_channel();
@@ -1221,7 +1246,7 @@ fail:
 		rdma_destroy_id(id);
 	if (tmp)
 		rdma_destroy_event_channel(tmp);
-	qp_free(qp);
+	iv_qp_free(qp);
 	return r;
 }
 
@@ -1302,13 +1327,13 @@ int iv_accept(struct dgv_conn_req *rb, struct dgv_pd *pb, const struct dgv_qp_in
 	struct iv_req *req = (struct iv_req *)rb;
 	struct iv_ctx *ctx = to_ictx(rb->ctx);
 	struct iv_chan *ch = attr->cm_channel ? to_ichan(attr->cm_channel) : ctx->defch;
-	struct iv_qp *qp = qp_alloc(to_ipd(pb), attr, ch);
+	struct iv_qp *qp = iv_qp_alloc(to_ipd(pb), attr, ch);
 	if (!qp)
 		return -ENOMEM;
 	int plen = pdata_put(ctx, param ? param->private_data : NULL, param ? param->private_data_len : 0,
 			     qp->acc_pdata, ctx->iwarp ? DGV_MAX_PDATA : IB_REP_PDATA, false);
 	if (plen < 0) {
-		qp_free(qp);
+		iv_qp_free(qp);
 		return -EINVAL;
 	}
 	req->id->context = &qp->tag;
@@ -1318,9 +1343,9 @@ int iv_accept(struct dgv_conn_req *rb, struct dgv_pd *pb, const struct dgv_qp_in
 	if (r) {
 		if (qp->qp) {
 			qp->id = NULL;
-			cq_del_qp(qp->scq, qp);
+			iv_cq_del_qp(qp->scq, qp);
 			if (qp->rcq != qp->scq)
-				cq_del_qp(qp->rcq, qp);
+				iv_cq_del_qp(qp->rcq, qp);
 			rdma_destroy_qp(req->id);
 			pthread_mutex_lock(&qp->pd->lock);
 			qp->pd->nqps--;
@@ -1330,7 +1355,7 @@ int iv_accept(struct dgv_conn_req *rb, struct dgv_pd *pb, const struct dgv_qp_in
 			pthread_mutex_unlock(&ch->lock);
 		}
 		req->id->context = &req->tag;
-		qp_free(qp);
+		iv_qp_free(qp);
 		return r;
 	}
 	conn_param(ctx, param, &qp->acc);
