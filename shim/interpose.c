@@ -39,7 +39,7 @@ static void real_load(void)
 	LOAD(listen), LOAD(accept), LOAD(accept4), LOAD(sendfile), LOAD(sendfile64);
 	LOAD(close_range), LOAD(closefrom);
 	LOAD(dup), LOAD(dup2), LOAD(dup3), LOAD(fcntl), LOAD(ioctl);
-	LOAD(setsockopt), LOAD(getsockopt);
+	LOAD(setsockopt), LOAD(getsockopt), LOAD(getpeername);
 	LOAD(send), LOAD(sendto), LOAD(sendmsg), LOAD(sendmmsg);
 	LOAD(recv), LOAD(recvfrom), LOAD(recvmsg), LOAD(recvmmsg);
 	LOAD(read), LOAD(write), LOAD(readv), LOAD(writev);
@@ -380,6 +380,22 @@ SHIM_EXPORT int accept4(int fd, struct sockaddr *a, socklen_t *l, int flags)
 SHIM_EXPORT int shutdown(int fd, int how)
 {
 	CONTROL(fd, real.shutdown(fd, how), sock_shutdown(s, fd, how));
+}
+
+/* A carried stream's TCP socket is the provider's: open after both ends finished, possibly
+ * reset while the stream is only half-closed. The stream answers. */
+SHIM_EXPORT int getpeername(int fd, struct sockaddr *a, socklen_t *l)
+{
+	shim_real_init();
+	struct sock *s = taken(fd);
+	if (!s || !sock_is_stream(s))
+		return real.getpeername(fd, a, l);
+	ENTER();
+	int r = stream_getpeername(s, a, l);
+	if (r == -ENOSYS)
+		r = real.getpeername(fd, a, l) < 0 ? -errno : 0;
+	LEAVE();
+	return (int)ret(r);
 }
 
 /* set/getsockopt: SOL_IWARP options also answer on sockets the shim did not take (IWARP_MODE

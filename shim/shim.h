@@ -63,6 +63,7 @@ struct real_fns {
 	int (*ioctl)(int, unsigned long, ...);
 	int (*setsockopt)(int, int, int, const void *, socklen_t);
 	int (*getsockopt)(int, int, int, void *, socklen_t *);
+	int (*getpeername)(int, struct sockaddr *, socklen_t *);
 	ssize_t (*send)(int, const void *, size_t, int);
 	ssize_t (*sendto)(int, const void *, size_t, int, const struct sockaddr *, socklen_t);
 	ssize_t (*sendmsg)(int, const struct msghdr *, int);

@@ -1275,6 +1275,26 @@ int stream_setmode(struct sock *s, int mode)
 	return rc;
 }
 
+int stream_getpeername(struct sock *s, struct sockaddr *a, socklen_t *l)
+{
+	sock_lock(s);
+	struct stream *t = s->strm;
+	int r = -ENOSYS;
+	if (t && t->state != SS_NEW && t->state != SS_LISTEN && t->state != SS_CONNECTING) {
+		progress(s, t);
+		if (t->state == SS_DEAD || t->reset || ((t->fin_sent || t->shut_wr) && t->peer_fin)) {
+			r = -ENOTCONN;
+		} else if (s->peerlen && l) {
+			if (a)
+				memcpy(a, &s->peer, *l < s->peerlen ? *l : s->peerlen);
+			*l = s->peerlen;
+			r = a || !*l ? 0 : -EFAULT;
+		}
+	}
+	sock_unlock(s);
+	return r;
+}
+
 int stream_carried(struct sock *s)
 {
 	sock_lock(s);

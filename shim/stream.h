@@ -78,6 +78,10 @@ int stream_setmode(struct sock *s, int mode);
 /* TCP_NODELAY of a carried stream (set: 1, *l the length given): 0 or -errno; -ENOSYS when the
  * kernel answers (not carried). */
 int stream_nodelay(struct sock *s, int fd, int set, void *v, socklen_t *l);
+/* getpeername of a carried stream: its peer, or -ENOTCONN once it is over as a kernel socket
+ * would be closed (both FINs, a reset, a failed connect); -ENOSYS: the kernel answers. (The
+ * TCP socket under it is the provider's: it may be closed or reset while the stream is not.) */
+int stream_getpeername(struct sock *s, struct sockaddr *a, socklen_t *l);
 /* 1 when the stream is (being) carried over RC. */
 int stream_carried(struct sock *s);
 void stream_cq_ack(struct sock *s);
