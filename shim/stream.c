@@ -1324,14 +1324,20 @@ void stream_teardown(struct sock *s)
 	if (!t)
 		return;
 	if (t->state == SS_ESTAB && t->qp) {
-		/* SO_LINGER {1, 0}: an abortive close, as the kernel's. No FIN, no orderly end of
-		 * the QP: the program's close resets the connection and the peer reads
-		 * ECONNRESET (what had been handed to TCP before arrives first, as on loopback) */
+		/* SO_LINGER {1, 0}, or data the program never read: an abortive close, as the
+		 * kernel's (RFC 2525 2.17 for the latter). No FIN, no orderly end of the QP: the
+		 * program's close resets the connection and the peer reads ECONNRESET (what had
+		 * been handed to TCP before arrives first, as on loopback) */
 		struct linger lg = {0, 0};
 		socklen_t ll = sizeof lg;
 		bool abort = t->qfd >= 0 && real.getsockopt(t->qfd, SOL_SOCKET, SO_LINGER, &lg, &ll) == 0 &&
 			     lg.l_onoff && lg.l_linger == 0;
 		progress(s, t);
+		if (t->arrived != t->consumed && !abort) {
+			/* the provider has read TCP dry: the kernel would not see the unread data */
+			struct linger now = {1, 0};
+			abort = real.setsockopt(t->qfd, SOL_SOCKET, SO_LINGER, &now, sizeof now) == 0;
+		}
 		if (!t->tcp_down && !abort)
 			ctl_send(t, CTL_FIN | CTL_CLOSE);
 		/* queued data goes out before the QP: wait for our sends, bounded */
