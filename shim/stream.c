@@ -26,6 +26,7 @@
 #include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/sockios.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -280,7 +281,8 @@ static int ctl_send(struct stream *t, uint32_t flags)
 /* Credit back to the writer when a quarter of the ring or of its record budget is used up. */
 static void credit_maybe(struct stream *t)
 {
-	if (t->state != SS_ESTAB || t->tcp_down)
+	/* a peer that closed reads no credit, and bytes reaching its closed socket reset it */
+	if (t->state != SS_ESTAB || t->tcp_down || t->peer_close)
 		return;
 	if (t->ctl_owed || t->consumed - t->adv_consumed >= t->ring / 4 ||
 	    t->recs_polled - t->adv_recs >= MAX_RECS / 4)
@@ -1338,7 +1340,7 @@ void stream_teardown(struct sock *s)
 			struct linger now = {1, 0};
 			abort = real.setsockopt(t->qfd, SOL_SOCKET, SO_LINGER, &now, sizeof now) == 0;
 		}
-		if (!t->tcp_down && !abort)
+		if (!t->tcp_down && !abort && !t->peer_close)
 			ctl_send(t, CTL_FIN | CTL_CLOSE);
 		/* queued data goes out before the QP: wait for our sends, bounded */
 		uint64_t end = shim_now_us() + 2000000;
@@ -1346,8 +1348,19 @@ void stream_teardown(struct sock *s)
 			dgv_cq_wait(t->cq, 10);
 			progress(s, t);
 		}
-		if (!abort)
+		if (!abort) {
 			dgv_disconnect(t->qp);
+			/* Until the peer's TCP has acknowledged everything, keep reading: bytes the
+			 * peer's side sent before it learnt of our close (its first control message,
+			 * which MPA holds until our first FPDU; credit) would reach a closed socket,
+			 * which answers with a reset and drops what it still had to send. Bounded
+			 * by the same 2 s. */
+			int outq = 0;
+			while (!t->tcp_down && shim_now_us() < end && ioctl(t->qfd, SIOCOUTQ, &outq) == 0 && outq > 0) {
+				dgv_cq_wait(t->cq, 5);
+				progress(s, t);
+			}
+		}
 	}
 	res_free(t);
 	free(t);
