@@ -36,20 +36,24 @@
  *              blocking connect -> ECONNREFUSED
  *   shutwr     client SHUT_WR: its send -> EPIPE + SIGPIPE, MSG_NOSIGNAL -> EPIPE without,
  *              write() -> EPIPE + SIGPIPE, POLLOUT; server: POLLIN|POLLRDHUP (poll, epoll),
- *              data then 0, 0, can still send; server SHUT_WR -> POLLHUP on both ends
+ *              data then 0, 0, can still send; server SHUT_WR -> POLLHUP on both ends, and
+ *              getpeername ENOTCONN (the connection is closed)
  *   shutrd     client SHUT_RD with 5 bytes queued: recv returns them, then 0 without waiting,
  *              POLLIN|POLLRDHUP without POLLHUP; the client can still send; the server's sends
  *              succeed and (Linux) the client still reads what arrives after its SHUT_RD
  *   shutrdwr   client SHUT_RDWR: recv 0, send EPIPE, POLLIN|POLLOUT|POLLHUP|POLLRDHUP;
  *              server sees end of stream and POLLRDHUP
  *   close      client sends then closes: server POLLIN|POLLRDHUP (no POLLHUP), data, 0, 0;
- *              its sends end in EPIPE (SIGPIPE counted; MSG_NOSIGNAL: no signal), then POLLHUP
+ *              getpeername still works; its sends end in EPIPE (SIGPIPE counted; MSG_NOSIGNAL:
+ *              no signal), then POLLHUP and getpeername ENOTCONN
  *   wake       the server waits in poll (epoll_wait) when the client shuts (closes) a connection:
  *              the wait ends with POLLIN|POLLRDHUP
  *   linger0    SO_LINGER {1,0} read back; client sends and closes at once: server POLLIN|POLLHUP|
  *              POLLRDHUP, reads the data, then ECONNRESET, then 0; send -> EPIPE
  *   resetso    the same reset read through SO_ERROR first: ECONNRESET, then 0, POLLERR gone,
  *              the data, then 0
+ *   unread     client closes with data unread: the server's connection is reset (ECONNRESET,
+ *              then 0, POLLERR|POLLHUP)
  *   lingern    SO_LINGER {1,3}: 1 MiB written, close returns within the linger time once the
  *              data is out; server reads every byte (verified) then 0
  */
@@ -327,6 +331,21 @@ static int epollrev(int fd, uint32_t events, int ms)
 	if (n == 1 && out.data.u32 != 7)
 		return -2;
 	return n == 1 ? (int)out.events : n;
+}
+
+/* getpeername's answer: 0 (connected) or the errno */
+static int peer_err(int fd)
+{
+	struct sockaddr_in a;
+	socklen_t l = sizeof a;
+	return getpeername(fd, (struct sockaddr *)&a, &l) == 0 ? 0 : errno;
+}
+
+static int self_err(int fd)
+{
+	struct sockaddr_in a;
+	socklen_t l = sizeof a;
+	return getsockname(fd, (struct sockaddr *)&a, &l) == 0 && a.sin_port ? 0 : errno ? errno : EINVAL;
 }
 
 static bool eq_addr(const struct sockaddr_in *a, const struct sockaddr_in *b)
@@ -783,6 +802,9 @@ static void c_shutwr(void)
 	rev = epollrev(fd, EPOLLIN | EPOLLRDHUP, 2000);
 	check(rev == (EPOLLIN | EPOLLRDHUP | EPOLLHUP), "epoll_both_shut", "epoll(IN|RDHUP): %s (want IN|HUP|RDHUP)",
 	      pollstr(rev));
+	int pe = peer_err(fd), se = self_err(fd);
+	check(pe == ENOTCONN && se == 0, "names_both_shut", "getpeername %s (want ENOTCONN: both FINs went), getsockname %s",
+	      ename(pe), ename(se));
 	say("shutwr-done");
 	close(fd);
 }
@@ -817,6 +839,9 @@ static void s_shutwr(int ls)
 	      pollstr(rev));
 	say("shutwr-replied");
 	hear("shutwr-done");
+	int pe = peer_err(fd), se = self_err(fd);
+	check(pe == ENOTCONN && se == 0, "names_both_shut", "getpeername %s (want ENOTCONN: both FINs went), getsockname %s",
+	      ename(pe), ename(se));
 	close(fd);
 }
 
@@ -962,6 +987,8 @@ static void s_close(int ls)
 	check(n == 0, "recv_eof", "%s", res(n, e));
 	n = rcv(fd, b, sizeof b, 0, &e);
 	check(n == 0, "recv_eof_again", "%s", res(n, e));
+	int pe = peer_err(fd);
+	check(pe == 0, "getpeername", "after the peer's close: %s (want 0: half-closed, not closed)", ename(pe));
 	int before = sigpipes;
 	int tries = send_until_epipe(fd, 0, &e, &n);
 	check(n < 0 && e == EPIPE && sigpipes == before + 1, "send_epipe_sigpipe",
@@ -975,6 +1002,8 @@ static void s_close(int ls)
 	rev = pollrev(fd, POLLIN | POLLOUT | POLLRDHUP, 0);
 	check(rev >= 0 && (rev & (POLLIN | POLLOUT | POLLRDHUP | POLLHUP)) == (POLLIN | POLLOUT | POLLRDHUP | POLLHUP),
 	      "poll_reset", "poll(IN|OUT|RDHUP) after EPIPE: %s (want IN|OUT|HUP|RDHUP)", pollstr(rev));
+	pe = peer_err(fd);
+	check(pe == ENOTCONN, "getpeername_reset", "after the reset: %s (want ENOTCONN)", ename(pe));
 	say("close-done");
 	close(fd);
 }
@@ -1062,6 +1091,41 @@ static void s_wake(int ls)
 	say("wake-done");
 	close(a1);
 	close(a2);
+}
+
+/* Closing with data not read resets the connection (Linux, RFC 2525 2.17), SO_LINGER or not. */
+static void c_unread(void)
+{
+	int fd = connect_block();
+	check_carried(fd);
+	hear("unread-sent");
+	int rev = pollrev(fd, POLLIN, 5000);
+	check(rev == POLLIN, "pollin", "poll(POLLIN): %s", pollstr(rev));
+	int r = close(fd);
+	check(r == 0, "close", "close with 6 bytes unread: %s", res(r, errno));
+	say("unread-closed");
+	hear("unread-done");
+}
+
+static void s_unread(int ls)
+{
+	int fd = accept_one(ls, 0);
+	check_carried(fd);
+	int e;
+	ssize_t n = snd(fd, "unread", 6, 0, &e);
+	check(n == 6, "send", "%s", res(n, e));
+	say("unread-sent");
+	hear("unread-closed");
+	int rev = pollrev(fd, POLLIN | POLLRDHUP, 5000);
+	check(rev == (POLLIN | POLLRDHUP | POLLHUP | POLLERR), "poll",
+	      "poll(IN|RDHUP) after the peer closed with our data unread: %s (want IN|ERR|HUP|RDHUP)", pollstr(rev));
+	char b[16];
+	n = rcv(fd, b, sizeof b, 0, &e);
+	check(n < 0 && e == ECONNRESET, "recv_reset", "recv: %s (want -1 ECONNRESET)", res(n, e));
+	n = rcv(fd, b, sizeof b, 0, &e);
+	check(n == 0, "recv_after_reset", "recv again: %s (want 0)", res(n, e));
+	say("unread-done");
+	close(fd);
 }
 
 /* The same reset, read through SO_ERROR first (as an event loop does after POLLERR). */
@@ -1194,6 +1258,7 @@ static const struct {
 	{"wake", c_wake, s_wake, false},
 	{"linger0", c_linger0, s_linger0, false},
 	{"resetso", c_resetso, s_resetso, false},
+	{"unread", c_unread, s_unread, false},
 	{"lingern", c_lingern, s_lingern, false},
 };
 #define NCASES (sizeof cases / sizeof cases[0])
