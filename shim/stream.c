@@ -391,6 +391,11 @@ static void progress(struct sock *s, struct stream *t)
 	drain_cq(s, t);
 	if (!t->ch)
 		return;
+	/* Established: drain_cq has just progressed the QP, which queues any event it finds;
+	 * asking for events on an empty channel would drive the connection again (a TCP read
+	 * and CM locks on every send and receive). */
+	if (t->state == SS_ESTAB && dgv_cm_pending(t->ch) == 0)
+		return;
 	struct dgv_cm_event ev;
 	bool tcp_eof = false;
 	while (dgv_cm_get_event(t->ch, &ev) == 0) {
@@ -964,8 +969,12 @@ ssize_t stream_send(struct sock *s, int fd, const struct iovec *iov, int iovcnt,
 		goto out;
 	size_t total = iov_total(iov, iovcnt), done = 0;
 	int timeout = s->sndtimeo_ms > 0 ? s->sndtimeo_ms : -1;
-	for (;;) {
-		progress(s, t);
+	for (bool first = true;; first = false) {
+		/* Room for all of it already: no need to look at the connection first (a read of the
+		 * TCP socket); a peer's close is then found by the next call, as the kernel finds
+		 * it only once the peer answers data sent after its close. */
+		if (!first || t->err || t->tcp_down || tx_room(t) < total)
+			progress(s, t);
 		if (t->shut_wr || t->fin_sent || t->peer_close) {
 			/* a kernel's write to a closed peer is answered with a reset: the
 			 * socket is over both ways from then on (POLLHUP) */

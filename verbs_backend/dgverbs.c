@@ -257,6 +257,13 @@ int dgv_cm_get_event(struct dgv_cm_channel *ch, struct dgv_cm_event *ev)
 	return CM_OP(ch->ctx, cm_get_event) ?: ch->ctx->ops->cm_get_event(ch, ev);
 }
 
+int dgv_cm_pending(struct dgv_cm_channel *ch)
+{
+	if (!ch)
+		return -EINVAL;
+	return ch->ctx->ops->cm_pending ? ch->ctx->ops->cm_pending(ch) : 1;
+}
+
 int dgv_cm_wait(struct dgv_cm_channel *ch, int timeout_ms)
 {
 	if (!ch)

@@ -423,6 +423,10 @@ struct dgv_cm_channel *dgv_cm_default_channel(struct dgv_context *ctx);
 int dgv_cm_channel_fd(struct dgv_cm_channel *ch);
 /* Next event into *ev: 0, -EAGAIN when none is queued (never blocks; drives progress). */
 int dgv_cm_get_event(struct dgv_cm_channel *ch, struct dgv_cm_event *ev);
+/* Whether events are queued, without driving anything: > 0 some (or the backend cannot
+ * tell), 0 none. For a caller that has just progressed its QPs (polling their CQ does), an
+ * empty queue means dgv_cm_get_event would only drive them once more. */
+int dgv_cm_pending(struct dgv_cm_channel *ch);
 /* Blocks until an event is queued (0), timeout_ms passes (-ETIMEDOUT; < 0: forever) or a
  * signal interrupts (-EINTR). Drives progress while it waits. */
 int dgv_cm_wait(struct dgv_cm_channel *ch, int timeout_ms);

@@ -60,6 +60,7 @@ struct dgv_ops {
 	struct dgv_cm_channel *(*cm_default_channel)(struct dgv_context *ctx);
 	int (*cm_channel_fd)(struct dgv_cm_channel *ch);
 	int (*cm_get_event)(struct dgv_cm_channel *ch, struct dgv_cm_event *ev);
+	int (*cm_pending)(struct dgv_cm_channel *ch); /* optional: NULL reads as "maybe" */
 	int (*cm_wait)(struct dgv_cm_channel *ch, int timeout_ms);
 	int (*connect)(struct dgv_pd *pd, const struct dgv_qp_init_attr *attr, const struct sockaddr *dst,
 		       socklen_t dstlen, const struct dgv_conn_param *param, struct dgv_qp **out);

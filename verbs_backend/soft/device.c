@@ -226,6 +226,7 @@ static const struct dgv_ops soft_ops = {
 	.cm_default_channel = soft_cm_default_channel,
 	.cm_channel_fd = soft_cm_channel_fd,
 	.cm_get_event = soft_cm_get_event,
+	.cm_pending = soft_cm_pending,
 	.cm_wait = soft_cm_wait,
 	.connect = soft_rc_connect,
 	.listen = soft_rc_listen,

@@ -2531,6 +2531,11 @@ static int cm_drive(struct soft_ctx *ctx, struct soft_cm_channel *ch, struct pol
 	return n;
 }
 
+int soft_cm_pending(struct dgv_cm_channel *cb)
+{
+	return (int)__atomic_load_n(&((struct soft_cm_channel *)cb)->count, __ATOMIC_ACQUIRE);
+}
+
 int soft_cm_get_event(struct dgv_cm_channel *cb, struct dgv_cm_event *ev)
 {
 	struct soft_cm_channel *ch = (struct soft_cm_channel *)cb;
