@@ -526,6 +526,18 @@ int dgv_ibverbs_open(const struct dgv_context_attr *attr, struct dgv_context **o
 			ctx->addr.sin6.sin6_port = 0;
 		ctx->have_addr = true;
 	}
+	if (!local && !ctx->iwarp) {
+		/* chosen by name: the device's own IPv4 address, from its RoCE GID table (an
+		 * IPv4-mapped GID), so that UD QPs and listeners without an address have one */
+		union ibv_gid g;
+		static const uint8_t v4m[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+		for (int i = 0; i < 16 && !ctx->have_addr; i++)
+			if (ibv_query_gid(v, 1, i, &g) == 0 && !memcmp(g.raw, v4m, sizeof v4m)) {
+				ctx->addr.sin.sin_family = AF_INET;
+				memcpy(&ctx->addr.sin.sin_addr, g.raw + 12, 4);
+				ctx->have_addr = true;
+			}
+	}
 	int r = ibv_query_device(v, &ctx->dattr);
 	if (r) {
 		snprintf(open_why, sizeof open_why, "ibv_query_device(%s): %s", ctx->dev, strerror(r));

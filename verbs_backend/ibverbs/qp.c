@@ -1256,9 +1256,28 @@ int iv_listen(struct dgv_context *cb, const struct sockaddr *addr, socklen_t len
 	struct iv_ctx *ctx = to_ictx(cb);
 	struct iv_chan *ch = chb ? to_ichan(chb) : ctx->defch;
 	char a[64];
+	union dgv_sockaddr own;
 	if (adopt_fd >= 0) {
-		DG_WARN("ibverbs: dgv_listen cannot adopt a TCP socket: a device listens through rdma_cm");
-		return -EOPNOTSUPP;
+		/* A device listens through rdma_cm, not on the socket: on RoCE/IB, rdma_cm's TCP port
+		 * space is its own, so we listen at the socket's address there and connections made
+		 * with dgv_connect to that address reach us (the socket itself is left alone). On
+		 * iWARP the port is the kernel's TCP port, which the socket already holds. */
+		socklen_t ol = sizeof own;
+		if (ctx->iwarp || getsockname(adopt_fd, &own.sa, &ol)) {
+			DG_WARN("ibverbs: dgv_listen cannot adopt a TCP socket on %s: a device listens through rdma_cm",
+				ctx->dev);
+			return -EOPNOTSUPP;
+		}
+		/* a wildcard socket: the device's own address (rdma_cm's wildcard would also cover
+		 * iWARP devices, whose ports are the kernel's) */
+		bool any = own.sa.sa_family == AF_INET ? own.sin.sin_addr.s_addr == htonl(INADDR_ANY)
+						      : IN6_IS_ADDR_UNSPECIFIED(&own.sin6.sin6_addr);
+		if (any && ctx->have_addr) {
+			uint16_t port = own.sa.sa_family == AF_INET ? own.sin.sin_port : own.sin6.sin6_port;
+			own = ctx->addr;
+			own.sin.sin_port = port; /* same offset in sin6 */
+		}
+		addr = &own.sa;
 	}
 	struct iv_listener *l = calloc(1, sizeof *l);
 	if (!l)
