@@ -6,6 +6,8 @@
  * hosts would), so no second program or protocol is needed.
  *
  *   verbs_conf [-P soft|ibverbs|auto] [-d DEV] IP PORT
+ *   verbs_conf -P ibverbs -H SECONDS IP PORT   rc_connect, hold the connection while someone
+ *                 removes the device, then let go: check "vanish" (hold_connection; manual)
  *
  * It uses PORT (the listener), PORT+1 (where nobody listens) and PORT+2..PORT+4 (UD). Checks, one line each,
  * "PASS|FAIL|SKIP <name> <detail>":
@@ -343,6 +345,49 @@ static int server_recv_check(uint32_t len, const char *what)
 	return post_recv(&S, i);
 }
 
+/* -H: after rc_connect, hold the connection for SECONDS while someone removes the device
+ * (rdma link delete), report how the connection ended, then take everything down as a program
+ * would. A device with disassociate_ucontext (mlx5) ends the connection with DEVICE_REMOVAL
+ * (DISCONNECTED -ENODEV here, and the provider logs the device's fatal event); rxe and siw
+ * have none: the kernel waits for the device's users and tells them nothing, and librdmacm
+ * keeps its device contexts open until the process exits, so the removal completes only then.
+ * That case is reported as SKIP. */
+static int hold_connection(int seconds)
+{
+	struct dgv_cm_event ev = {0};
+	printf("holding the connection for %d s\n", seconds);
+	int got = 0;
+	for (int i = 0; i < seconds * 100 && !got; i++) {
+		pump();
+		if (C.nq) {
+			ev = C.q[0];
+			got = 1;
+		} else {
+			dgv_cm_wait(C.ch, 10);
+		}
+	}
+	destroy_qps();
+	if (L)
+		dgv_listener_destroy(L);
+	struct side *sides[2] = {&S, &C};
+	for (int i = 0; i < 2; i++) {
+		dgv_dereg_mr(sides[i]->mr);
+		dgv_destroy_cq(sides[i]->scq);
+		dgv_destroy_cq(sides[i]->rcq);
+		dgv_dealloc_pd(sides[i]->pd);
+		dgv_close(sides[i]->ctx);
+	}
+	if (!got) {
+		result("SKIP", "vanish", "no event within %d s: this device does not tell its users it is going "
+		       "(no disassociate_ucontext); everything freed", seconds);
+		return 77;
+	}
+	int ok = (ev.type == DGV_CM_DISCONNECTED || ev.type == DGV_CM_CONNECT_ERROR) && ev.status < 0;
+	result(ok ? "PASS" : "FAIL", "vanish", "the connection ended: %s status %d (%s); everything freed",
+	       ev_name(ev.type), ev.status, ev.status ? strerror(-ev.status) : "no error");
+	return ok ? 0 : 1;
+}
+
 /* A Write the target must refuse, on a fresh connection: a wrong STag, or (bounds) the right
  * STag beyond the region's end. The connection ends in error; who is told what depends on the
  * provider (comments below). */
@@ -551,20 +596,23 @@ int main(int argc, char **argv)
 	const char *pname = "auto", *dev = NULL;
 	int opt;
 	setvbuf(stdout, NULL, _IOLBF, 0);
-	while ((opt = getopt(argc, argv, "P:d:")) != -1) {
+	int hold = 0;
+	while ((opt = getopt(argc, argv, "P:d:H:")) != -1) {
 		if (opt == 'P') {
 			pname = optarg;
 			prov = !strcmp(optarg, "soft") ? DGV_PROV_SOFT : !strcmp(optarg, "ibverbs") ? DGV_PROV_IBVERBS
 											    : DGV_PROV_AUTO;
 		} else if (opt == 'd') {
 			dev = optarg;
+		} else if (opt == 'H') {
+			hold = atoi(optarg);
 		} else {
-			fprintf(stderr, "usage: verbs_conf [-P soft|ibverbs|auto] [-d DEV] IP PORT\n");
+			fprintf(stderr, "usage: verbs_conf [-P soft|ibverbs|auto] [-d DEV] [-H SECONDS] IP PORT\n");
 			return 2;
 		}
 	}
 	if (argc - optind != 2) {
-		fprintf(stderr, "usage: verbs_conf [-P soft|ibverbs|auto] [-d DEV] IP PORT\n");
+		fprintf(stderr, "usage: verbs_conf [-P soft|ibverbs|auto] [-d DEV] [-H SECONDS] IP PORT\n");
 		return 2;
 	}
 	signal(SIGPIPE, SIG_IGN);
@@ -619,6 +667,8 @@ int main(int argc, char **argv)
 		goto independent;
 	}
 	result("PASS", "rc_connect", "%s", detail);
+	if (hold)
+		return hold_connection(hold);
 
 	/* ---- send_sizes */
 	{
