@@ -474,6 +474,7 @@ static const struct dgv_ops iv_ops = {
 	.cm_default_channel = iv_cm_default_channel,
 	.cm_channel_fd = iv_cm_channel_fd,
 	.cm_get_event = iv_cm_get_event,
+	.cm_pending = iv_cm_pending,
 	.cm_wait = iv_cm_wait,
 	.connect = iv_connect,
 	.listen = iv_listen,

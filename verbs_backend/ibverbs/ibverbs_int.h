@@ -247,6 +247,7 @@ int iv_cm_destroy_channel(struct dgv_cm_channel *ch);
 struct dgv_cm_channel *iv_cm_default_channel(struct dgv_context *ctx);
 int iv_cm_channel_fd(struct dgv_cm_channel *ch);
 int iv_cm_get_event(struct dgv_cm_channel *ch, struct dgv_cm_event *ev);
+int iv_cm_pending(struct dgv_cm_channel *ch);
 int iv_cm_wait(struct dgv_cm_channel *ch, int timeout_ms);
 int iv_connect(struct dgv_pd *pd, const struct dgv_qp_init_attr *attr, const struct sockaddr *dst,
 	       socklen_t dstlen, const struct dgv_conn_param *param, struct dgv_qp **out);

@@ -411,6 +411,17 @@ int iv_cm_get_event(struct dgv_cm_channel *cb, struct dgv_cm_event *ev)
 	return r;
 }
 
+int iv_cm_pending(struct dgv_cm_channel *cb)
+{
+	struct iv_chan *ch = to_ichan(cb);
+	if (__atomic_load_n(&ch->qn, __ATOMIC_ACQUIRE) ||
+	    atomic_load_explicit(&to_ictx(cb->ctx)->naccepts, memory_order_relaxed))
+		return 1;
+	/* rdma_cm's own queue: one poll, no lock, nothing driven */
+	struct pollfd p = {.fd = ch->rch->fd, .events = POLLIN};
+	return poll(&p, 1, 0) > 0;
+}
+
 int iv_cm_wait(struct dgv_cm_channel *cb, int timeout_ms)
 {
 	struct iv_chan *ch = to_ichan(cb);
