@@ -23,6 +23,7 @@
  *   disconnect    orderly close from the active side right after posting Sends: they all
  *                 arrive, then both ends see the end
  *   refused       connect to a port nobody listens on: CONNECT_ERROR with -ECONNREFUSED
+ *   rejected      the server rejects with private data: REJECTED with it, byte-exact
  *   rem_access    RDMA Write with a wrong STag: the connection ends in error, with the reason
  *                 where the provider has one (REM_ACCESS_ERR completion on IB/RoCE, the peer's
  *                 Terminate in the error queue on soft; siw tells neither end)
@@ -849,6 +850,32 @@ independent:
 		else
 			result("PASS", "refused", "port %u: CONNECT_ERROR -ECONNREFUSED, QP state %d (ERROR is %d)",
 			       ntohs(dst_none.sin.sin_port), dgv_qp_state(C.qp), DGV_QPS_ERROR);
+		destroy_qps();
+	}
+
+	/* ---- rejected: the server answers a request with dgv_reject and private data */
+	if (!L) {
+		result("SKIP", "rejected", "no listener");
+	} else {
+		static const char hello[] = "dgconf-hello", no[] = "not-today";
+		struct dgv_conn_param cp = {.private_data = hello, .private_data_len = sizeof hello - 1};
+		struct dgv_qp_init_attr qa = qp_attr(&C);
+		struct dgv_cm_event ev;
+		r = dgv_connect(C.pd, &qa, &dst.sa, dlen, &cp, &C.qp);
+		if (r)
+			result("FAIL", "rejected", "dgv_connect: %s", strerror(-r));
+		else if (wait_ev(&S, DGV_CM_CONNECT_REQUEST, 0, &ev))
+			result("FAIL", "rejected", "%s", why);
+		else if ((r = dgv_reject(ev.req, no, sizeof no - 1)))
+			result("FAIL", "rejected", "dgv_reject: %s", strerror(-r));
+		else if (wait_ev(&C, DGV_CM_REJECTED, 0, &ev))
+			result("FAIL", "rejected", "%s", why);
+		else if (ev.pdata_len != sizeof no - 1 || memcmp(ev.pdata, no, sizeof no - 1))
+			result("FAIL", "rejected", "REJECTED with %u bytes of private data, want the %zu of \"%s\"", ev.pdata_len,
+			       sizeof no - 1, no);
+		else
+			result("PASS", "rejected", "dgv_reject with private data: REJECTED at the client with it byte-exact, "
+			       "QP state %d (ERROR is %d)", dgv_qp_state(C.qp), DGV_QPS_ERROR);
 		destroy_qps();
 	}
 

@@ -1120,7 +1120,8 @@ int iv_poll_cq(struct dgv_cq *cb, int n, struct dgv_wc *wc)
 		__atomic_store_n(&cq->nstash, cq->nstash - 1, __ATOMIC_RELEASE);
 	}
 	while (got < n) {
-		int k = ibv_poll_cq(cq->cq, n - got, w);
+		int want = n - got;
+		int k = ibv_poll_cq(cq->cq, want, w);
 		if (k < 0) {
 			pthread_mutex_unlock(&cq->lock);
 			return got ? got : -EIO;
@@ -1128,8 +1129,8 @@ int iv_poll_cq(struct dgv_cq *cb, int n, struct dgv_wc *wc)
 		for (int i = 0; i < k; i++)
 			if (convert(cq, &w[i], &wc[got], got))
 				got++;
-		if (k < n - got || k == 0)
-			break;
+		if (k < want)
+			break; /* the device's CQ is empty (completions nobody asked for were dropped) */
 	}
 	pthread_mutex_unlock(&cq->lock);
 	return got;
