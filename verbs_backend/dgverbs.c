@@ -2,6 +2,7 @@
 #include "provider.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -35,42 +36,51 @@ int dgv_open(const struct dgv_context_attr *attr, struct dgv_context **out)
 			return p;
 		a.provider = (enum dgv_provider_kind)p;
 	}
+	char why[160] = "";
+	int r = -EINVAL;
 	switch (a.provider) {
 	case DGV_PROV_AUTO:
 #ifdef DGV_HAVE_IBVERBS
 		/* A device is chosen by the address (or name) the caller will use it for; without
 		 * one there is no telling whether a device would reach the peer, so soft. */
 		if (!a.addr && !a.device && !getenv("DGSHIM_IBV_DEVICE")) {
-			DG_INFO("provider auto: soft (no address or device name to choose an RDMA device by)");
+			snprintf(why, sizeof why, "auto: soft (no address or device name to choose an RDMA device by)");
 		} else {
-			int r = dgv_ibverbs_open(&a, out);
+			r = dgv_ibverbs_open(&a, out);
 			if (r == 0) {
-				DG_INFO("provider auto: ibverbs (%s)", dgv_ibverbs_why());
-				return 0;
+				snprintf(why, sizeof why, "auto: ibverbs (%s)", dgv_ibverbs_why());
+				DG_INFO("provider %s", why);
+				break;
 			}
-			DG_INFO("provider auto: soft (ibverbs: %s)", r == -ENODEV ? dgv_ibverbs_why() : strerror(-r));
+			snprintf(why, sizeof why, "auto: soft (ibverbs: %s)", r == -ENODEV ? dgv_ibverbs_why() : strerror(-r));
 		}
 #else
-		DG_INFO("provider auto: soft (no ibverbs backend built)");
+		snprintf(why, sizeof why, "auto: soft (no ibverbs backend built)");
 #endif
-		/* fall through */
+		DG_INFO("provider %s", why);
+		r = dgv_soft_open(&a, out);
+		break;
 	case DGV_PROV_SOFT:
-		return dgv_soft_open(&a, out);
+		snprintf(why, sizeof why, "soft: asked for");
+		r = dgv_soft_open(&a, out);
+		break;
 	case DGV_PROV_IBVERBS:
 #ifdef DGV_HAVE_IBVERBS
-	{
-		int r = dgv_ibverbs_open(&a, out);
+		r = dgv_ibverbs_open(&a, out);
 		if (r)
 			DG_ERR("provider ibverbs: %s", r == -ENODEV ? dgv_ibverbs_why() : strerror(-r));
-		return r;
-	}
+		else
+			snprintf(why, sizeof why, "ibverbs: asked for (%s)", dgv_ibverbs_why());
 #else
 		DG_ERR("provider ibverbs requested but this build has no ibverbs backend "
 		       "(libibverbs-dev and librdmacm-dev were not found)");
-		return -ENODEV;
+		r = -ENODEV;
 #endif
+		break;
 	}
-	return -EINVAL;
+	if (r == 0)
+		snprintf((*out)->why, sizeof (*out)->why, "%s", why);
+	return r;
 }
 
 void dgv_close(struct dgv_context *ctx)
@@ -82,6 +92,11 @@ void dgv_close(struct dgv_context *ctx)
 const char *dgv_provider_name(const struct dgv_context *ctx)
 {
 	return ctx ? ctx->name : "none";
+}
+
+const char *dgv_provider_why(const struct dgv_context *ctx)
+{
+	return ctx ? ctx->why : "no context";
 }
 
 int dgv_alloc_pd(struct dgv_context *ctx, struct dgv_pd **out)

@@ -63,6 +63,9 @@ int dgv_open(const struct dgv_context_attr *attr, struct dgv_context **out);
 void dgv_close(struct dgv_context *ctx);
 /* "soft" or "ibverbs"; never NULL. */
 const char *dgv_provider_name(const struct dgv_context *ctx);
+/* Why this provider was chosen, one line for logs and counters, e.g. "auto: ibverbs (device
+ * rxe0 (InfiniBand/RoCE))" or "auto: soft (ibverbs: no RDMA device ...)"; never NULL. */
+const char *dgv_provider_why(const struct dgv_context *ctx);
 
 /* ---------------------------------------------------------------- protection domains and memory */
 

@@ -13,6 +13,7 @@ struct dgv_ops;
 struct dgv_context {
 	const struct dgv_ops *ops;
 	const char *name;
+	char why[160]; /* dgv_provider_why: set by dgverbs.c after the backend opened */
 };
 struct dgv_pd {
 	struct dgv_context *ctx;

@@ -647,7 +647,7 @@ int main(int argc, char **argv)
 		result("FAIL", "open", "provider %s: %s", pname, strerror(-r));
 		return 1;
 	}
-	result("PASS", "open", "two contexts on provider %s", dgv_provider_name(S.ctx));
+	result("PASS", "open", "two contexts on provider %s: %s", dgv_provider_name(S.ctx), dgv_provider_why(S.ctx));
 
 	/* ---- rc_connect */
 	r = dgv_listen(S.ctx, &dst.sa, dlen, 4, -1, NULL, NULL, &L);
