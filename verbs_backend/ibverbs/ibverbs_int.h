@@ -75,6 +75,7 @@ struct iv_cq {
 	int nstash, sthead;
 	struct iv_qp *qps[IV_CQ_QPS]; /* qp_num -> QP for the completions of this CQ */
 	uint32_t nqps;
+	uint32_t need;               /* completions its QPs may have outstanding (qp.c cq_demand) */
 	struct dgv_range *ranges;    /* one per completion a poll may return: Write-Record records */
 	int nranges;
 };

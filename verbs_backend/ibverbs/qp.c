@@ -558,14 +558,28 @@ static void errq_push(struct iv_qp *qp, uint8_t layer, uint8_t etype, uint8_t ec
 	qp->errq_n++;
 }
 
+/* What qp may have outstanding on cq at once: every device send is signaled (iv_swr.deliver),
+ * so a CQ must hold the whole send queue, not just what the program asked to see. */
+static uint32_t cq_demand(const struct iv_cq *cq, const struct iv_qp *qp)
+{
+	return (cq == qp->scq ? qp->nsslots : 0) + (cq == qp->rcq ? qp->nrslots : 0);
+}
+
 int iv_cq_add_qp(struct iv_cq *cq, struct iv_qp *qp)
 {
 	int r = 0;
 	pthread_mutex_lock(&cq->lock);
-	if (cq->nqps == IV_CQ_QPS)
+	if (cq->nqps == IV_CQ_QPS) {
 		r = -ENOSPC;
-	else
+	} else {
 		cq->qps[cq->nqps++] = qp;
+		cq->need += cq_demand(cq, qp);
+		/* grow the device CQ rather than let it overflow (an overrun puts every QP on it in
+		 * error); a device that cannot resize keeps the size asked for, with a warning */
+		if ((int)cq->need > cq->cq->cqe && ibv_resize_cq(cq->cq, (int)cq->need))
+			DG_WARN("ibverbs: CQ of %d entries serves QPs that may have %u outstanding (resize failed)",
+				cq->cq->cqe, cq->need);
+	}
 	pthread_mutex_unlock(&cq->lock);
 	if (r)
 		DG_WARN("ibverbs: more than %d QPs on one CQ", IV_CQ_QPS);
@@ -578,6 +592,7 @@ void iv_cq_del_qp(struct iv_cq *cq, struct iv_qp *qp)
 	for (uint32_t i = 0; i < cq->nqps; i++)
 		if (cq->qps[i] == qp) {
 			cq->qps[i] = cq->qps[--cq->nqps];
+			cq->need -= cq_demand(cq, qp);
 			break;
 		}
 	pthread_mutex_unlock(&cq->lock);
