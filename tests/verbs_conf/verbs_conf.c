@@ -31,7 +31,8 @@
  *   ud_send       UD QPs on PORT+2 and PORT+3, an address handle by address, Sends of 1 B..1000 B
  *                 byte-exact with the sender's address as source (skipped where the device
  *                 has no UD: iWARP)
- *   ud_large      UD Sends of 4 KiB and 64 KiB (skipped, with the reason, above a device's MTU)
+ *   ud_large      UD Sends of 4 KiB and 64 KiB (segmented where a datagram is smaller)
+ *   ud_write_record  UD Write-Records of 700 B and 20000 B: placed, record, source
  *   ud_no_peer    an address handle to PORT+4, where no UD QP is, fails on a device (discovery);
  *                 skipped on soft, whose address handles ask nothing
  * Exit: 0 nothing failed, 1 a check failed, 2 usage, 77 the provider cannot be opened here
@@ -497,6 +498,7 @@ static void ud_tests(const union dgv_sockaddr *dst, socklen_t dlen)
 		result("SKIP", "ud_send", "provider %s on this device has no UD queue pairs (iWARP: datagram sockets "
 		       "stay on soft)", dgv_provider_name(S.ctx));
 		result("SKIP", "ud_large", "no UD");
+		result("SKIP", "ud_write_record", "no UD");
 		result("SKIP", "ud_no_peer", "no UD");
 		S.qp = NULL;
 		return;
@@ -507,6 +509,7 @@ static void ud_tests(const union dgv_sockaddr *dst, socklen_t dlen)
 	if (r || (r = dgv_create_qp(C.pd, &qa, &C.qp))) {
 		result("FAIL", "ud_send", "dgv_create_qp(UD): %s", strerror(-r));
 		result("SKIP", "ud_large", "no UD QP");
+		result("SKIP", "ud_write_record", "no UD QP");
 		result("SKIP", "ud_no_peer", "no UD QP");
 		destroy_qps();
 		return;
@@ -568,10 +571,57 @@ static void ud_tests(const union dgv_sockaddr *dst, socklen_t dlen)
 	if (fail)
 		result("SKIP", "ud_large", "ud_send failed");
 	else if (too_big)
-		result("SKIP", "ud_large", "%u-byte UD message: -EMSGSIZE (larger than the device's MTU; segmentation "
-		       "on a device is not implemented yet)", too_big);
+		result("SKIP", "ud_large", "%u-byte UD message: -EMSGSIZE (the provider does not segment)", too_big);
 	else
 		result("PASS", "ud_large", "UD messages of 4 KiB and 64 KiB (segmented) byte-exact");
+	/* ud_write_record: one datagram and many, into the server's region, no receive consumed */
+	if (fail || !ah) {
+		result("SKIP", "ud_write_record", "ud_send failed");
+	} else {
+		static const uint32_t wl[] = {700, 20000};
+		const char *wf = NULL;
+		for (size_t j = 0; j < 2 && !wf; j++) {
+			uint32_t off = 333 + (uint32_t)j * 40000;
+			uint8_t *target = S.arena + (size_t)NRECV * RBUF + off;
+			uint64_t raddr = (uintptr_t)target;
+			struct dgv_sge sge = {(uintptr_t)C.arena, wl[j], C.mr->lkey};
+			struct dgv_send_wr wr = {.wr_id = 800 + j, .sg_list = &sge, .num_sge = 1, .opcode = DGV_WR_WRITE_RECORD,
+						 .send_flags = DGV_SEND_SIGNALED, .ah = ah, .remote_addr = raddr, .rkey = S.mr->rkey};
+			struct dgv_wc wc;
+			fill(C.arena, wl[j], 91 + (uint32_t)j);
+			memset(target, 0, wl[j]);
+			if ((r = dgv_post_send(C.qp, &wr, NULL))) {
+				fail_why("%u B: dgv_post_send: %s", wl[j], strerror(-r));
+				wf = why;
+			} else if (wait_wc(&C, C.scq, &wc, "UD Write-Record") || wc.status != DGV_WC_SUCCESS ||
+				   wc.opcode != DGV_WC_WRITE_RECORD) {
+				if (!*why || wc.status != DGV_WC_SUCCESS)
+					fail_why("%u B: source completion %s opcode %d", wl[j], st_name(wc.status), wc.opcode);
+				wf = why;
+			} else if (wait_wc(&S, S.rcq, &wc, "UD Write-Record target")) {
+				wf = why;
+			} else if (wc.status != DGV_WC_SUCCESS || wc.opcode != DGV_WC_RECV_WRITE_RECORD || wc.byte_len != wl[j] ||
+				   wc.record.stag != S.mr->rkey || wc.record.base != raddr || wc.record.length != wl[j] ||
+				   wc.record.valid_bytes != wl[j] || wc.record.nranges != 1 || wc.record.ranges[0].offset ||
+				   wc.record.ranges[0].length != wl[j]) {
+				fail_why("%u B: target completion status %s opcode %d byte_len %u stag %#x base %#" PRIx64
+					 " length %u valid %u nranges %u", wl[j], st_name(wc.status), wc.opcode, wc.byte_len,
+					 wc.record.stag, wc.record.base, wc.record.length, wc.record.valid_bytes, wc.record.nranges);
+				wf = why;
+			} else if (!dgv_addr_eq(&wc.src, &cl)) {
+				fail_why("%u B: source address is not the client QP's", wl[j]);
+				wf = why;
+			} else if (diff_at(target, C.arena, wl[j]) >= 0) {
+				fail_why("%u B: byte %ld of the target differs", wl[j], diff_at(target, C.arena, wl[j]));
+				wf = why;
+			}
+		}
+		if (wf)
+			result("FAIL", "ud_write_record", "%s", wf);
+		else
+			result("PASS", "ud_write_record", "UD Write-Records of 700 B and 20000 B: placed byte-exact, record "
+			       "(stag, base, length, valid, 1 range) and source right, no receive consumed");
+	}
 	if (ah)
 		dgv_destroy_ah(ah);
 	/* ud_no_peer */

@@ -13,6 +13,12 @@
 
 #include "provider.h"
 
+#define IV_GRH 40
+#define IV_UD_MAX_SGE 7
+#define IV_UD_MAX_MSG 65536u   /* a UDP datagram's worth */
+#define IV_UD_REASM 8          /* messages being reassembled per QP */
+#define IV_UD_MAX_SEGS 320     /* 64 KiB in segments of a 256-byte MTU */
+
 struct iv_qp;
 struct iv_chan;
 
@@ -78,6 +84,7 @@ struct iv_cq {
 	uint32_t need;               /* completions its QPs may have outstanding (qp.c cq_demand) */
 	struct dgv_range *ranges;    /* one per completion a poll may return: Write-Record records */
 	int nranges;
+	struct dgv_range partial[IV_UD_MAX_SEGS / 2 + 1]; /* a partial UD Write-Record's ranges */
 };
 
 /* What a send work request was, for its completion (the device reports only wr_id). */
@@ -140,10 +147,7 @@ struct iv_qp {
 	uint32_t rx_msn;
 	/* UD (ud.c) */
 	bool ud;
-	uint8_t *grh;                /* IV_GRH bytes per receive slot: where the device puts the GRH */
-	struct ibv_mr *grh_mr;
-	uint32_t ud_mtu;             /* largest message: the port's active MTU */
-	uint16_t ud_port;            /* our port (host order), in every Send's immediate */
+	struct iv_ud *u;
 	bool disc_called, peer_closed, established;
 	/* deferred rdma_accept (iv_run_accepts) */
 	struct iv_qp *next_accept;
@@ -190,8 +194,46 @@ static inline struct iv_cq *to_icq(struct dgv_cq *c) { return (struct iv_cq *)c;
 static inline struct iv_qp *to_iqp(struct dgv_qp *q) { return (struct iv_qp *)q; }
 static inline struct iv_chan *to_ichan(struct dgv_cm_channel *c) { return (struct iv_chan *)c; }
 
-#define IV_GRH 40
-#define IV_UD_MAX_SGE 7
+
+/* The placement header in front of every UD segment (ud.c), big-endian, 28 bytes. */
+struct iv_udh {
+	uint8_t magic, op;
+	uint16_t port;
+	uint32_t msn, total, offset, stag, to_hi, to_lo;
+};
+
+struct iv_arecv {                /* a receive the program posted on a UD QP */
+	uint64_t wr_id;
+	int num_sge;
+	struct dgv_sge sge[IV_UD_MAX_SGE];
+};
+
+struct iv_reasm {                /* one message arriving in segments */
+	bool used, wr, have_recv;
+	uint8_t op;
+	union dgv_sockaddr src;
+	socklen_t src_len;
+	uint32_t msn, total, got, nseg;
+	uint64_t bits[(IV_UD_MAX_SEGS + 63) / 64];
+	uint32_t stag;
+	uint64_t to;
+	uint64_t last_ms;
+	struct iv_arecv rcv;
+};
+
+struct iv_ud {
+	uint8_t *pool;               /* npool receive buffers of bufsz: GRH, header, payload */
+	struct ibv_mr *pool_mr;
+	uint32_t npool, bufsz, mtu, payload;
+	struct iv_udh *hdr;          /* one per send slot */
+	struct ibv_mr *hdr_mr;
+	struct iv_arecv *ar;         /* the program's receives, a ring */
+	uint32_t ar_cap, ar_head, ar_n;
+	struct iv_reasm re[IV_UD_REASM];
+	uint32_t nactive;
+	uint32_t tx_msn;
+	uint16_t port;               /* ours, host order */
+};
 
 struct iv_ah {
 	struct dgv_ah base;
@@ -202,8 +244,10 @@ struct iv_ah {
 /* ud.c */
 int iv_ud_create_qp(struct dgv_pd *pd, const struct dgv_qp_init_attr *attr, struct dgv_qp **out);
 void iv_ud_destroy(struct iv_qp *qp);
-int iv_ud_build(struct iv_qp *qp, const struct dgv_send_wr *wr, uint32_t len, struct ibv_send_wr *w);
-void iv_ud_recv(struct iv_qp *qp, const struct ibv_wc *w, uint64_t slot, struct dgv_wc *o);
+int iv_ud_post_send(struct iv_qp *qp, struct dgv_send_wr *wr, struct dgv_send_wr **bad);
+int iv_ud_post_recv(struct iv_qp *qp, struct dgv_recv_wr *wr, struct dgv_recv_wr **bad);
+bool iv_ud_recv(struct iv_qp *qp, const struct ibv_wc *w, struct dgv_wc *o, struct dgv_range *range);
+bool iv_ud_expire(struct iv_qp *qp, struct dgv_wc *o, struct dgv_range *ranges, uint32_t maxr);
 void iv_ud_close(struct iv_ctx *ctx);
 
 /* qp.c, shared with ud.c */

@@ -787,15 +787,6 @@ static int build_send(struct iv_qp *qp, const struct dgv_send_wr *wr, uint64_t s
 	w->send_flags = IBV_SEND_SIGNALED; /* always: iv_swr.deliver */
 	w->wr.rdma.remote_addr = wr->remote_addr;
 	w->wr.rdma.rkey = wr->rkey;
-	if (qp->ud) {
-		int r = iv_ud_build(qp, wr, len, w);
-		if (r)
-			return r;
-		qp->sslots[slot % qp->nsslots] = (struct iv_swr){
-			.wr_id = wr->wr_id, .len = len, .opcode = DGV_WC_SEND, .deliver = !!(wr->send_flags & DGV_SEND_SIGNALED)};
-		w->wr_id = slot;
-		return 1;
-	}
 	switch (wr->opcode) {
 	case DGV_WR_SEND_SE:
 		w->send_flags |= IBV_SEND_SOLICITED;
@@ -917,7 +908,9 @@ int iv_post_send(struct dgv_qp *qb, struct dgv_send_wr *wr, struct dgv_send_wr *
 	iv_run_accepts(to_ictx(qb->ctx));
 	pthread_mutex_lock(&qp->lock);
 	int r = 0;
-	if (atomic_load(&qp->state) == DGV_QPS_CONNECTING) {
+	if (qp->ud) {
+		r = iv_ud_post_send(qp, wr, bad);
+	} else if (atomic_load(&qp->state) == DGV_QPS_CONNECTING) {
 		/* not in RTS yet: the device would refuse; keep a copy until ESTABLISHED */
 		for (; wr; wr = wr->next) {
 			if (qp->nheld == qp->nsslots || wr->num_sge < 0 || (uint32_t)wr->num_sge > qp->max_sge) {
@@ -943,8 +936,13 @@ int iv_post_recv(struct dgv_qp *qb, struct dgv_recv_wr *wr, struct dgv_recv_wr *
 	struct iv_qp *qp = to_iqp(qb);
 	struct ibv_recv_wr iw[B], *ibad;
 	struct dgv_recv_wr *src[B];
-	struct ibv_sge usge[B][IV_UD_MAX_SGE + 1]; /* UD: the GRH slot, then the program's pieces */
 	int r = 0;
+	if (qp->ud) {
+		pthread_mutex_lock(&qp->lock);
+		r = iv_ud_post_recv(qp, wr, bad);
+		pthread_mutex_unlock(&qp->lock);
+		return r;
+	}
 	pthread_mutex_lock(&qp->lock);
 	while (wr && !r) {
 		int n = 0;
@@ -959,14 +957,6 @@ int iv_post_recv(struct dgv_qp *qb, struct dgv_recv_wr *wr, struct dgv_recv_wr *
 				.len = wr->num_sge ? wr->sg_list[0].length : 0};
 			iw[n] = (struct ibv_recv_wr){.wr_id = slot | RECV_BIT, .next = &iw[n + 1],
 						     .sg_list = (struct ibv_sge *)wr->sg_list, .num_sge = wr->num_sge};
-			if (qp->ud) {
-				usge[n][0] = (struct ibv_sge){(uintptr_t)(qp->grh + (slot % qp->nrslots) * IV_GRH),
-							      IV_GRH, qp->grh_mr->lkey};
-				if (wr->num_sge)
-					memcpy(&usge[n][1], wr->sg_list, (size_t)wr->num_sge * sizeof usge[n][1]);
-				iw[n].sg_list = usge[n];
-				iw[n].num_sge = wr->num_sge + 1;
-			}
 			src[n] = wr;
 		}
 		if (r)
@@ -1026,17 +1016,11 @@ static bool convert(struct iv_cq *cq, const struct ibv_wc *w, struct dgv_wc *o, 
 	o->status = map_status(w->status);
 	o->qp = &qp->base;
 	if (w->wr_id & RECV_BIT) {
+		if (qp->ud)
+			return iv_ud_recv(qp, w, o, &cq->ranges[idx]);
 		const struct iv_rwr *rs = &qp->rslots[(w->wr_id & ~RECV_BIT) % qp->nrslots];
 		o->wr_id = rs->wr_id;
 		o->opcode = DGV_WC_RECV;
-		if (qp->ud) {
-			if (o->status == DGV_WC_SUCCESS) {
-				iv_ud_recv(qp, w, (w->wr_id & ~RECV_BIT) % qp->nrslots, o);
-				qp->st.rx_msgs++;
-				qp->st.rx_bytes += o->byte_len;
-			}
-			return true;
-		}
 		o->src = qp->info.peer;
 		o->src_len = qp->info.peer_len;
 		if (o->status == DGV_WC_SUCCESS) {
@@ -1128,6 +1112,16 @@ int iv_poll_cq(struct dgv_cq *cb, int n, struct dgv_wc *wc)
 		return -ENOMEM;
 	}
 	int got = 0;
+	/* UD messages whose missing segments did not come in time (ud.c); at most one partial
+	 * Write-Record per call, since its ranges live in cq->partial */
+	for (uint32_t i = 0; i < cq->nqps && got < n; i++) {
+		struct iv_qp *uq = cq->qps[i];
+		if (uq->ud && uq->rcq == cq && uq->u->nactive &&
+		    iv_ud_expire(uq, &wc[got], cq->partial, sizeof cq->partial / sizeof *cq->partial)) {
+			got++;
+			break;
+		}
+	}
 	while (got < n && cq->nstash) {
 		if (convert(cq, &cq->stash[cq->sthead], &wc[got], got))
 			got++;

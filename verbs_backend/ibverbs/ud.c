@@ -14,14 +14,20 @@
  * channels): a UD QP is expected to be reachable while its program is busy elsewhere, as a
  * UDP socket is.
  *
- * Every Send is a Send with Immediate whose immediate carries the sender's port (upper 16
- * bits, network order), because a UD completion names the sender only by GID and QP number:
- * the GRH gives the IP address (RoCE v2 over IPv4: the IPv4 header in the GRH slot's last 20
- * bytes; otherwise the source GID, IPv4-mapped or IPv6), the immediate the port, and together
- * they are the source address the soft provider reports. Receives get a 40-byte slot from a
- * registered per-QP array in front of the program's buffer, where the device puts the GRH.
- * A message is at most the port's active MTU (no segmentation yet: larger ones get
- * -EMSGSIZE), and only Send and Send with Solicited Event exist on UD for now.
+ * Data path. Every UD datagram starts with a 28-byte placement header (struct iv_udh,
+ * big-endian: magic 0xD6, opcode, the sender's port, message number, message length, this
+ * segment's offset, and for a Write-Record the target STag and address), because a device
+ * carries UD messages of one MTU and a completion names its sender only by GID and QP number.
+ * Messages up to 64 KiB are cut into MTU-sized segments (header + the next piece of the
+ * program's buffers, read in place). The receiver posts its own pool of MTU-sized buffers
+ * (UD has no receiver-not-ready: a segment that finds no buffer is lost) and does in software
+ * what the soft provider does: a Send is copied into the program's oldest receive at its
+ * offset and completes when whole; a Write-Record is checked (STag, rights, bounds) and
+ * copied into the region, consumes no receive and completes with its record, or as
+ * DGV_WC_PARTIAL with the ranges that arrived when the rest does not come within 20 ms. The
+ * source address is the IP from the GRH (RoCE v2 over IPv4: the IPv4 header in the GRH area's
+ * last 20 bytes; otherwise the source GID) and the header's port. One copy per byte on
+ * receive, as on the soft provider; none on send.
  */
 #include <endian.h>
 #include <errno.h>
@@ -36,6 +42,8 @@
 
 #include "ibverbs_int.h"
 #include "log.h"
+
+#define IV_UDH_MAGIC 0xD6
 
 /* ---------------------------------------------------------------- SIDR answers */
 
@@ -131,6 +139,31 @@ static uint32_t mtu_bytes(enum ibv_mtu m)
 	}
 }
 
+static uint32_t clamp_u32(uint32_t v, uint32_t lo, uint32_t hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+/* Hands pool buffer i to the device. */
+static int pool_post(struct iv_qp *qp, uint32_t i)
+{
+	struct iv_ud *u = qp->u;
+	struct ibv_sge sge = {(uintptr_t)(u->pool + (size_t)i * u->bufsz), u->bufsz, u->pool_mr->lkey};
+	struct ibv_recv_wr wr = {.wr_id = (1ull << 63) | i, .sg_list = &sge, .num_sge = 1}, *bad;
+	return ibv_post_recv(qp->qp, &wr, &bad);
+}
+
+static void ud_free(struct iv_ud *u)
+{
+	if (!u)
+		return;
+	if (u->pool_mr)
+		ibv_dereg_mr(u->pool_mr);
+	if (u->hdr_mr)
+		ibv_dereg_mr(u->hdr_mr);
+	free(u->pool);
+	free(u->hdr);
+	free(u->ar);
+	free(u);
+}
+
 int iv_ud_create_qp(struct dgv_pd *pb, const struct dgv_qp_init_attr *attr, struct dgv_qp **out)
 {
 	struct iv_ctx *ctx = to_ictx(pb->ctx);
@@ -159,11 +192,16 @@ int iv_ud_create_qp(struct dgv_pd *pb, const struct dgv_qp_init_attr *attr, stru
 	if (r)
 		return r;
 	struct iv_qp *qp = iv_qp_alloc(pd, attr, ch);
-	if (!qp) {
+	struct iv_ud *u = calloc(1, sizeof *u);
+	if (!qp || !u) {
+		free(u);
+		if (qp)
+			iv_qp_free(qp);
 		iv_chan_free(ch);
 		return -ENOMEM;
 	}
 	qp->ud = true;
+	qp->u = u;
 	qp->base.type = DGV_QPT_UD;
 	atomic_store(&qp->state, DGV_QPS_IDLE);
 	struct ibv_qp_init_attr ia;
@@ -183,31 +221,30 @@ int iv_ud_create_qp(struct dgv_pd *pb, const struct dgv_qp_init_attr *attr, stru
 		r = -r;
 		goto fail;
 	}
-	qp->ud_mtu = mtu_bytes(pa.active_mtu);
-	qp->ud_port = ntohs(rdma_get_src_port(qp->id));
-	ia.qp_type = IBV_QPT_UD;
-	ia.send_cq = qp->scq->cq;
-	ia.recv_cq = qp->rcq->cq;
-	ia.cap.max_send_wr = attr->max_send_wr ? attr->max_send_wr : 256;
-	ia.cap.max_recv_wr = attr->max_recv_wr ? attr->max_recv_wr : 256;
+	u->mtu = mtu_bytes(pa.active_mtu);
+	u->payload = u->mtu - (uint32_t)sizeof(struct iv_udh);
+	u->bufsz = IV_GRH + u->mtu;
+	u->port = ntohs(rdma_get_src_port(qp->id));
 	uint32_t sge = attr->max_sge ? attr->max_sge : 4;
 	if (sge > IV_UD_MAX_SGE)
 		sge = IV_UD_MAX_SGE;
 	if ((int)sge + 1 > ctx->dattr.max_sge)
 		sge = (uint32_t)ctx->dattr.max_sge - 1;
-	ia.cap.max_send_sge = sge;
-	ia.cap.max_recv_sge = sge + 1; /* the GRH slot */
-	ia.cap.max_inline_data = 64;
-	if ((int)ia.cap.max_send_wr > ctx->dattr.max_qp_wr)
-		ia.cap.max_send_wr = (uint32_t)ctx->dattr.max_qp_wr;
-	if ((int)ia.cap.max_recv_wr > ctx->dattr.max_qp_wr)
-		ia.cap.max_recv_wr = (uint32_t)ctx->dattr.max_qp_wr;
+	uint32_t swr = attr->max_send_wr ? attr->max_send_wr : 256, rwr = attr->max_recv_wr ? attr->max_recv_wr : 256;
+	uint32_t maxwr = (uint32_t)ctx->dattr.max_qp_wr;
+	/* A message is up to IV_UD_MAX_MSG in segments of one MTU each: the send queue holds a few
+	 * whole large messages; the receive pool absorbs bursts between two polls (UD has no
+	 * receiver-not-ready: a segment that finds no buffer is dropped by the device). */
+	uint32_t segs = (IV_UD_MAX_MSG + u->payload - 1) / u->payload;
+	ia.qp_type = IBV_QPT_UD;
+	ia.send_cq = qp->scq->cq;
+	ia.recv_cq = qp->rcq->cq;
+	ia.cap.max_send_wr = clamp_u32(swr * 4 > segs * 8 ? swr * 4 : segs * 8, 64, maxwr < 16384 ? maxwr : 16384);
+	ia.cap.max_recv_wr = u->npool = clamp_u32(rwr * 4, 256, maxwr < 4096 ? maxwr : 4096);
+	ia.cap.max_send_sge = sge + 1; /* the header, then pieces of the program's buffers */
+	ia.cap.max_recv_sge = 1;
 	ia.qp_context = qp;
 	qp->qp = ibv_create_qp(pd->pd, &ia);
-	if (!qp->qp) {
-		ia.cap.max_inline_data = 0;
-		qp->qp = ibv_create_qp(pd->pd, &ia);
-	}
 	if (!qp->qp) {
 		r = -errno;
 		DG_WARN("ibverbs: ibv_create_qp(UD) on %s: %s", ctx->dev, strerror(-r));
@@ -226,17 +263,25 @@ int iv_ud_create_qp(struct dgv_pd *pb, const struct dgv_qp_init_attr *attr, stru
 	if ((r = ibv_modify_qp(qp->qp, &qa, IBV_QP_STATE | IBV_QP_SQ_PSN)))
 		goto fail_mod;
 	qp->nsslots = ia.cap.max_send_wr;
-	qp->nrslots = ia.cap.max_recv_wr;
+	qp->nrslots = u->npool;
 	qp->max_sge = sge;
-	qp->max_inline = ia.cap.max_inline_data;
+	u->ar_cap = rwr;
 	qp->sslots = calloc(qp->nsslots, sizeof *qp->sslots);
-	qp->rslots = calloc(qp->nrslots, sizeof *qp->rslots);
-	qp->grh = calloc(qp->nrslots, IV_GRH);
-	if (!qp->sslots || !qp->rslots || !qp->grh ||
-	    !(qp->grh_mr = ibv_reg_mr(pd->pd, qp->grh, (size_t)qp->nrslots * IV_GRH, IBV_ACCESS_LOCAL_WRITE))) {
+	qp->rslots = calloc(1, sizeof *qp->rslots);
+	u->ar = calloc(u->ar_cap, sizeof *u->ar);
+	u->hdr = calloc(qp->nsslots, sizeof *u->hdr);
+	u->pool = calloc(u->npool, u->bufsz);
+	if (!qp->sslots || !qp->rslots || !u->ar || !u->hdr || !u->pool ||
+	    !(u->hdr_mr = ibv_reg_mr(pd->pd, u->hdr, qp->nsslots * sizeof *u->hdr, IBV_ACCESS_LOCAL_WRITE)) ||
+	    !(u->pool_mr = ibv_reg_mr(pd->pd, u->pool, (size_t)u->npool * u->bufsz, IBV_ACCESS_LOCAL_WRITE))) {
 		r = -ENOMEM;
 		goto fail;
 	}
+	for (uint32_t i = 0; i < u->npool; i++)
+		if ((r = pool_post(qp, i))) {
+			r = -r;
+			goto fail;
+		}
 	if (rdma_listen(qp->id, 64)) {
 		r = -errno;
 		goto fail;
@@ -262,21 +307,19 @@ int iv_ud_create_qp(struct dgv_pd *pb, const struct dgv_qp_init_attr *attr, stru
 	pthread_mutex_lock(&pd->lock);
 	pd->nqps++;
 	pthread_mutex_unlock(&pd->lock);
-	DG_INFO("ibverbs: UD QP %u on %s at %s (messages up to %u bytes)", qp->qp->qp_num, ctx->dev,
-		iv_addr_str(rdma_get_local_addr(qp->id), a, sizeof a), qp->ud_mtu);
+	DG_INFO("ibverbs: UD QP %u on %s at %s (MTU %u: messages up to %u bytes in %u-byte segments)",
+		qp->qp->qp_num, ctx->dev, iv_addr_str(rdma_get_local_addr(qp->id), a, sizeof a), u->mtu, IV_UD_MAX_MSG,
+		u->payload);
 	*out = &qp->base;
 	return 0;
 fail_mod:
 	r = -r;
 	DG_WARN("ibverbs: UD QP state change on %s: %s", ctx->dev, strerror(-r));
 fail:
-	if (qp->grh_mr)
-		ibv_dereg_mr(qp->grh_mr);
-	qp->grh_mr = NULL;
-	free(qp->grh);
-	qp->grh = NULL;
 	if (qp->qp)
 		ibv_destroy_qp(qp->qp);
+	ud_free(u);
+	qp->u = NULL;
 	if (qp->id)
 		rdma_destroy_id(qp->id);
 	iv_qp_free(qp);
@@ -297,53 +340,142 @@ void iv_ud_destroy(struct iv_qp *qp)
 	ibv_destroy_qp(qp->qp);
 	rdma_destroy_id(qp->id);
 	qp->id = NULL;
-	ibv_dereg_mr(qp->grh_mr);
-	qp->grh_mr = NULL;
-	free(qp->grh);
-	qp->grh = NULL;
+	ud_free(qp->u);
+	qp->u = NULL;
 	iv_chan_free(qp->ch);
 	pthread_mutex_lock(&qp->pd->lock);
 	qp->pd->nqps--;
 	pthread_mutex_unlock(&qp->pd->lock);
 }
 
-/* Fills w for a UD Send (qp.c build_send does the rest). 0 or -errno. */
-int iv_ud_build(struct iv_qp *qp, const struct dgv_send_wr *wr, uint32_t len, struct ibv_send_wr *w)
+/* ---------------------------------------------------------------- send */
+
+/*
+ * One message: ceil(len / payload) Sends (at least one), each the 28-byte header from the
+ * QP's registered header array and the next piece of the program's buffers, which the device
+ * reads in place (no copy). Only the last segment's completion is delivered, and only if the
+ * program asked. A message the send queue cannot take whole is refused (-ENOMEM) before any
+ * of it is posted. Needs qp->lock.
+ */
+static int ud_post_one(struct iv_qp *qp, const struct dgv_send_wr *wr)
 {
-	if (wr->opcode != DGV_WR_SEND && wr->opcode != DGV_WR_SEND_SE) {
-		DG_WARN("ibverbs: only Send is implemented on a device's UD QP (opcode %d)", wr->opcode);
+	enum { B = 16 };
+	struct iv_ud *u = qp->u;
+	uint32_t len = 0;
+	if (wr->num_sge < 0 || (uint32_t)wr->num_sge > qp->max_sge || (wr->num_sge && !wr->sg_list))
+		return -EINVAL;
+	for (int i = 0; i < wr->num_sge; i++)
+		len += wr->sg_list[i].length;
+	uint8_t op;
+	switch (wr->opcode) {
+	case DGV_WR_SEND: op = 0; break;
+	case DGV_WR_SEND_SE: op = 1; break;
+	case DGV_WR_WRITE_RECORD: op = 2; break;
+	default:
+		DG_WARN("ibverbs: opcode %d is not implemented on a device's UD QP (Send, Send with SE, "
+			"Write-Record are)", wr->opcode);
 		return -EOPNOTSUPP;
 	}
 	if (!wr->ah || wr->ah->ctx != qp->base.ctx)
 		return -EINVAL;
-	if (len > qp->ud_mtu) {
-		DG_INFO("ibverbs: %u-byte UD message on a %u-byte MTU: no segmentation on a device yet", len, qp->ud_mtu);
+	if (len > IV_UD_MAX_MSG)
 		return -EMSGSIZE;
-	}
+	uint32_t nseg = len ? (len + u->payload - 1) / u->payload : 1;
+	uint64_t inflight = qp->shead - __atomic_load_n(&qp->sdone, __ATOMIC_ACQUIRE);
+	if (inflight + nseg > qp->nsslots)
+		return -ENOMEM;
 	struct iv_ah *ah = (struct iv_ah *)wr->ah;
-	w->opcode = IBV_WR_SEND_WITH_IMM;
-	w->imm_data = htobe32((uint32_t)qp->ud_port << 16);
-	if (wr->opcode == DGV_WR_SEND_SE)
-		w->send_flags |= IBV_SEND_SOLICITED;
-	if (len && len <= qp->max_inline)
-		w->send_flags |= IBV_SEND_INLINE;
-	w->wr.ud.ah = ah->ah;
-	w->wr.ud.remote_qpn = ah->qpn;
-	w->wr.ud.remote_qkey = ah->qkey;
+	uint32_t msn = ++u->tx_msn;
+	struct ibv_send_wr iw[B], *ibad;
+	struct ibv_sge sg[B][IV_UD_MAX_SGE + 1];
+	int si = 0;          /* the program's SGE the next piece starts in */
+	uint32_t so = 0;     /* and the offset in it */
+	for (uint32_t seg = 0; seg < nseg;) {
+		int n = 0;
+		for (; seg < nseg && n < B; seg++, n++) {
+			uint64_t slot = qp->shead + (uint64_t)n;
+			uint32_t off = seg * u->payload, left = len - off < u->payload ? len - off : u->payload;
+			struct iv_udh *h = &u->hdr[slot % qp->nsslots];
+			*h = (struct iv_udh){.magic = IV_UDH_MAGIC, .op = op, .port = htons(u->port), .msn = htonl(msn),
+					     .total = htonl(len), .offset = htonl(off), .stag = htonl(wr->rkey),
+					     .to_hi = htonl((uint32_t)(wr->remote_addr >> 32)),
+					     .to_lo = htonl((uint32_t)wr->remote_addr)};
+			sg[n][0] = (struct ibv_sge){(uintptr_t)h, sizeof *h, u->hdr_mr->lkey};
+			int k = 1;
+			while (left) {
+				const struct dgv_sge *g = &wr->sg_list[si];
+				uint32_t take = g->length - so < left ? g->length - so : left;
+				if (take)
+					sg[n][k++] = (struct ibv_sge){g->addr + so, take, g->lkey};
+				so += take;
+				left -= take;
+				if (so == g->length) {
+					si++;
+					so = 0;
+				}
+			}
+			bool last = seg == nseg - 1;
+			iw[n] = (struct ibv_send_wr){.wr_id = slot, .next = &iw[n + 1], .sg_list = sg[n], .num_sge = k,
+						     .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED};
+			if (last && op == 1)
+				iw[n].send_flags |= IBV_SEND_SOLICITED;
+			iw[n].wr.ud.ah = ah->ah;
+			iw[n].wr.ud.remote_qpn = ah->qpn;
+			iw[n].wr.ud.remote_qkey = ah->qkey;
+			qp->sslots[slot % qp->nsslots] = (struct iv_swr){
+				.wr_id = wr->wr_id, .len = len, .opcode = op == 2 ? DGV_WC_WRITE_RECORD : DGV_WC_SEND,
+				.deliver = last && (wr->send_flags & DGV_SEND_SIGNALED)};
+		}
+		iw[n - 1].next = NULL;
+		int r = ibv_post_send(qp->qp, iw, &ibad);
+		if (r) {
+			/* part of the message may be out: the target drops it when it times out */
+			qp->shead += (uint64_t)(ibad - iw);
+			return -r;
+		}
+		qp->shead += (uint64_t)n;
+	}
 	return 0;
 }
 
-/* A successful UD receive: length without the GRH, source address from GRH and immediate. */
-void iv_ud_recv(struct iv_qp *qp, const struct ibv_wc *w, uint64_t slot, struct dgv_wc *o)
+int iv_ud_post_send(struct iv_qp *qp, struct dgv_send_wr *wr, struct dgv_send_wr **bad)
 {
-	o->byte_len = w->byte_len >= IV_GRH ? w->byte_len - IV_GRH : 0;
-	o->msn = ++qp->rx_msn;
-	if (!(w->wc_flags & IBV_WC_GRH))
-		return; /* no GRH (IB within a subnet): the source stays unknown */
-	const uint8_t *grh = qp->grh + slot * IV_GRH;
-	const uint8_t *sgid = grh + 8; /* GRH: 8 bytes, then SGID, DGID */
-	uint16_t port = w->wc_flags & IBV_WC_WITH_IMM ? (uint16_t)(be32toh(w->imm_data) >> 16) : 0;
+	for (; wr; wr = wr->next) {
+		int r = ud_post_one(qp, wr);
+		if (r) {
+			*bad = wr;
+			return r;
+		}
+	}
+	return 0;
+}
+
+int iv_ud_post_recv(struct iv_qp *qp, struct dgv_recv_wr *wr, struct dgv_recv_wr **bad)
+{
+	struct iv_ud *u = qp->u;
+	for (; wr; wr = wr->next) {
+		if (wr->num_sge < 0 || (uint32_t)wr->num_sge > qp->max_sge || u->ar_n == u->ar_cap) {
+			*bad = wr;
+			return u->ar_n == u->ar_cap ? -ENOMEM : -EINVAL;
+		}
+		struct iv_arecv *a = &u->ar[(u->ar_head + u->ar_n++) % u->ar_cap];
+		a->wr_id = wr->wr_id;
+		a->num_sge = wr->num_sge;
+		if (wr->num_sge)
+			memcpy(a->sge, wr->sg_list, (size_t)wr->num_sge * sizeof *a->sge);
+	}
+	return 0;
+}
+
+/* ---------------------------------------------------------------- receive */
+
+/* The sender's address: IP from the GRH slot, port from the header. */
+static void ud_src(const uint8_t *grh, uint16_t port, bool have_grh, struct dgv_wc *o)
+{
 	static const uint8_t v4mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+	const uint8_t *sgid = grh + 8; /* GRH: 8 bytes, then SGID, DGID */
+	if (!have_grh)
+		return; /* no GRH (IB within a subnet): the source stays unknown */
 	if (grh[0] >> 4 != 6 && grh[20] >> 4 == 4) {
 		/* RoCE v2 over IPv4: the device leaves 20 bytes and puts the IPv4 header in the
 		 * last 20 (source address at its byte 12) */
@@ -362,6 +494,285 @@ void iv_ud_recv(struct iv_qp *qp, const struct ibv_wc *w, uint64_t slot, struct 
 		o->src.sin6.sin6_port = htons(port);
 		o->src_len = sizeof o->src.sin6;
 	}
+}
+
+/* Copies n bytes to offset off of a receive's pieces; false when they do not fit. */
+static bool scatter(const struct iv_arecv *a, uint32_t off, const uint8_t *p, uint32_t n)
+{
+	for (int i = 0; i < a->num_sge && n; i++) {
+		uint32_t l = a->sge[i].length;
+		if (off >= l) {
+			off -= l;
+			continue;
+		}
+		uint32_t take = l - off < n ? l - off : n;
+		memcpy((void *)(uintptr_t)(a->sge[i].addr + off), p, take);
+		p += take;
+		n -= take;
+		off = 0;
+	}
+	return n == 0;
+}
+
+static uint32_t recv_room(const struct iv_arecv *a)
+{
+	uint32_t t = 0;
+	for (int i = 0; i < a->num_sge; i++)
+		t += a->sge[i].length;
+	return t;
+}
+
+/*
+ * Places a Write-Record segment: the STag must name a remotely writable region of the QP's PD
+ * that holds [to, to + total) (checked for every segment, under the PD's lock, so a region
+ * cannot be deregistered in the middle of a copy: dgv_dereg_mr takes the same lock).
+ */
+static bool place(struct iv_pd *pd, uint32_t stag, uint64_t to, uint32_t total, uint32_t off, const uint8_t *p,
+		  uint32_t n)
+{
+	bool ok = false;
+	pthread_mutex_lock(&pd->lock);
+	for (unsigned b = 0; b < IV_MR_BUCKETS && !ok; b++)
+		for (struct iv_mr *m = pd->mrs[b]; m; m = m->next) {
+			if (m->pub.rkey != stag)
+				continue;
+			uint64_t lo = (uintptr_t)m->pub.addr, hi = lo + m->pub.length;
+			if ((m->pub.access & DGV_ACCESS_REMOTE_WRITE) && to >= lo && to + total <= hi && to + total >= to) {
+				memcpy((void *)(uintptr_t)(to + off), p, n);
+				ok = true;
+			}
+			break;
+		}
+	pthread_mutex_unlock(&pd->lock);
+	return ok;
+}
+
+static void reasm_release(struct iv_qp *qp, struct iv_reasm *re)
+{
+	if (re->have_recv) {
+		/* an unfinished Send gives its receive back, first in line (nothing was reported) */
+		struct iv_ud *u = qp->u;
+		u->ar_head = (u->ar_head + u->ar_cap - 1) % u->ar_cap;
+		u->ar[u->ar_head] = re->rcv;
+		u->ar_n++;
+	}
+	re->used = false;
+	qp->u->nactive--;
+}
+
+/* The ranges of a partial message, from its segment bitmap. */
+static uint32_t reasm_ranges(const struct iv_reasm *re, uint32_t payload, struct dgv_range *r, uint32_t maxr)
+{
+	uint32_t n = 0;
+	for (uint32_t s = 0; s < re->nseg && n < maxr;) {
+		if (!(re->bits[s / 64] >> (s % 64) & 1)) {
+			s++;
+			continue;
+		}
+		uint32_t e = s;
+		while (e < re->nseg && re->bits[e / 64] >> (e % 64) & 1)
+			e++;
+		uint32_t end = e * payload < re->total ? e * payload : re->total;
+		r[n++] = (struct dgv_range){s * payload, end - s * payload};
+		s = e;
+	}
+	return n;
+}
+
+/*
+ * One device receive on a UD QP (qp.c convert, under the CQ's lock): checks the header, places
+ * the segment (a Send into the program's oldest receive, a Write-Record into its region),
+ * reposts the pool buffer, and reports a completion when a message is whole. A Write-Record
+ * consumes no receive, as on the soft provider.
+ */
+bool iv_ud_recv(struct iv_qp *qp, const struct ibv_wc *w, struct dgv_wc *o, struct dgv_range *range)
+{
+	struct iv_ud *u = qp->u;
+	uint32_t idx = (uint32_t)(w->wr_id & ~(1ull << 63));
+	if (w->status != IBV_WC_SUCCESS || idx >= u->npool)
+		return false; /* flushed at destruction */
+	const uint8_t *buf = u->pool + (size_t)idx * u->bufsz;
+	struct iv_udh h;
+	bool out = false;
+	uint32_t plen = w->byte_len >= IV_GRH + sizeof h ? w->byte_len - IV_GRH - (uint32_t)sizeof h : 0;
+	memcpy(&h, buf + IV_GRH, sizeof h);
+	uint32_t total = ntohl(h.total), off = ntohl(h.offset), msn = ntohl(h.msn), stag = ntohl(h.stag);
+	uint64_t to = (uint64_t)ntohl(h.to_hi) << 32 | ntohl(h.to_lo);
+	const uint8_t *p = buf + IV_GRH + sizeof h;
+	pthread_mutex_lock(&qp->lock);
+	if (w->byte_len < IV_GRH + sizeof h || h.magic != IV_UDH_MAGIC || h.op > 2 || total > IV_UD_MAX_MSG ||
+	    off % u->payload || off + plen > total || (plen != u->payload && off + plen != total)) {
+		qp->st.malformed_drops++;
+		goto done;
+	}
+	qp->st.rx_datagrams++;
+	qp->st.rx_bytes += plen;
+	memset(o, 0, sizeof *o);
+	o->qp = &qp->base;
+	o->msn = msn;
+	ud_src(buf, ntohs(h.port), w->wc_flags & IBV_WC_GRH, o);
+	bool wrec = h.op == 2;
+	if (off == 0 && plen == total) {
+		/* a whole message in one datagram: no reassembly */
+		if (wrec) {
+			if (!place(qp->pd, stag, to, total, 0, p, plen)) {
+				qp->st.placement_rejects++;
+				goto done;
+			}
+			o->opcode = DGV_WC_RECV_WRITE_RECORD;
+			o->byte_len = total;
+			*range = (struct dgv_range){0, total};
+			o->record = (struct dgv_record){.stag = stag, .base = to, .length = total, .valid_bytes = total,
+							.nranges = 1, .ranges = range};
+		} else {
+			if (!u->ar_n) {
+				qp->st.no_wqe_drops++;
+				goto done;
+			}
+			struct iv_arecv *a = &u->ar[u->ar_head];
+			u->ar_head = (u->ar_head + 1) % u->ar_cap;
+			u->ar_n--;
+			o->wr_id = a->wr_id;
+			o->opcode = DGV_WC_RECV;
+			o->byte_len = total;
+			if (h.op == 1)
+				o->flags |= DGV_WC_SOLICITED;
+			if (!scatter(a, 0, p, plen))
+				o->status = DGV_WC_LOC_LEN_ERR;
+		}
+		qp->st.rx_msgs++;
+		out = true;
+		goto done;
+	}
+	/* a segment: find its message by sender and number */
+	struct iv_reasm *re = NULL, *freeone = NULL, *oldest = NULL;
+	for (int i = 0; i < IV_UD_REASM; i++) {
+		struct iv_reasm *x = &u->re[i];
+		if (!x->used) {
+			if (!freeone)
+				freeone = x;
+			continue;
+		}
+		if (x->msn == msn && dgv_addr_eq(&x->src, &o->src)) {
+			re = x;
+			break;
+		}
+		if (!oldest || x->last_ms < oldest->last_ms)
+			oldest = x;
+	}
+	uint64_t now = iv_now_ms();
+	if (!re) {
+		if (!freeone) {
+			/* all busy: the one that waited longest gives way (UD may lose it anyway) */
+			qp->st.reasm_timeouts++;
+			reasm_release(qp, oldest);
+			freeone = oldest;
+		}
+		re = freeone;
+		memset(re, 0, sizeof *re);
+		re->used = true;
+		re->wr = wrec;
+		re->op = h.op;
+		re->src = o->src;
+		re->src_len = o->src_len;
+		re->msn = msn;
+		re->total = total;
+		re->nseg = (total + u->payload - 1) / u->payload;
+		re->stag = stag;
+		re->to = to;
+		u->nactive++;
+		if (!wrec) {
+			if (!u->ar_n || recv_room(&u->ar[u->ar_head]) < total) {
+				/* no receive, or too small: the message is dropped, its segments too */
+				qp->st.no_wqe_drops++;
+				re->have_recv = false;
+			} else {
+				re->rcv = u->ar[u->ar_head];
+				u->ar_head = (u->ar_head + 1) % u->ar_cap;
+				u->ar_n--;
+				re->have_recv = true;
+			}
+		}
+	}
+	re->last_ms = now;
+	uint32_t s = off / u->payload;
+	if (re->total != total || re->wr != wrec || s >= re->nseg) {
+		qp->st.malformed_drops++;
+		goto done;
+	}
+	if (re->bits[s / 64] >> (s % 64) & 1) {
+		qp->st.dup_drops++;
+		goto done;
+	}
+	if (wrec ? !place(qp->pd, stag, to, total, off, p, plen) : re->have_recv && !scatter(&re->rcv, off, p, plen)) {
+		qp->st.placement_rejects++;
+		goto done;
+	}
+	re->bits[s / 64] |= 1ull << (s % 64);
+	re->got += plen;
+	if (re->got < total)
+		goto done;
+	/* whole */
+	if (wrec) {
+		o->opcode = DGV_WC_RECV_WRITE_RECORD;
+		o->byte_len = total;
+		*range = (struct dgv_range){0, total};
+		o->record = (struct dgv_record){.stag = stag, .base = to, .length = total, .valid_bytes = total,
+						.nranges = 1, .ranges = range};
+		out = true;
+	} else if (re->have_recv) {
+		o->wr_id = re->rcv.wr_id;
+		o->opcode = DGV_WC_RECV;
+		o->byte_len = total;
+		if (re->op == 1)
+			o->flags |= DGV_WC_SOLICITED;
+		out = true;
+	}
+	if (out)
+		qp->st.rx_msgs++;
+	re->have_recv = false;
+	reasm_release(qp, re);
+done:
+	pthread_mutex_unlock(&qp->lock);
+	if (pool_post(qp, idx))
+		DG_WARN("ibverbs: reposting a UD receive buffer failed");
+	return out;
+}
+
+/*
+ * Messages that stopped arriving (reasm timeout, 20 ms as on the soft provider): a Send is
+ * dropped and its receive given back; a Write-Record completes as DGV_WC_PARTIAL with the
+ * byte ranges that did arrive (paper 000's record). At most one completion per call.
+ */
+bool iv_ud_expire(struct iv_qp *qp, struct dgv_wc *o, struct dgv_range *ranges, uint32_t maxr)
+{
+	struct iv_ud *u = qp->u;
+	uint64_t now = iv_now_ms();
+	bool out = false;
+	pthread_mutex_lock(&qp->lock);
+	for (int i = 0; i < IV_UD_REASM && !out; i++) {
+		struct iv_reasm *re = &u->re[i];
+		if (!re->used || now - re->last_ms < 20)
+			continue;
+		qp->st.reasm_timeouts++;
+		if (re->wr && re->got) {
+			memset(o, 0, sizeof *o);
+			o->qp = &qp->base;
+			o->status = DGV_WC_PARTIAL;
+			o->opcode = DGV_WC_RECV_WRITE_RECORD;
+			o->msn = re->msn;
+			o->src = re->src;
+			o->src_len = re->src_len;
+			o->byte_len = re->got;
+			o->record = (struct dgv_record){.stag = re->stag, .base = re->to, .length = re->total,
+							.valid_bytes = re->got, .ranges = ranges};
+			o->record.nranges = reasm_ranges(re, u->payload, ranges, maxr);
+			out = true;
+		}
+		reasm_release(qp, re);
+	}
+	pthread_mutex_unlock(&qp->lock);
+	return out;
 }
 
 /* ---------------------------------------------------------------- address handles */
