@@ -1126,6 +1126,12 @@ out:
 	return rc;
 }
 
+/* Over as a kernel socket would be closed: both FINs went, a reset, a failed connect. */
+static bool closed_like(const struct stream *t)
+{
+	return t->state == SS_DEAD || t->reset || ((t->fin_sent || t->shut_wr) && t->peer_fin);
+}
+
 int stream_shutdown(struct sock *s, int fd, int how)
 {
 	if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR)
@@ -1133,7 +1139,9 @@ int stream_shutdown(struct sock *s, int fd, int how)
 	sock_lock(s);
 	struct stream *t = s->strm;
 	int rc = 0;
-	if (t->state == SS_ESTAB || t->state == SS_CONNECTING) {
+	if (t->state == SS_ESTAB && (progress(s, t), closed_like(t))) {
+		rc = -ENOTCONN; /* the kernel's socket would be closed */
+	} else if (t->state == SS_ESTAB || t->state == SS_CONNECTING) {
 		progress(s, t);
 		/* TCP stays open both ways: the read direction carries credit for our writes and the
 		 * write direction credit for the peer's; the end of stream is a control message */
@@ -1145,7 +1153,7 @@ int stream_shutdown(struct sock *s, int fd, int how)
 		if (how != SHUT_WR)
 			t->shut_rd = true; /* as Linux: queued data stays readable */
 	} else if (t->state == SS_DEAD) {
-		rc = 0;
+		rc = -ENOTCONN;
 	} else {
 		sock_unlock(s);
 		return real.shutdown(fd, how) < 0 ? -errno : 0;
@@ -1293,7 +1301,7 @@ int stream_getpeername(struct sock *s, struct sockaddr *a, socklen_t *l)
 	int r = -ENOSYS;
 	if (t && t->state != SS_NEW && t->state != SS_LISTEN && t->state != SS_CONNECTING) {
 		progress(s, t);
-		if (t->state == SS_DEAD || t->reset || ((t->fin_sent || t->shut_wr) && t->peer_fin)) {
+		if (closed_like(t)) {
 			r = -ENOTCONN;
 		} else if (s->peerlen && l) {
 			if (a)
