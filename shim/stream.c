@@ -1092,7 +1092,9 @@ ssize_t stream_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt,
 			rc = -EAGAIN;
 			break;
 		}
-		if (total == 0)
+		/* Linux: a blocking read of 0 bytes waits for data (or the end, or the timeout) like
+		 * any read, then returns 0 */
+		if (total == 0 && (avail || t->peer_fin || t->shut_rd || t->err || t->tcp_down))
 			break;
 		if (t->shut_rd || (t->peer_fin && t->consumed >= t->fin_total))
 			break; /* end of stream */
@@ -1111,7 +1113,7 @@ ssize_t stream_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt,
 		}
 		int w = stream_wait(s, t, &timeout);
 		if (w) {
-			if (!done)
+			if (!done && !(total == 0 && w == -EAGAIN))
 				rc = w;
 			break;
 		}
