@@ -521,6 +521,11 @@ static void c_reads(void)
 	check(n < 0 && e == EAGAIN, "dontwait_empty", "recv(MSG_DONTWAIT) on an empty stream: %s", res(n, e));
 	n = rcv(fd, b, sizeof b, MSG_DONTWAIT | MSG_PEEK, &e);
 	check(n < 0 && e == EAGAIN, "peek_dontwait_empty", "recv(MSG_PEEK|MSG_DONTWAIT): %s", res(n, e));
+	n = rcv(fd, b, 0, MSG_DONTWAIT, &e);
+	check(n < 0 && e == EAGAIN, "recv_len0_dontwait", "recv of 0 bytes with MSG_DONTWAIT on an empty stream: %s",
+	      res(n, e));
+	n = snd(fd, b, 0, 0, &e);
+	check(n == 0, "send_len0", "send of 0 bytes: %s", res(n, e));
 	int fl = fcntl(fd, F_GETFL);
 	fcntl(fd, F_SETFL, fl | O_NONBLOCK);
 	n = rcv(fd, b, sizeof b, 0, &e);
@@ -545,11 +550,23 @@ static void c_reads(void)
 	double dt = now_ms() - t0;
 	check(n < 0 && e == EAGAIN && dt >= 250 && dt < 3000, "rcvtimeo", "recv: %s after %.0f ms (timeout 300 ms)",
 	      res(n, e), dt);
+	/* Linux: a blocking read of 0 bytes waits for data like any read, then returns 0 (also
+	 * when the timeout ends the wait) */
+	t0 = now_ms();
+	n = rcv(fd, b, 0, 0, &e);
+	dt = now_ms() - t0;
+	check(n == 0 && dt >= 250 && dt < 3000, "recv_len0_timeo", "recv of 0 bytes on an empty stream: %s after %.0f ms "
+	      "(want 0 after the 300 ms timeout)", res(n, e), dt);
 	say("reads-send");
 	hear("reads-sent");
 	/* "abc" and "defg" in two sends: FIONREAD counts both once they arrived */
 	rev = pollrev(fd, POLLIN, 5000);
 	check(rev == POLLIN, "pollin", "poll(POLLIN): %s", pollstr(rev));
+	t0 = now_ms();
+	n = rcv(fd, b, 0, 0, &e);
+	dt = now_ms() - t0;
+	check(n == 0 && dt < 200, "recv_len0_data", "recv of 0 bytes with data queued: %s after %.0f ms (want 0 at once)",
+	      res(n, e), dt);
 	t0 = now_ms();
 	do {
 		v = -1;
@@ -772,6 +789,8 @@ static void c_shutwr(void)
 	check(n == 5, "send", "%s", res(n, e));
 	int r = shutdown(fd, SHUT_WR);
 	check(r == 0, "shutdown", "shutdown(SHUT_WR): %s", res(r, errno));
+	r = shutdown(fd, SHUT_WR);
+	check(r == 0, "shutdown_again", "shutdown(SHUT_WR) again: %s", res(r, errno));
 	int before = sigpipes;
 	n = snd(fd, "x", 1, 0, &e);
 	check(n < 0 && e == EPIPE && sigpipes == before + 1, "send_epipe_sigpipe",
@@ -805,6 +824,9 @@ static void c_shutwr(void)
 	int pe = peer_err(fd), se = self_err(fd);
 	check(pe == ENOTCONN && se == 0, "names_both_shut", "getpeername %s (want ENOTCONN: both FINs went), getsockname %s",
 	      ename(pe), ename(se));
+	r = shutdown(fd, SHUT_RDWR);
+	check(r < 0 && errno == ENOTCONN, "shutdown_closed", "shutdown(SHUT_RDWR) once both FINs went: %s (want -1 ENOTCONN)",
+	      res(r, errno));
 	say("shutwr-done");
 	close(fd);
 }
@@ -842,6 +864,9 @@ static void s_shutwr(int ls)
 	int pe = peer_err(fd), se = self_err(fd);
 	check(pe == ENOTCONN && se == 0, "names_both_shut", "getpeername %s (want ENOTCONN: both FINs went), getsockname %s",
 	      ename(pe), ename(se));
+	r = shutdown(fd, SHUT_RDWR);
+	check(r < 0 && errno == ENOTCONN, "shutdown_closed", "shutdown(SHUT_RDWR) once both FINs went: %s (want -1 ENOTCONN)",
+	      res(r, errno));
 	close(fd);
 }
 
