@@ -54,6 +54,9 @@
  *              the data, then 0
  *   unread     client closes with data unread: the server's connection is reset (ECONNRESET,
  *              then 0, POLLERR|POLLHUP)
+ *   blocked    a blocked recv ends with ECONNRESET when the peer resets; a send blocked for room
+ *              ends (short count, ECONNRESET or EPIPE) when the peer closes unread, and the
+ *              next send fails
  *   lingern    SO_LINGER {1,3}: 1 MiB written, close returns within the linger time once the
  *              data is out; server reads every byte (verified) then 0
  */
@@ -1118,6 +1121,59 @@ static void s_wake(int ls)
 	close(a2);
 }
 
+/* Blocked calls woken by the peer's reset: a recv waiting for data (the peer's SO_LINGER {1,0}
+ * close), a send waiting for room (the peer closes with our data unread). */
+static void c_blocked(void)
+{
+	int c1 = connect_block(), c2 = connect_block();
+	check_carried(c1);
+	check_carried(c2);
+	hear("blocked-waiting");
+	sleep_ms(200);
+	struct linger lg = {1, 0};
+	setsockopt(c1, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+	close(c1);
+	hear("blocked-filling");
+	sleep_ms(300); /* the server's sends have filled every buffer and it waits */
+	close(c2);     /* with its data unread: a reset */
+	hear("blocked-done");
+}
+
+static void s_blocked(int ls)
+{
+	int a1 = accept_one(ls, 0), a2 = accept_one(ls, 0);
+	say("blocked-waiting");
+	char b[16];
+	int e;
+	double t0 = now_ms();
+	ssize_t n = rcv(a1, b, sizeof b, 0, &e);
+	double dt = now_ms() - t0;
+	check(n < 0 && e == ECONNRESET && dt < 3000, "recv", "recv waiting when the peer reset: %s after %.0f ms "
+	      "(want -1 ECONNRESET)", res(n, e), dt);
+	say("blocked-filling");
+	static char chunk[64 << 10];
+	size_t total = 0;
+	t0 = now_ms();
+	for (;;) {
+		n = snd(a2, chunk, sizeof chunk, MSG_NOSIGNAL, &e);
+		if (n < (ssize_t)sizeof chunk || now_ms() - t0 > 10000)
+			break;
+		total += (size_t)n;
+	}
+	dt = now_ms() - t0;
+	/* the send that was waiting ends with the part it took or the reset; the next fails */
+	bool first_ok = (n >= 0 && n < (ssize_t)sizeof chunk) || (n < 0 && (e == ECONNRESET || e == EPIPE));
+	int e1 = e;
+	ssize_t n1 = n;
+	n = snd(a2, chunk, sizeof chunk, MSG_NOSIGNAL, &e);
+	check(first_ok && n < 0 && (e == EPIPE || e == ECONNRESET) && dt < 5000, "send",
+	      "sends into a peer that closes unread: after %zu bytes %s, then %s (want a short count or "
+	      "ECONNRESET/EPIPE, then EPIPE/ECONNRESET)", total, res(n1, e1), res(n, e));
+	say("blocked-done");
+	close(a1);
+	close(a2);
+}
+
 /* Closing with data not read resets the connection (Linux, RFC 2525 2.17), SO_LINGER or not. */
 static void c_unread(void)
 {
@@ -1284,6 +1340,7 @@ static const struct {
 	{"linger0", c_linger0, s_linger0, false},
 	{"resetso", c_resetso, s_resetso, false},
 	{"unread", c_unread, s_unread, false},
+	{"blocked", c_blocked, s_blocked, false},
 	{"lingern", c_lingern, s_lingern, false},
 };
 #define NCASES (sizeof cases / sizeof cases[0])
