@@ -54,6 +54,10 @@
  *              the data, then 0
  *   unread     client closes with data unread: the server's connection is reset (ECONNRESET,
  *              then 0, POLLERR|POLLHUP)
+ *   flags      MSG_TRUNC discards, select with data (read, write), MSG_WAITALL cut short by the
+ *              end, MSG_PEEK at the end 0, select at the end (read), FIONREAD 0 at the end
+ *   pollout    non-blocking sends until EAGAIN, no POLLOUT; a poll (then an epoll_wait) waiting
+ *              for POLLOUT is woken when the peer reads
  *   blocked    a blocked recv ends with ECONNRESET when the peer resets; a send blocked for room
  *              ends (short count, ECONNRESET or EPIPE) when the peer closes unread, and the
  *              next send fails
@@ -76,6 +80,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/ioctl.h>
+#include <sys/select.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/wait.h>
@@ -1121,6 +1126,125 @@ static void s_wake(int ls)
 	close(a2);
 }
 
+/* MSG_TRUNC discards (TCP), MSG_WAITALL cut short by the end, MSG_PEEK at the end, select. */
+static void c_flags(void)
+{
+	int fd = connect_block();
+	check_carried(fd);
+	hear("flags-sent");
+	char b[16] = {0};
+	int e;
+	int rev = pollrev(fd, POLLIN, 5000);
+	check(rev == POLLIN, "pollin", "%s", pollstr(rev));
+	fd_set r, w, x;
+	FD_ZERO(&r);
+	FD_ZERO(&w);
+	FD_ZERO(&x);
+	FD_SET(fd, &r);
+	FD_SET(fd, &w);
+	FD_SET(fd, &x);
+	struct timeval tv = {0, 0};
+	int k = select(fd + 1, &r, &w, &x, &tv);
+	check(k == 2 && FD_ISSET(fd, &r) && FD_ISSET(fd, &w) && !FD_ISSET(fd, &x), "select", "select with data "
+	      "queued: %d, read %d write %d except %d (want 2: read, write)", k, FD_ISSET(fd, &r), FD_ISSET(fd, &w),
+	      FD_ISSET(fd, &x));
+	ssize_t n = rcv(fd, b, 3, MSG_TRUNC, &e);
+	check(n == 3, "trunc", "recv(3, MSG_TRUNC): %s (want 3, discarded)", res(n, e));
+	memset(b, 0, sizeof b);
+	n = rcv(fd, b, 3, 0, &e);
+	check(n == 3 && !memcmp(b, "def", 3), "after_trunc", "recv(3): %s '%.3s' (want 'def')", res(n, e), b);
+	say("flags-read");
+	hear("flags-shut");
+	/* "ghi" then the end: MSG_WAITALL for 10 returns the 3 */
+	memset(b, 0, sizeof b);
+	n = rcv(fd, b, 10, MSG_WAITALL, &e);
+	check(n == 3 && !memcmp(b, "ghi", 3), "waitall_eof", "recv(10, MSG_WAITALL) before the end: %s '%.3s' (want 3)",
+	      res(n, e), b);
+	n = rcv(fd, b, 10, MSG_PEEK, &e);
+	check(n == 0, "peek_eof", "recv(MSG_PEEK) at the end: %s (want 0)", res(n, e));
+	FD_ZERO(&r);
+	FD_ZERO(&x);
+	FD_SET(fd, &r);
+	FD_SET(fd, &x);
+	tv.tv_sec = 2;
+	k = select(fd + 1, &r, NULL, &x, &tv);
+	check(k == 1 && FD_ISSET(fd, &r) && !FD_ISSET(fd, &x), "select_eof", "select at the end: %d, read %d except %d "
+	      "(want 1: read)", k, FD_ISSET(fd, &r), FD_ISSET(fd, &x));
+	int v = -1;
+	int rr = ioctl(fd, FIONREAD, &v);
+	check(rr == 0 && v == 0, "fionread_eof", "FIONREAD at the end: %d", v);
+	say("flags-done");
+	close(fd);
+}
+
+static void s_flags(int ls)
+{
+	int fd = accept_one(ls, 0);
+	check_carried(fd);
+	int e;
+	ssize_t n = snd(fd, "abcdef", 6, 0, &e);
+	check(n == 6, "send", "%s", res(n, e));
+	say("flags-sent");
+	hear("flags-read");
+	n = snd(fd, "ghi", 3, 0, &e);
+	int r = shutdown(fd, SHUT_WR);
+	check(n == 3 && r == 0, "send_shut", "send %s, shutdown(SHUT_WR) %s", res(n, e), res(r, errno));
+	say("flags-shut");
+	hear("flags-done");
+	close(fd);
+}
+
+/* POLLOUT/EPOLLOUT come back once the peer reads what filled the buffers (a waiter is woken). */
+static void c_pollout(void)
+{
+	int fd = connect_block();
+	check_carried(fd);
+	hear("pollout-full");
+	sleep_ms(200);
+	static char b[64 << 10];
+	size_t total = 0;
+	ssize_t n;
+	int e;
+	while ((n = rcv(fd, b, sizeof b, MSG_DONTWAIT, &e)) > 0 || (n < 0 && e == EAGAIN && pollrev(fd, POLLIN, 1000) > 0))
+		if (n > 0)
+			total += (size_t)n;
+	check(n == 0, "drain", "read %zu bytes, then %s (want the end)", total, res(n, e));
+	say("pollout-done");
+	close(fd);
+}
+
+static void s_pollout(int ls)
+{
+	int fd = accept_one(ls, SOCK_NONBLOCK);
+	check_carried(fd);
+	static char chunk[64 << 10];
+	size_t total = 0;
+	ssize_t n;
+	int e;
+	while ((n = snd(fd, chunk, sizeof chunk, 0, &e)) > 0)
+		total += (size_t)n;
+	check(n < 0 && e == EAGAIN, "full", "non-blocking sends: %zu bytes, then %s (want EAGAIN)", total, res(n, e));
+	int rev = pollrev(fd, POLLOUT, 0);
+	check(rev == 0, "no_pollout", "poll(POLLOUT) with the buffers full: %s (want 0)", pollstr(rev));
+	say("pollout-full");
+	double t0 = now_ms();
+	rev = pollrev(fd, POLLOUT, 5000);
+	double dt = now_ms() - t0;
+	check(rev == POLLOUT && dt >= 100 && dt < 3000, "pollout", "poll(POLLOUT) waiting while the peer reads: %s after "
+	      "%.0f ms", pollstr(rev), dt);
+	while ((n = snd(fd, chunk, sizeof chunk, 0, &e)) > 0)
+		total += (size_t)n;
+	t0 = now_ms();
+	rev = epollrev(fd, EPOLLOUT, 5000);
+	dt = now_ms() - t0;
+	check(rev == EPOLLOUT && dt < 3000, "epollout", "epoll_wait(EPOLLOUT) with the buffers full again: %s after %.0f ms",
+	      pollstr(rev), dt);
+	int r = shutdown(fd, SHUT_WR);
+	check(r == 0, "shutdown", "%s", res(r, errno));
+	hear("pollout-done");
+	close(fd);
+}
+
 /* Blocked calls woken by the peer's reset: a recv waiting for data (the peer's SO_LINGER {1,0}
  * close), a send waiting for room (the peer closes with our data unread). */
 static void c_blocked(void)
@@ -1340,6 +1464,8 @@ static const struct {
 	{"linger0", c_linger0, s_linger0, false},
 	{"resetso", c_resetso, s_resetso, false},
 	{"unread", c_unread, s_unread, false},
+	{"flags", c_flags, s_flags, false},
+	{"pollout", c_pollout, s_pollout, false},
 	{"blocked", c_blocked, s_blocked, false},
 	{"lingern", c_lingern, s_lingern, false},
 };
