@@ -488,7 +488,9 @@ static const struct dgv_ops iv_ops = {
 	.conn_info = iv_conn_info,
 };
 
-static char open_why[256];
+/* per thread: dgv_open may run in several at once; initial-exec as soft/cq.c (the shim is
+ * preloaded, and a dynamic TLS access may allocate) */
+static __thread char open_why[256] __attribute__((tls_model("initial-exec")));
 
 const char *dgv_ibverbs_why(void) { return open_why; }
 
