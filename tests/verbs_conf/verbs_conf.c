@@ -33,6 +33,7 @@
  *                 has no UD: iWARP)
  *   ud_large      UD Sends of 4 KiB and 64 KiB (segmented where a datagram is smaller)
  *   ud_write_record  UD Write-Records of 700 B and 20000 B: placed, record, source
+ *   ud_write      a UD RDMA Write of 30000 B, placed, no target completion
  *   ud_no_peer    an address handle to PORT+4, where no UD QP is, fails on a device (discovery);
  *                 skipped on soft, whose address handles ask nothing
  * Exit: 0 nothing failed, 1 a check failed, 2 usage, 77 the provider cannot be opened here
@@ -498,6 +499,7 @@ static void ud_tests(const union dgv_sockaddr *dst, socklen_t dlen)
 		result("SKIP", "ud_send", "provider %s on this device has no UD queue pairs (iWARP: datagram sockets "
 		       "stay on soft)", dgv_provider_name(S.ctx));
 		result("SKIP", "ud_large", "no UD");
+		result("SKIP", "ud_write", "no UD");
 		result("SKIP", "ud_write_record", "no UD");
 		result("SKIP", "ud_no_peer", "no UD");
 		S.qp = NULL;
@@ -509,6 +511,7 @@ static void ud_tests(const union dgv_sockaddr *dst, socklen_t dlen)
 	if (r || (r = dgv_create_qp(C.pd, &qa, &C.qp))) {
 		result("FAIL", "ud_send", "dgv_create_qp(UD): %s", strerror(-r));
 		result("SKIP", "ud_large", "no UD QP");
+		result("SKIP", "ud_write", "no UD QP");
 		result("SKIP", "ud_write_record", "no UD QP");
 		result("SKIP", "ud_no_peer", "no UD QP");
 		destroy_qps();
@@ -576,6 +579,7 @@ static void ud_tests(const union dgv_sockaddr *dst, socklen_t dlen)
 		result("PASS", "ud_large", "UD messages of 4 KiB and 64 KiB (segmented) byte-exact");
 	/* ud_write_record: one datagram and many, into the server's region, no receive consumed */
 	if (fail || !ah) {
+		result("SKIP", "ud_write", "ud_send failed");
 		result("SKIP", "ud_write_record", "ud_send failed");
 	} else {
 		static const uint32_t wl[] = {700, 20000};
@@ -614,6 +618,42 @@ static void ud_tests(const union dgv_sockaddr *dst, socklen_t dlen)
 			} else if (diff_at(target, C.arena, wl[j]) >= 0) {
 				fail_why("%u B: byte %ld of the target differs", wl[j], diff_at(target, C.arena, wl[j]));
 				wf = why;
+			}
+		}
+		/* ud_write: an RDMA Write (no target completion), then a Send to know it was placed
+		 * (both from the same QP to the same one, in order on this path) */
+		{
+			const uint32_t len = 30000, off = 100000;
+			uint8_t *target = S.arena + (size_t)NRECV * RBUF + off;
+			struct dgv_sge sge = {(uintptr_t)C.arena, len, C.mr->lkey}, sge2 = {(uintptr_t)C.arena + MIB, 8, C.mr->lkey};
+			struct dgv_send_wr w2 = {.wr_id = 811, .sg_list = &sge2, .num_sge = 1, .opcode = DGV_WR_SEND,
+						 .send_flags = DGV_SEND_SIGNALED, .ah = ah};
+			struct dgv_send_wr w1 = {.wr_id = 810, .sg_list = &sge, .num_sge = 1, .opcode = DGV_WR_WRITE,
+						 .send_flags = DGV_SEND_SIGNALED, .ah = ah, .remote_addr = (uintptr_t)target,
+						 .rkey = S.mr->rkey, .next = &w2};
+			struct dgv_wc wc;
+			const char *ww = NULL;
+			fill(C.arena, len, 17);
+			memset(target, 0, len);
+			if ((r = dgv_post_send(C.qp, &w1, NULL)) == -EOPNOTSUPP) {
+				result("SKIP", "ud_write", "RDMA Write on UD: not supported by provider %s", dgv_provider_name(C.ctx));
+			} else {
+				if (r)
+					fail_why("dgv_post_send: %s", strerror(-r)), ww = why;
+				else if (wait_wc(&C, C.scq, &wc, "UD Write") || wc.status != DGV_WC_SUCCESS || wc.opcode != DGV_WC_WRITE)
+					fail_why("Write completion %s opcode %d", st_name(wc.status), wc.opcode), ww = why;
+				else if (wait_wc(&S, S.rcq, &wc, "UD Receive after the Write") || wc.opcode != DGV_WC_RECV)
+					fail_why("the target's next completion after the Write: opcode %d (want RECV: a Write "
+						 "completes nothing at the target)", wc.opcode), ww = why;
+				else if (diff_at(target, C.arena, len) >= 0)
+					fail_why("byte %ld of the target differs", diff_at(target, C.arena, len)), ww = why;
+				else
+					post_recv(&S, (int)(wc.wr_id - 100));
+				if (ww)
+					result("FAIL", "ud_write", "%s", ww);
+				else
+					result("PASS", "ud_write", "UD RDMA Write of %u B placed byte-exact before the Send that followed, no "
+					       "target completion", len);
 			}
 		}
 		if (wf)

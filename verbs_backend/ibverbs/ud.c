@@ -16,7 +16,7 @@
  *
  * Data path. Every UD datagram starts with a 28-byte placement header (struct iv_udh,
  * big-endian: magic 0xD6, opcode, the sender's port, message number, message length, this
- * segment's offset, and for a Write-Record the target STag and address), because a device
+ * segment's offset, and for a Write-Record or Write the target STag and address), because a device
  * carries UD messages of one MTU and a completion names its sender only by GID and QP number.
  * Messages up to 64 KiB are cut into MTU-sized segments (header + the next piece of the
  * program's buffers, read in place). The receiver posts its own pool of MTU-sized buffers
@@ -24,7 +24,8 @@
  * what the soft provider does: a Send is copied into the program's oldest receive at its
  * offset and completes when whole; a Write-Record is checked (STag, rights, bounds) and
  * copied into the region, consumes no receive and completes with its record, or as
- * DGV_WC_PARTIAL with the ranges that arrived when the rest does not come within 20 ms. The
+ * DGV_WC_PARTIAL with the ranges that arrived when the rest does not come within 20 ms; an
+ * RDMA Write is placed the same way and completes nothing at the target. The
  * source address is the IP from the GRH (RoCE v2 over IPv4: the IPv4 header in the GRH area's
  * last 20 bytes; otherwise the source GID) and the header's port. One copy per byte on
  * receive, as on the soft provider; none on send.
@@ -371,9 +372,10 @@ static int ud_post_one(struct iv_qp *qp, const struct dgv_send_wr *wr)
 	case DGV_WR_SEND: op = 0; break;
 	case DGV_WR_SEND_SE: op = 1; break;
 	case DGV_WR_WRITE_RECORD: op = 2; break;
+	case DGV_WR_WRITE: op = 3; break;
 	default:
 		DG_WARN("ibverbs: opcode %d is not implemented on a device's UD QP (Send, Send with SE, "
-			"Write-Record are)", wr->opcode);
+			"Write-Record, Write are)", wr->opcode);
 		return -EOPNOTSUPP;
 	}
 	if (!wr->ah || wr->ah->ctx != qp->base.ctx)
@@ -423,7 +425,8 @@ static int ud_post_one(struct iv_qp *qp, const struct dgv_send_wr *wr)
 			iw[n].wr.ud.remote_qpn = ah->qpn;
 			iw[n].wr.ud.remote_qkey = ah->qkey;
 			qp->sslots[slot % qp->nsslots] = (struct iv_swr){
-				.wr_id = wr->wr_id, .len = len, .opcode = op == 2 ? DGV_WC_WRITE_RECORD : DGV_WC_SEND,
+				.wr_id = wr->wr_id, .len = len,
+				.opcode = op == 2 ? DGV_WC_WRITE_RECORD : op == 3 ? DGV_WC_WRITE : DGV_WC_SEND,
 				.deliver = last && (wr->send_flags & DGV_SEND_SIGNALED)};
 		}
 		iw[n - 1].next = NULL;
@@ -600,7 +603,7 @@ bool iv_ud_recv(struct iv_qp *qp, const struct ibv_wc *w, struct dgv_wc *o, stru
 	uint64_t to = (uint64_t)ntohl(h.to_hi) << 32 | ntohl(h.to_lo);
 	const uint8_t *p = buf + IV_GRH + sizeof h;
 	pthread_mutex_lock(&qp->lock);
-	if (w->byte_len < IV_GRH + sizeof h || h.magic != IV_UDH_MAGIC || h.op > 2 || total > IV_UD_MAX_MSG ||
+	if (w->byte_len < IV_GRH + sizeof h || h.magic != IV_UDH_MAGIC || h.op > 3 || total > IV_UD_MAX_MSG ||
 	    off % u->payload || off + plen > total || (plen != u->payload && off + plen != total)) {
 		qp->st.malformed_drops++;
 		goto done;
@@ -611,14 +614,16 @@ bool iv_ud_recv(struct iv_qp *qp, const struct ibv_wc *w, struct dgv_wc *o, stru
 	o->qp = &qp->base;
 	o->msn = msn;
 	ud_src(buf, ntohs(h.port), w->wc_flags & IBV_WC_GRH, o);
-	bool wrec = h.op == 2;
+	bool tagged = h.op >= 2, wrec = h.op == 2; /* Write-Record, or Write (no target completion) */
 	if (off == 0 && plen == total) {
 		/* a whole message in one datagram: no reassembly */
-		if (wrec) {
+		if (tagged) {
 			if (!place(qp->pd, stag, to, total, 0, p, plen)) {
 				qp->st.placement_rejects++;
 				goto done;
 			}
+			if (!wrec)
+				goto done;
 			o->opcode = DGV_WC_RECV_WRITE_RECORD;
 			o->byte_len = total;
 			*range = (struct dgv_range){0, total};
@@ -671,7 +676,7 @@ bool iv_ud_recv(struct iv_qp *qp, const struct ibv_wc *w, struct dgv_wc *o, stru
 		re = freeone;
 		memset(re, 0, sizeof *re);
 		re->used = true;
-		re->wr = wrec;
+		re->wr = tagged;
 		re->op = h.op;
 		re->src = o->src;
 		re->src_len = o->src_len;
@@ -681,7 +686,7 @@ bool iv_ud_recv(struct iv_qp *qp, const struct ibv_wc *w, struct dgv_wc *o, stru
 		re->stag = stag;
 		re->to = to;
 		u->nactive++;
-		if (!wrec) {
+		if (!tagged) {
 			if (!u->ar_n || recv_room(&u->ar[u->ar_head]) < total) {
 				/* no receive, or too small: the message is dropped, its segments too */
 				qp->st.no_wqe_drops++;
@@ -696,7 +701,7 @@ bool iv_ud_recv(struct iv_qp *qp, const struct ibv_wc *w, struct dgv_wc *o, stru
 	}
 	re->last_ms = now;
 	uint32_t s = off / u->payload;
-	if (re->total != total || re->wr != wrec || s >= re->nseg) {
+	if (re->total != total || re->wr != tagged || re->op != h.op || s >= re->nseg) {
 		qp->st.malformed_drops++;
 		goto done;
 	}
@@ -704,7 +709,7 @@ bool iv_ud_recv(struct iv_qp *qp, const struct ibv_wc *w, struct dgv_wc *o, stru
 		qp->st.dup_drops++;
 		goto done;
 	}
-	if (wrec ? !place(qp->pd, stag, to, total, off, p, plen) : re->have_recv && !scatter(&re->rcv, off, p, plen)) {
+	if (tagged ? !place(qp->pd, stag, to, total, off, p, plen) : re->have_recv && !scatter(&re->rcv, off, p, plen)) {
 		qp->st.placement_rejects++;
 		goto done;
 	}
@@ -755,7 +760,7 @@ bool iv_ud_expire(struct iv_qp *qp, struct dgv_wc *o, struct dgv_range *ranges, 
 		if (!re->used || now - re->last_ms < 20)
 			continue;
 		qp->st.reasm_timeouts++;
-		if (re->wr && re->got) {
+		if (re->wr && re->op == 2 && re->got) { /* a Write has no target completion, whole or not */
 			memset(o, 0, sizeof *o);
 			o->qp = &qp->base;
 			o->status = DGV_WC_PARTIAL;
