@@ -2,8 +2,8 @@
  * streamapi - the stream (TCP) socket calls a program sees, checked natively and under
  * libdgshim.so with both ends preloaded (issue 4: "stream sockets behave as the kernel's").
  *
- *   streamapi PORT      uses 127.0.0.1:PORT (listener), PORT+1 (listener with a full backlog)
- *                       and PORT+2 (nothing listens: refused)
+ *   streamapi PORT      uses 127.0.0.1:PORT (listener), PORT+1 (listener with a full backlog),
+ *                       PORT+2 (nothing listens: refused) and [::1]:PORT+3
  *
  * One process forks before it makes any socket: the child is the server (it listens and
  * accepts), the parent the client. They keep step over an AF_UNIX socketpair (which the shim
@@ -35,6 +35,7 @@
  *   preaccept  connect (blocking; non-blocking: POLLOUT) returns before the server accepts, as
  *              the kernel completes the handshake: KNOWN under the shim (it waits for the MPA
  *              exchange, which the server's accept answers)
+ *   v6         over ::1 (PORT+3): names as sockaddr_in6, accept's address, data both ways, ends
  *   refused    non-blocking connect to a closed port: SO_ERROR ECONNREFUSED once, then 0;
  *              blocking connect -> ECONNREFUSED
  *   shutwr     client SHUT_WR: its send -> EPIPE + SIGPIPE, MSG_NOSIGNAL -> EPIPE without,
@@ -729,6 +730,74 @@ static void s_nbconnect(int ls)
 	check(n == 2 && !memcmp(b, "nb", 2), "recv", "%s", res(n, e));
 	say("nb-done");
 	close(fd);
+}
+
+/* IPv6 (::1, PORT+3): names as sockaddr_in6, data both ways, the end. */
+static void c_v6(void)
+{
+	int fd = socket(AF_INET6, SOCK_STREAM, 0);
+	if (fd < 0)
+		die("socket(AF_INET6): %s", strerror(errno));
+	struct sockaddr_in6 a = {.sin6_family = AF_INET6, .sin6_port = htons((uint16_t)(port + 3)),
+				 .sin6_addr = IN6ADDR_LOOPBACK_INIT};
+	hear("v6-listening");
+	if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0)
+		die("connect [::1]:%d: %s", port + 3, strerror(errno));
+	check_carried(fd);
+	struct sockaddr_in6 me, peer;
+	socklen_t ml = sizeof me, pl = sizeof peer;
+	int r1 = getsockname(fd, (struct sockaddr *)&me, &ml);
+	int r2 = getpeername(fd, (struct sockaddr *)&peer, &pl);
+	check(r1 == 0 && ml == sizeof me && me.sin6_family == AF_INET6 && IN6_IS_ADDR_LOOPBACK(&me.sin6_addr) &&
+		      me.sin6_port, "getsockname", "len %u family %d port %u", (unsigned)ml, me.sin6_family,
+	      ntohs(me.sin6_port));
+	check(r2 == 0 && pl == sizeof peer && peer.sin6_family == AF_INET6 && IN6_IS_ADDR_LOOPBACK(&peer.sin6_addr) &&
+		      peer.sin6_port == a.sin6_port, "getpeername", "len %u family %d port %u", (unsigned)pl,
+	      peer.sin6_family, ntohs(peer.sin6_port));
+	put_data(&me, sizeof me);
+	int e;
+	ssize_t n = snd(fd, "six", 3, 0, &e);
+	check(n == 3, "send", "%s", res(n, e));
+	int r = shutdown(fd, SHUT_WR);
+	check(r == 0, "shutdown", "%s", res(r, errno));
+	char b[8] = {0};
+	n = rcv(fd, b, sizeof b, MSG_WAITALL, &e);
+	check(n == 4 && !memcmp(b, "back", 4), "recv", "%s '%.4s' then the end", res(n, e), b);
+	hear("v6-done");
+	close(fd);
+}
+
+static void s_v6(int ls)
+{
+	(void)ls;
+	int l6 = socket(AF_INET6, SOCK_STREAM, 0), one = 1;
+	if (l6 < 0)
+		die("socket(AF_INET6): %s", strerror(errno));
+	setsockopt(l6, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+	struct sockaddr_in6 a = {.sin6_family = AF_INET6, .sin6_port = htons((uint16_t)(port + 3)),
+				 .sin6_addr = IN6ADDR_LOOPBACK_INIT};
+	if (bind(l6, (struct sockaddr *)&a, sizeof a) < 0 || listen(l6, 4) < 0)
+		die("bind/listen [::1]:%d: %s", port + 3, strerror(errno));
+	say("v6-listening");
+	struct sockaddr_in6 from;
+	socklen_t fl = sizeof from;
+	int fd = accept(l6, (struct sockaddr *)&from, &fl);
+	if (fd < 0)
+		die("accept: %s", strerror(errno));
+	check_carried(fd);
+	struct sockaddr_in6 cme;
+	ctl_read(&cme, sizeof cme, "the client's name");
+	check(fl == sizeof from && from.sin6_port == cme.sin6_port && IN6_IS_ADDR_LOOPBACK(&from.sin6_addr), "accept_addr",
+	      "accept() port %u, the client's %u", ntohs(from.sin6_port), ntohs(cme.sin6_port));
+	char b[8] = {0};
+	int e;
+	ssize_t n = rcv(fd, b, sizeof b, MSG_WAITALL, &e);
+	check(n == 3 && !memcmp(b, "six", 3), "recv", "%s '%.3s' then the end", res(n, e), b);
+	n = snd(fd, "back", 4, 0, &e);
+	check(n == 4, "send", "%s", res(n, e));
+	close(fd);
+	say("v6-done");
+	close(l6);
 }
 
 /* The kernel completes a connection before the server accepts it: connect returns (POLLOUT
@@ -1543,6 +1612,7 @@ static const struct {
 	{"nbconnect", c_nbconnect, s_nbconnect, false},
 	{"ealready", c_ealready, s_ealready, true},
 	{"preaccept", c_preaccept, s_preaccept, false},
+	{"v6", c_v6, s_v6, false},
 	{"refused", c_refused, NULL, false},
 	{"shutwr", c_shutwr, s_shutwr, false},
 	{"shutrd", c_shutrd, s_shutrd, false},
@@ -1588,7 +1658,7 @@ static void client(void)
 int main(int argc, char **argv)
 {
 	if (argc != 2 || atoi(argv[1]) < 1024 || atoi(argv[1]) > 65000) {
-		fprintf(stderr, "usage: streamapi PORT   (uses PORT, PORT+1, PORT+2 on 127.0.0.1)\n");
+		fprintf(stderr, "usage: streamapi PORT   (uses PORT, PORT+1, PORT+2 on 127.0.0.1, PORT+3 on ::1)\n");
 		return 2;
 	}
 	port = atoi(argv[1]);
