@@ -36,6 +36,9 @@
  *              the kernel completes the handshake: KNOWN under the shim (it waits for the MPA
  *              exchange, which the server's accept answers)
  *   v6         over ::1 (PORT+3): names as sockaddr_in6, accept's address, data both ways, ends
+ *   epollet    EPOLLET: one report per arrival; EPOLLONESHOT until EPOLL_CTL_MOD; level-triggered
+ *              again after MOD
+ *   dup        closing one descriptor of a connection ends nothing, the last close does
  *   refused    non-blocking connect to a closed port: SO_ERROR ECONNREFUSED once, then 0;
  *              blocking connect -> ECONNREFUSED
  *   shutwr     client SHUT_WR: its send -> EPIPE + SIGPIPE, MSG_NOSIGNAL -> EPIPE without,
@@ -729,6 +732,100 @@ static void s_nbconnect(int ls)
 	ssize_t n = rcv(fd, b, sizeof b, 0, &e);
 	check(n == 2 && !memcmp(b, "nb", 2), "recv", "%s", res(n, e));
 	say("nb-done");
+	close(fd);
+}
+
+/* Edge-triggered and one-shot epoll: one report per arrival; ONESHOT until EPOLL_CTL_MOD. */
+static void c_epollet(void)
+{
+	int fd = connect_block();
+	check_carried(fd);
+	for (int i = 0; i < 3; i++) {
+		hear("et-next");
+		int e;
+		ssize_t n = snd(fd, "e", 1, 0, &e);
+		if (n != 1)
+			check(false, "send", "%s", res(n, e));
+	}
+	hear("et-done");
+	close(fd);
+}
+
+static void s_epollet(int ls)
+{
+	int fd = accept_one(ls, 0);
+	check_carried(fd);
+	int ep = epoll_create1(EPOLL_CLOEXEC);
+	struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.u32 = 5}, out;
+	epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
+	int n0 = epoll_wait(ep, &out, 1, 100);
+	say("et-next");
+	int n1 = epoll_wait(ep, &out, 1, 5000);
+	uint32_t e1 = n1 == 1 ? out.events : 0;
+	int n2 = epoll_wait(ep, &out, 1, 200); /* not read: no new edge */
+	check(n0 == 0 && n1 == 1 && e1 == EPOLLIN && n2 == 0, "edge", "EPOLLET: before data %d, on data %d (%s), again "
+	      "without reading %d (want 0, 1 IN, 0)", n0, n1, pollstr((int)e1), n2);
+	say("et-next");
+	n1 = epoll_wait(ep, &out, 1, 5000);
+	check(n1 == 1 && out.events == EPOLLIN, "edge_again", "EPOLLET: a second arrival, still unread: %d (%s) (want 1 IN)",
+	      n1, n1 == 1 ? pollstr((int)out.events) : "-");
+	ev.events = EPOLLIN | EPOLLONESHOT;
+	epoll_ctl(ep, EPOLL_CTL_MOD, fd, &ev);
+	n1 = epoll_wait(ep, &out, 1, 1000);
+	n2 = epoll_wait(ep, &out, 1, 200);
+	check(n1 == 1 && n2 == 0, "oneshot", "EPOLLONESHOT with data queued: %d, then %d (want 1, 0)", n1, n2);
+	epoll_ctl(ep, EPOLL_CTL_MOD, fd, &ev);
+	n1 = epoll_wait(ep, &out, 1, 1000);
+	check(n1 == 1 && out.events == EPOLLIN, "oneshot_mod", "after EPOLL_CTL_MOD: %d (want 1 IN)", n1);
+	char b[8];
+	int e;
+	ssize_t n = rcv(fd, b, sizeof b, 0, &e);
+	check(n == 2, "recv", "%s", res(n, e));
+	ev.events = EPOLLIN;
+	epoll_ctl(ep, EPOLL_CTL_MOD, fd, &ev);
+	n2 = epoll_wait(ep, &out, 1, 200);
+	say("et-next");
+	n1 = epoll_wait(ep, &out, 1, 5000);
+	int n3 = epoll_wait(ep, &out, 1, 100);
+	check(n2 == 0 && n1 == 1 && n3 == 1, "level", "level-triggered: drained %d, on data %d, again unread %d "
+	      "(want 0, 1, 1)", n2, n1, n3);
+	close(ep);
+	say("et-done");
+	close(fd);
+}
+
+/* dup: closing one descriptor of a connection ends nothing; the last close does. */
+static void c_dup(void)
+{
+	int fd = connect_block();
+	check_carried(fd);
+	int d = dup(fd);
+	check(d >= 0, "dup", "%d", d);
+	close(fd);
+	int e;
+	ssize_t n = snd(d, "via dup", 7, 0, &e);
+	check(n == 7, "send_dup", "send through the duplicate after closing the original: %s", res(n, e));
+	hear("dup-read");
+	close(d);
+	say("dup-closed");
+	hear("dup-done");
+}
+
+static void s_dup(int ls)
+{
+	int fd = accept_one(ls, 0);
+	check_carried(fd);
+	char b[16] = {0};
+	int e;
+	ssize_t n = rcv(fd, b, sizeof b, 0, &e);
+	check(n == 7 && !memcmp(b, "via dup", 7), "recv", "%s '%.7s'", res(n, e), b);
+	int rev = pollrev(fd, POLLIN | POLLRDHUP, 200);
+	check(rev == 0, "open", "poll(IN|RDHUP) while a duplicate is open: %s (want 0)", pollstr(rev));
+	say("dup-read");
+	hear("dup-closed");
+	n = rcv(fd, b, sizeof b, 0, &e);
+	check(n == 0, "recv_eof", "after the last descriptor closed: %s (want 0)", res(n, e));
+	say("dup-done");
 	close(fd);
 }
 
@@ -1613,6 +1710,8 @@ static const struct {
 	{"ealready", c_ealready, s_ealready, true},
 	{"preaccept", c_preaccept, s_preaccept, false},
 	{"v6", c_v6, s_v6, false},
+	{"epollet", c_epollet, s_epollet, false},
+	{"dup", c_dup, s_dup, false},
 	{"refused", c_refused, NULL, false},
 	{"shutwr", c_shutwr, s_shutwr, false},
 	{"shutrd", c_shutrd, s_shutrd, false},
