@@ -836,6 +836,8 @@ int sock_setsockopt(struct sock *s, int fd, int level, int name, const void *v, 
 	}
 	if (real.setsockopt(fd, level, name, v, l) < 0)
 		return -errno;
+	if (s->strm && level == SOL_SOCKET && name == SO_RCVLOWAT)
+		stream_lowat(s, fd);
 	if (level == SOL_SOCKET && (name == SO_RCVTIMEO || name == SO_SNDTIMEO) && v &&
 	    l >= sizeof(struct timeval)) {
 		const struct timeval *tv = v;

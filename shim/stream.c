@@ -64,6 +64,7 @@ struct stream {
 	bool connect_pending;    /* EINPROGRESS given: the next connect after success returns 0 */
 	bool nodelay_mine;       /* carried: TCP_NODELAY is answered from nodelay, not the kernel */
 	int nodelay;             /* TCP_NODELAY as the program set it (the provider sets it on TCP) */
+	int lowat;               /* SO_RCVLOWAT (the kernel's value; 0 or 1: any byte) */
 	bool counted;            /* in the conns total */
 	int mode;                /* IWARP_MODE_AUTO, _RC or _OFF */
 	struct dgv_cm_channel *ch;
@@ -528,6 +529,30 @@ static void nodelay_take(struct stream *t, int fd)
 	}
 }
 
+static void lowat_take(struct stream *t, int fd)
+{
+	int v = 1;
+	socklen_t l = sizeof v;
+	if (real.getsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &v, &l) == 0)
+		t->lowat = v;
+}
+
+void stream_lowat(struct sock *s, int fd)
+{
+	sock_lock(s);
+	lowat_take(s->strm, fd);
+	sock_unlock(s);
+}
+
+/* Bytes a read waits for before it returns (the kernel's sock_rcvlowat for len bytes). */
+static size_t lowat_target(const struct stream *t, size_t len)
+{
+	size_t lw = t->lowat > 1 ? (size_t)t->lowat : 1;
+	if (t->ring && lw > t->ring / 2)
+		lw = t->ring / 2; /* as the kernel caps it at half its buffer */
+	return lw < len ? lw : len;
+}
+
 int stream_nodelay(struct sock *s, int fd, int set, void *v, socklen_t *l)
 {
 	sock_lock(s);
@@ -849,6 +874,7 @@ int stream_accept(int fd, struct sockaddr *a, socklen_t *l, int flags)
 	ns->peerlen = pl;
 	ns->connected = true;
 	nodelay_take(ns->strm, nfd);
+	lowat_take(ns->strm, nfd); /* inherited from the listener, as the kernel's */
 	int rc = accept_rc(ns, nfd);
 	sock_unlock(ns);
 	if (rc) {
@@ -1069,12 +1095,26 @@ ssize_t stream_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt,
 		goto out;
 	size_t total = iov_total(iov, iovcnt), done = 0;
 	bool waitall = (flags & MSG_WAITALL) && !(flags & MSG_PEEK);
+	bool lowat_expired = false;
 	int timeout = s->rcvtimeo_ms > 0 ? s->rcvtimeo_ms : -1;
 	for (;;) {
 		progress(s, t);
 		/* after shutdown(SHUT_RD) what is queued (and, as Linux, what still comes) is read;
 		 * with nothing queued the read returns 0 instead of waiting */
 		uint64_t avail = t->arrived - t->consumed;
+		/* SO_RCVLOWAT: a blocking read waits until that many bytes are there (or the end,
+		 * an error, the timeout) */
+		if (avail && !done && !waitall && !nb && !lowat_expired && avail < lowat_target(t, total) &&
+		    !t->peer_fin && !t->shut_rd && !t->err && !t->tcp_down) {
+			int w = stream_wait(s, t, &timeout);
+			if (w == -EAGAIN)
+				lowat_expired = true; /* the timeout: what is there is returned */
+			else if (w) {
+				rc = w;
+				break;
+			}
+			continue;
+		}
 		if (avail && total > done) {
 			size_t want = total - done < avail ? total - done : (size_t)avail;
 			size_t c = (flags & MSG_TRUNC) ? want
@@ -1190,8 +1230,8 @@ int stream_poll_in(struct sock *s)
 		r = -1;
 	} else {
 		progress(s, t);
-		r = t->state == SS_DEAD || t->arrived != t->consumed || t->err || t->tcp_down || t->shut_rd ||
-		    (t->peer_fin && t->consumed >= t->fin_total);
+		r = t->state == SS_DEAD || t->arrived - t->consumed >= lowat_target(t, SIZE_MAX) || t->err ||
+		    t->tcp_down || t->shut_rd || (t->peer_fin && t->consumed >= t->fin_total);
 		r = r ? POLLIN | end_bits(t) : end_bits(t);
 		if (t->state == SS_CONNECTING)
 			r = 0;

@@ -78,6 +78,8 @@ int stream_setmode(struct sock *s, int mode);
 /* TCP_NODELAY of a carried stream (set: 1, *l the length given): 0 or -errno; -ENOSYS when the
  * kernel answers (not carried). */
 int stream_nodelay(struct sock *s, int fd, int set, void *v, socklen_t *l);
+/* SO_RCVLOWAT was set (or inherited): takes the kernel's value for reads and POLLIN. */
+void stream_lowat(struct sock *s, int fd);
 /* getpeername of a carried stream: its peer, or -ENOTCONN once it is over as a kernel socket
  * would be closed (both FINs, a reset, a failed connect); -ENOSYS: the kernel answers. (The
  * TCP socket under it is the provider's: it may be closed or reset while the stream is not.) */
