@@ -39,6 +39,8 @@
  *   epollet    EPOLLET: one report per arrival; EPOLLONESHOT until EPOLL_CTL_MOD; level-triggered
  *              again after MOD
  *   dup        closing one descriptor of a connection ends nothing, the last close does
+ *   lowat      SO_RCVLOWAT 5: no POLLIN with 3 bytes, a recv waits (SO_RCVTIMEO ends it with the
+ *              3), POLLIN and recv at once with 5
  *   refused    non-blocking connect to a closed port: SO_ERROR ECONNREFUSED once, then 0;
  *              blocking connect -> ECONNREFUSED
  *   shutwr     client SHUT_WR: its send -> EPIPE + SIGPIPE, MSG_NOSIGNAL -> EPIPE without,
@@ -791,6 +793,58 @@ static void s_epollet(int ls)
 	      "(want 0, 1, 1)", n2, n1, n3);
 	close(ep);
 	say("et-done");
+	close(fd);
+}
+
+/* SO_RCVLOWAT: readable (poll, recv) only once that many bytes are there. */
+static void c_lowat(void)
+{
+	int fd = connect_block();
+	check_carried(fd);
+	int lw = 5, got = -1;
+	socklen_t l = sizeof got;
+	int r = setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &lw, sizeof lw);
+	getsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &got, &l);
+	check(r == 0 && got == 5, "get", "SO_RCVLOWAT set 5 (%s), read back %d", res(r, errno), got);
+	say("lowat-send3");
+	hear("lowat-sent3");
+	sleep_ms(100);
+	int rev = pollrev(fd, POLLIN, 200);
+	check(rev == 0, "poll_below", "poll(POLLIN) with 3 of 5 bytes: %s (want 0)", pollstr(rev));
+	struct timeval tv = {0, 300000};
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	char b[16] = {0};
+	int e;
+	double t0 = now_ms();
+	ssize_t n = rcv(fd, b, sizeof b, MSG_PEEK, &e);
+	double dt = now_ms() - t0;
+	check(n == 3 && dt >= 250, "recv_below", "recv(MSG_PEEK) with 3 of 5 bytes and SO_RCVTIMEO 300 ms: %s after %.0f ms "
+	      "(want 3 once the timeout ends the wait)", res(n, e), dt);
+	say("lowat-send2");
+	hear("lowat-sent2");
+	rev = pollrev(fd, POLLIN, 2000);
+	check(rev == POLLIN, "poll_reached", "poll(POLLIN) with 5 bytes: %s", pollstr(rev));
+	t0 = now_ms();
+	n = rcv(fd, b, sizeof b, 0, &e);
+	dt = now_ms() - t0;
+	check(n == 5 && dt < 200, "recv_reached", "recv with 5 bytes: %s after %.0f ms (want 5 at once)", res(n, e), dt);
+	say("lowat-done");
+	close(fd);
+}
+
+static void s_lowat(int ls)
+{
+	int fd = accept_one(ls, 0);
+	check_carried(fd);
+	int e;
+	hear("lowat-send3");
+	ssize_t n = snd(fd, "abc", 3, 0, &e);
+	say("lowat-sent3");
+	hear("lowat-send2");
+	ssize_t n2 = snd(fd, "de", 2, 0, &e);
+	check(n == 3 && n2 == 2, "send", "%zd, %zd", n, n2);
+	say("lowat-sent2");
+	hear("lowat-done");
 	close(fd);
 }
 
@@ -1712,6 +1766,7 @@ static const struct {
 	{"v6", c_v6, s_v6, false},
 	{"epollet", c_epollet, s_epollet, false},
 	{"dup", c_dup, s_dup, false},
+	{"lowat", c_lowat, s_lowat, false},
 	{"refused", c_refused, NULL, false},
 	{"shutwr", c_shutwr, s_shutwr, false},
 	{"shutrd", c_shutrd, s_shutrd, false},
