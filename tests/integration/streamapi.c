@@ -63,7 +63,8 @@
  *              the data, then 0
  *   unread     client closes with data unread: the server's connection is reset (ECONNRESET,
  *              then 0, POLLERR|POLLHUP)
- *   flags      MSG_TRUNC discards, select with data (read, write), MSG_WAITALL cut short by the
+ *   flags      recvmsg/recvfrom give no address and no flags, MSG_TRUNC discards, select with
+ *              data (read, write), MSG_WAITALL cut short by the
  *              end, MSG_PEEK at the end 0, select at the end (read), FIONREAD 0 at the end
  *   pollout    non-blocking sends until EAGAIN, no POLLOUT; a poll (then an epoll_wait) waiting
  *              for POLLOUT is woken when the peer reads
@@ -1455,7 +1456,19 @@ static void c_flags(void)
 	check(k == 2 && FD_ISSET(fd, &r) && FD_ISSET(fd, &w) && !FD_ISSET(fd, &x), "select", "select with data "
 	      "queued: %d, read %d write %d except %d (want 2: read, write)", k, FD_ISSET(fd, &r), FD_ISSET(fd, &w),
 	      FD_ISSET(fd, &x));
-	ssize_t n = rcv(fd, b, 3, MSG_TRUNC, &e);
+	/* recvmsg/recvfrom on a stream: no address (length 0), no flags */
+	struct sockaddr_in from;
+	memset(&from, 0x55, sizeof from);
+	struct iovec iov = {b, 1};
+	struct msghdr mh = {.msg_name = &from, .msg_namelen = sizeof from, .msg_iov = &iov, .msg_iovlen = 1,
+			    .msg_flags = -1};
+	ssize_t n = recvmsg(fd, &mh, MSG_PEEK);
+	check(n == 1 && mh.msg_namelen == 0 && mh.msg_flags == 0, "recvmsg_name", "recvmsg(MSG_PEEK): %zd, msg_namelen %u, "
+	      "msg_flags %#x (want 1, 0, 0)", n, (unsigned)mh.msg_namelen, mh.msg_flags);
+	socklen_t fl = sizeof from;
+	n = recvfrom(fd, b, 1, MSG_PEEK, (struct sockaddr *)&from, &fl);
+	check(n == 1 && fl == 0, "recvfrom_name", "recvfrom(MSG_PEEK): %zd, address length %u (want 1, 0)", n, (unsigned)fl);
+	n = rcv(fd, b, 3, MSG_TRUNC, &e);
 	check(n == 3, "trunc", "recv(3, MSG_TRUNC): %s (want 3, discarded)", res(n, e));
 	memset(b, 0, sizeof b);
 	n = rcv(fd, b, 3, 0, &e);
