@@ -64,8 +64,8 @@
  *   unread     client closes with data unread: the server's connection is reset (ECONNRESET,
  *              then 0, POLLERR|POLLHUP)
  *   flags      recvmsg/recvfrom give no address and no flags, MSG_TRUNC discards, select with
- *              data (read, write), MSG_WAITALL cut short by the
- *              end, MSG_PEEK at the end 0, select at the end (read), FIONREAD 0 at the end
+ *              data (read, write), MSG_WAITALL cut short by the end, MSG_PEEK at the end 0,
+ *              select at the end (read), FIONREAD 0 at the end
  *   pollout    non-blocking sends until EAGAIN, no POLLOUT; a poll (then an epoll_wait) waiting
  *              for POLLOUT is woken when the peer reads
  *   blocked    a blocked recv ends with ECONNRESET when the peer resets; a send blocked for room
