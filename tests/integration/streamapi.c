@@ -41,6 +41,9 @@
  *   dup        closing one descriptor of a connection ends nothing, the last close does
  *   lowat      SO_RCVLOWAT 5: no POLLIN with 3 bytes, a recv waits (SO_RCVTIMEO ends it with the
  *              3), POLLIN and recv at once with 5
+ *   fork       a forking server: the child serves the accepted connection, the parent closes its
+ *              copy; the client reads the child's bytes (KNOWN under the shim: a carried stream
+ *              belongs to the process that made it)
  *   refused    non-blocking connect to a closed port: SO_ERROR ECONNREFUSED once, then 0;
  *              blocking connect -> ECONNREFUSED
  *   shutwr     client SHUT_WR: its send -> EPIPE + SIGPIPE, MSG_NOSIGNAL -> EPIPE without,
@@ -795,6 +798,43 @@ static void s_epollet(int ls)
 	close(ep);
 	say("et-done");
 	close(fd);
+}
+
+/* A forking server: the parent accepts, a child serves the connection, the parent closes its
+ * copy. A carried stream belongs to the process that made it (docs/shim.md, "Limits"): KNOWN
+ * under the shim. */
+static void c_fork(void)
+{
+	int fd = connect_block();
+	check_carried(fd);
+	struct timeval tv = {3, 0};
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	char b[16] = {0};
+	int e;
+	ssize_t n = rcv(fd, b, sizeof b, MSG_WAITALL, &e);
+	check_known(n == 5 && !memcmp(b, "child", 5), "served", "what the forked child sent, then the end: %s '%.5s' "
+		    "(want 5 'child')", res(n, e), b);
+	hear("fork-done");
+	close(fd);
+}
+
+static void s_fork(int ls)
+{
+	int fd = accept_one(ls, 0);
+	fflush(stdout);
+	pid_t pid = fork();
+	if (pid == 0) {
+		ssize_t n = send(fd, "child", 5, MSG_NOSIGNAL);
+		close(fd);
+		_exit(n == 5 ? 0 : 1);
+	}
+	close(fd); /* the parent's copy: the connection stays the child's */
+	int st = -1;
+	if (pid > 0)
+		waitpid(pid, &st, 0);
+	check_known(pid > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "child_send", "the child's send: %s",
+		    pid < 0 ? "fork failed" : WIFEXITED(st) && WEXITSTATUS(st) == 0 ? "5 bytes" : "failed");
+	say("fork-done");
 }
 
 /* SO_RCVLOWAT: readable (poll, recv) only once that many bytes are there. */
@@ -1780,6 +1820,7 @@ static const struct {
 	{"epollet", c_epollet, s_epollet, false},
 	{"dup", c_dup, s_dup, false},
 	{"lowat", c_lowat, s_lowat, false},
+	{"fork", c_fork, s_fork, false},
 	{"refused", c_refused, NULL, false},
 	{"shutwr", c_shutwr, s_shutwr, false},
 	{"shutrd", c_shutrd, s_shutrd, false},
