@@ -501,6 +501,11 @@ int dgv_ibverbs_open(const struct dgv_context_attr *attr, struct dgv_context **o
 	bool local = false;
 	if (name && !*name)
 		name = NULL;
+	/* libibverbs and librdmacm are loaded here, at the first open (syms.h) */
+	if (iv_syms_load(open_why, sizeof open_why)) {
+		DG_INFO("ibverbs: %s", open_why);
+		return -ENODEV;
+	}
 	if (attr && attr->addr && !name)
 		v = ctx_by_addr(attr->addr, attr->addrlen, open_why, sizeof open_why, &local);
 	else

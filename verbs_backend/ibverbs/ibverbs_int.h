@@ -12,6 +12,7 @@
 #include <stdatomic.h>
 
 #include "provider.h"
+#include "syms.h"     /* last: the ibv_ and rdma_ calls below go through the lazy table */
 
 #define IV_GRH 40
 #define IV_UD_MAX_SGE 7
