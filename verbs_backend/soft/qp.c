@@ -613,16 +613,6 @@ static void rq_push_front(struct soft_qp *qp, const struct soft_rwqe *w)
 	qp->rq_count++;
 }
 
-static bool rq_pop(struct soft_qp *qp, struct soft_rwqe *out)
-{
-	if (!qp->rq_count)
-		return false;
-	*out = qp->rq[qp->rq_head];
-	qp->rq_head = (qp->rq_head + 1) % qp->rq_cap;
-	qp->rq_count--;
-	return true;
-}
-
 static void recv_complete(struct soft_qp *qp, const struct soft_rwqe *w, enum dgv_wc_status st,
 			  uint32_t len, uint32_t msn, const union dgv_sockaddr *src, socklen_t srclen,
 			  bool solicited)
@@ -746,7 +736,7 @@ static int rx_send(struct soft_qp *qp, const union dgv_sockaddr *from, socklen_t
 		return -EAGAIN; /* reliable: wait for the application to poll rather than lose it */
 	if (g->mo == 0 && g->plen == g->ml) {
 		struct soft_rwqe w;
-		if (!rq_pop(qp, &w)) {
+		if (!soft_rq_pop(qp, &w)) {
 			if (rd)
 				return -EAGAIN;
 			qp->st.no_wqe_drops++;
@@ -783,7 +773,7 @@ static int rx_send(struct soft_qp *qp, const union dgv_sockaddr *from, socklen_t
 			return 0;
 		}
 		s = slot_alloc(qp);
-		if (!s || !rq_pop(qp, &w)) {
+		if (!s || !soft_rq_pop(qp, &w)) {
 			if (rd)
 				return -EAGAIN;
 			qp->st.no_wqe_drops++;
@@ -1158,7 +1148,7 @@ static void rx_plain(struct soft_qp *qp, const uint8_t *buf, size_t len, const u
 		     socklen_t fromlen)
 {
 	struct soft_rwqe w;
-	if (!rq_pop(qp, &w)) {
+	if (!soft_rq_pop(qp, &w)) {
 		qp->st.no_wqe_drops++; /* as a full socket buffer would */
 		return;
 	}
@@ -1576,7 +1566,7 @@ int soft_destroy_qp(struct dgv_qp *qpb)
 			sq_complete(qp, idx, DGV_WC_WR_FLUSH_ERR, 0);
 	}
 	struct soft_rwqe w;
-	while (rq_pop(qp, &w)) {
+	while (soft_rq_pop(qp, &w)) {
 		union dgv_sockaddr none = {0};
 		recv_complete(qp, &w, DGV_WC_WR_FLUSH_ERR, 0, 0, &none, 0, false);
 	}

@@ -416,16 +416,6 @@ static void sq_done(struct soft_qp *qp, uint32_t idx, enum dgv_wc_status st, uin
 	}
 }
 
-static bool rq_pop(struct soft_qp *qp, struct soft_rwqe *out)
-{
-	if (!qp->rq_count)
-		return false;
-	*out = qp->rq[qp->rq_head];
-	qp->rq_head = (qp->rq_head + 1) % qp->rq_cap;
-	qp->rq_count--;
-	return true;
-}
-
 static void recv_done(struct soft_qp *qp, const struct soft_rwqe *w, enum dgv_wc_status st, uint32_t len,
 		      uint32_t msn, unsigned flags, uint32_t inv)
 {
@@ -471,7 +461,7 @@ static void flush_all(struct soft_qp *qp, enum dgv_wc_status first_status)
 		rc->rcv_active = false;
 	}
 	struct soft_rwqe w;
-	while (rq_pop(qp, &w))
+	while (soft_rq_pop(qp, &w))
 		recv_done(qp, &w, DGV_WC_WR_FLUSH_ERR, 0, 0, 0, 0);
 }
 
@@ -1414,7 +1404,7 @@ static int rx_segment(struct soft_qp *qp, const uint8_t *buf, uint32_t len)
 	if (!mid) {
 		if (!qp->rq_count || soft_cq_full(qp->rcq))
 			return -EAGAIN; /* receiver not ready: TCP flow control holds the peer */
-		rq_pop(qp, &rc->rcv);
+		soft_rq_pop(qp, &rc->rcv);
 		rc->rcv_active = true;
 		rc->rcv_off = 0;
 		rc->rcv_msn = msn;

@@ -234,6 +234,17 @@ struct soft_qp {
 	struct dgv_qp_stats st;
 };
 
+/* Takes the oldest posted receive into *out. Returns false if none. Needs qp->lock. */
+static inline bool soft_rq_pop(struct soft_qp *qp, struct soft_rwqe *out)
+{
+	if (!qp->rq_count)
+		return false;
+	*out = qp->rq[qp->rq_head];
+	qp->rq_head = (qp->rq_head + 1) % qp->rq_cap;
+	qp->rq_count--;
+	return true;
+}
+
 static inline struct soft_ctx *to_sctx(struct dgv_context *c) { return (struct soft_ctx *)c; }
 static inline struct soft_pd *to_spd(struct dgv_pd *p) { return (struct soft_pd *)p; }
 static inline struct soft_cq *to_scq(struct dgv_cq *c) { return (struct soft_cq *)c; }
