@@ -750,26 +750,50 @@ out_unlock:
 
 /* ------------------------------------------------------------------ listen and accept */
 
+/* Binds the listener name of port for t unless the rules keep it plain. Needs s->lock. */
+static void stream_name_listener(struct stream *t, int fd, const union dgv_sockaddr *la, int port)
+{
+	socklen_t ll = la->sa.sa_family == AF_INET ? sizeof la->sin : sizeof la->sin6;
+	if (t->regfd >= 0 || decide(t, DG_ROLE_RECEIVER, la, ll) == IWARP_MODE_OFF)
+		return;
+	struct sockaddr_un un;
+	socklen_t unl;
+	name_listen(&un, &unl, (unsigned)port);
+	t->regfd = registry_bind(&un, unl);
+	if (t->regfd < 0) {
+		DG_DBG("fd %d: registry name for TCP port %d taken (%s)", fd, port, strerror(-t->regfd));
+		t->regfd = -1;
+	}
+}
+
 int stream_listen(struct sock *s, int fd, int backlog)
 {
-	if (real.listen(fd, backlog) < 0)
-		return -errno;
 	sock_lock(s);
 	struct stream *t = s->strm;
+	/* The name goes up before the kernel listens: a client that sees the port listening
+	 * (a benchmark polling /proc/net/tcp, a client retrying) must also see the name, or it
+	 * takes the server for an unmodified one while the server takes it for a dgshim
+	 * client. A socket not bound yet gets its port from listen itself: named after. */
 	union dgv_sockaddr la;
-	int port = local_port(fd, &la);
-	if (t->state == SS_NEW && port > 0) {
-		socklen_t ll = la.sa.sa_family == AF_INET ? sizeof la.sin : sizeof la.sin6;
-		if (decide(t, DG_ROLE_RECEIVER, &la, ll) != IWARP_MODE_OFF) {
-			struct sockaddr_un un;
-			socklen_t unl;
-			name_listen(&un, &unl, (unsigned)port);
-			t->regfd = registry_bind(&un, unl);
-			if (t->regfd < 0) {
-				DG_DBG("fd %d: registry name for TCP port %d taken (%s)", fd, port, strerror(-t->regfd));
-				t->regfd = -1;
-			}
+	int port = t->state == SS_NEW ? local_port(fd, &la) : -1;
+	bool named_before = port > 0;
+	if (named_before)
+		stream_name_listener(t, fd, &la, port);
+	sock_unlock(s);
+	if (real.listen(fd, backlog) < 0) {
+		int e = errno;
+		sock_lock(s);
+		if (named_before && t->regfd >= 0) {
+			real.close(t->regfd);
+			t->regfd = -1;
 		}
+		sock_unlock(s);
+		return -e;
+	}
+	sock_lock(s);
+	if (t->state == SS_NEW) {
+		if (!named_before && (port = local_port(fd, &la)) > 0)
+			stream_name_listener(t, fd, &la, port);
 		t->state = SS_LISTEN;
 	}
 	sock_unlock(s);
