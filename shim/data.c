@@ -25,17 +25,19 @@ static size_t iov_total(const struct iovec *iov, int n)
 
 static int svc_of(const struct sock *s)
 {
-	return s->qp_type == DGV_QPT_RD ? IWARP_MODE_RD : IWARP_MODE_UD;
+	return s->qp_type == DGV_QPT_RD ? IWARP_MODE_RD : s->dev ? SVC_UDV : IWARP_MODE_UD;
 }
 
-/* Moves finished work from the CQ into the pending list and the free lists. Needs s->lock. */
-void consume_cq(struct sock *s)
+/* Moves finished work from the CQ into the pending list and the free lists. Needs s->lock.
+ * Returns the number of completions taken. */
+int consume_cq(struct sock *s)
 {
 	if (!s->cq)
-		return;
+		return 0;
 	struct dgv_wc wc[16];
-	int n;
+	int n, got = 0;
 	while ((n = dgv_poll_cq(s->cq, 16, wc)) > 0) {
+		got += n;
 		for (int i = 0; i < n; i++) {
 			struct dgv_wc *w = &wc[i];
 			uint64_t tag = w->wr_id & ~0xffffffffull;
@@ -86,6 +88,7 @@ void consume_cq(struct sock *s)
 		if (n < 16)
 			break;
 	}
+	return got;
 }
 
 /* Reposts free receive slots. Needs s->lock. */
@@ -104,13 +107,19 @@ static void repost(struct sock *s)
 }
 
 /* Waits for the socket to have something for `events` (POLLIN: a completion or a datagram
- * to process; POLLOUT: room in the kernel socket), up to timeout_ms (< 0: forever).
- * Called with s->lock held, returns with it held. Returns 0, -EAGAIN on timeout, -EINTR. */
-static int wait_sock(struct sock *s, short events, int *timeout_ms)
+ * to process; POLLOUT: room in the kernel socket, or a completion), up to timeout_ms (< 0:
+ * forever). fd is the program's descriptor. Called with s->lock held, returns with it held.
+ * Returns 0, -EAGAIN on timeout, -EINTR. */
+static int wait_sock(struct sock *s, int fd, short events, int *timeout_ms)
 {
 	int cqfd = dgv_cq_fd(s->cq);
 	dgv_req_notify_cq(s->cq, 0);
-	int qfd = s->qfd;
+	/* a device raises the channel only for completions after the arming: look once more */
+	if (s->dev && consume_cq(s))
+		return 0;
+	/* soft: the QP's socket (datagrams to read, room to send); device: the kernel socket
+	 * only for plain datagrams from unmodified peers, sends wait for completions */
+	int qfd = !s->dev ? s->qfd : (events & POLLIN) ? fd : -1;
 	pthread_mutex_unlock(&s->lock);
 	struct pollfd p[2] = {{.fd = qfd, .events = events}, {.fd = cqfd, .events = POLLIN}};
 	/* the provider's thread runs the timers of a QP nobody polls; the naps are bounded */
@@ -166,11 +175,24 @@ ssize_t sock_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt, i
 			rc = 0;
 			goto out;
 		}
+		if (s->dev) {
+			/* a plain datagram from an unmodified peer waits in the kernel socket */
+			rc = recv_plain_os(fd, iov, iovcnt, flags | MSG_DONTWAIT, src, srclen, mflags);
+			if (rc >= 0) {
+				if (!(flags & MSG_PEEK))
+					s->st->rx_plain++, s->st->rx_plain_bytes += (uint64_t)rc;
+				if (src && srclen && *srclen)
+					peer_heard((const union dgv_sockaddr *)src, *srclen, false, svc_of(s));
+				goto out;
+			}
+			if (rc != -EAGAIN)
+				goto out;
+		}
 		if (nb) {
 			rc = -EAGAIN;
 			goto out;
 		}
-		int w = wait_sock(s, POLLIN, &timeout);
+		int w = wait_sock(s, fd, POLLIN, &timeout);
 		if (w) {
 			rc = w;
 			goto out;
@@ -219,6 +241,10 @@ int sock_fionread(struct sock *s, int *out)
 		return -ENOSYS; /* the OS carries it: the caller asks the kernel */
 	}
 	consume_cq(s);
+	if (!s->pend_n && s->dev) {
+		pthread_mutex_unlock(&s->lock);
+		return -ENOSYS; /* a plain datagram in the kernel socket, or nothing: the kernel says */
+	}
 	*out = s->pend_n ? (int)s->pend[s->pend_head].len : 0;
 	pthread_mutex_unlock(&s->lock);
 	return 0;
@@ -248,8 +274,17 @@ int sock_poll_in(struct sock *s, int fd)
 	if (!s->qp && (s->mode == IWARP_MODE_OFF || s->broken || !sock_is_bound(fd) || qp_setup(s, fd))) {
 		r = -1; /* the kernel's readiness is the truth */
 	} else {
+		/* a device raises the channel only for completions after the arming: arm first */
+		if (s->dev)
+			dgv_req_notify_cq(s->cq, 0);
 		consume_cq(s);
 		r = s->pend_n || s->shut_rd ? POLLIN : 0;
+		if (!r && s->dev) {
+			/* plain datagrams from unmodified peers wait in the kernel socket */
+			struct pollfd k = {.fd = fd, .events = POLLIN};
+			if (real.poll(&k, 1, 0) > 0 && (k.revents & POLLIN))
+				r = POLLIN;
+		}
 	}
 	pthread_mutex_unlock(&s->lock);
 	return r;
@@ -270,7 +305,7 @@ int sock_wait_fds(struct sock *s, int *qfd, int *cqfd)
 	pthread_mutex_lock(&s->lock);
 	int r = -1;
 	if (s->qp) {
-		*qfd = s->qfd;
+		*qfd = s->qfd; /* -1 on a device: the program's own descriptor is watched anyway */
 		*cqfd = dgv_cq_fd(s->cq);
 		dgv_req_notify_cq(s->cq, 0);
 		r = 0;
@@ -371,8 +406,8 @@ static struct dgv_mr *zc_lookup(struct sock *s, const void *p, size_t len)
 		dgv_dereg_mr(victim->mr), victim->mr = NULL;
 	/* the soft provider reads through the mapping at send time; a region that stops being
 	 * mapped is never read again once evicted (ibverbs pins: see docs/shim.md) */
-	if (dgv_reg_mr(G.pd, (void *)start, end - start, 0, &victim->mr) &&
-	    dgv_reg_mr(G.pd, (void *)a, len, 0, &victim->mr))
+	if (dgv_reg_mr(sock_pd(s), (void *)start, end - start, 0, &victim->mr) &&
+	    dgv_reg_mr(sock_pd(s), (void *)a, len, 0, &victim->mr))
 		return NULL;
 	victim->start = (uintptr_t)victim->mr->addr;
 	victim->end = victim->start + victim->mr->length;
@@ -403,9 +438,15 @@ ssize_t sock_send(struct sock *s, int fd, const struct iovec *iov, int iovcnt, i
 		to = &s->peer, tolen = s->peerlen;
 	struct dgv_ah *ah = NULL;
 	if (to && tolen >= sizeof(struct sockaddr_in) && total <= SHIM_MAX_DGRAM && !s->shut_wr &&
-	    s->mode != IWARP_MODE_OFF && !s->broken && !is_group(to) &&
-	    (s->qp || qp_setup(s, fd) == 0) && to->sa.sa_family == s->family)
-		ah = peer_route(to, tolen, svc_of(s));
+	    s->mode != IWARP_MODE_OFF && !s->broken && !is_group(to) && to->sa.sa_family == s->family) {
+		if (!s->qp) {
+			s->dest_hint = to; /* may choose the device (sock.c dev_get) */
+			qp_setup(s, fd);
+			s->dest_hint = NULL;
+		}
+		if (s->qp)
+			ah = peer_route(to, tolen, svc_of(s));
+	}
 	if (!ah) {
 		pthread_mutex_unlock(&s->lock);
 		return send_plain(s, fd, iov, iovcnt, flags & ~MSG_DONTWAIT, dest, destlen, nb);
@@ -427,7 +468,7 @@ ssize_t sock_send(struct sock *s, int fd, const struct iovec *iov, int iovcnt, i
 				int t = -1; /* the buffer is the program's: it cannot go back half sent */
 				while (s->zc_done < seq) {
 					consume_cq(s);
-					if (s->zc_done < seq && wait_sock(s, POLLOUT, &t) == -EINTR)
+					if (s->zc_done < seq && wait_sock(s, fd, POLLOUT, &t) == -EINTR)
 						continue;
 				}
 				s->st->tx_framed++, s->st->tx_framed_bytes += total, s->st->tx_zcopy++;
@@ -446,7 +487,7 @@ ssize_t sock_send(struct sock *s, int fd, const struct iovec *iov, int iovcnt, i
 			rc = -EAGAIN;
 			goto out;
 		}
-		int w = wait_sock(s, POLLOUT, &timeout);
+		int w = wait_sock(s, fd, POLLOUT, &timeout);
 		if (w) {
 			rc = w;
 			goto out;
@@ -479,7 +520,7 @@ ssize_t sock_send(struct sock *s, int fd, const struct iovec *iov, int iovcnt, i
 	}
 	s->st->tx_framed++, s->st->tx_framed_bytes += total;
 	rc = (ssize_t)total;
-	/* UD completes during the post: reclaim at once so the warm slot is reused */
+	/* soft UD completes during the post: reclaim at once so the warm slot is reused */
 	if (s->qp_type == DGV_QPT_UD)
 		consume_cq(s);
 out:

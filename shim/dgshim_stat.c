@@ -42,6 +42,7 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	printf("pid %u  %s\n", f->pid, f->program);
+	printf("provider for UDP: %s\n", f->provider[0] ? f->provider : "soft");
 	printf("%5s %4s %4s %10s %10s %10s %10s %12s %12s %6s %6s %6s\n", "fd", "mode", "qp", "tx_framed",
 	       "tx_plain", "rx_framed", "rx_plain", "tx_bytes", "rx_bytes", "crc", "lost", "rexmit");
 	for (uint32_t i = 0; i < f->used && i < DGSHIM_STAT_SLOTS; i++) {
@@ -50,7 +51,7 @@ int main(int argc, char **argv)
 			continue;
 		const struct iwarp_stats *t = &s->st;
 		printf("%5d %4s %4s %10llu %10llu %10llu %10llu %12llu %12llu %6llu %6llu %6llu\n", s->fd,
-		       mode_name(s->mode), s->qp_type == 2 ? "rd" : s->qp_type == 1 ? "ud" : "-",
+		       mode_name(s->mode), s->qp_type == 2 ? "rd" : s->qp_type == 1 ? (s->provider ? "udv" : "ud") : "-",
 		       (unsigned long long)t->tx_framed, (unsigned long long)t->tx_plain,
 		       (unsigned long long)t->rx_framed, (unsigned long long)t->rx_plain,
 		       (unsigned long long)(t->tx_framed_bytes + t->tx_plain_bytes),

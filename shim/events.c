@@ -53,6 +53,7 @@ int ev_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 	struct pollfd stack[POLL_STACK];
 	int32_t sready[POLL_STACK];
 	uint8_t sisq[POLL_STACK];
+	struct sock *sqown[POLL_STACK];
 	/* each taken socket may add its CQ's descriptor and, for a stream, its TCP socket */
 	nfds_t cap = n + 2 * ntaken;
 	struct pollfd *p = cap <= POLL_STACK ? stack : malloc(cap * sizeof *p);
@@ -61,13 +62,17 @@ int ev_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 	int32_t *ready = cap <= POLL_STACK ? sready : malloc(n * sizeof *ready);
 	/* isq[j]: entry j (>= n) is a stream's TCP socket (only watched), not a CQ's eventfd */
 	uint8_t *isq = cap <= POLL_STACK ? sisq : malloc(cap);
-	if (!p || !ready || !isq) {
+	/* qown[j]: the socket whose CQ descriptor entry j (>= n) is */
+	struct sock **qown = cap <= POLL_STACK ? sqown : malloc(cap * sizeof *qown);
+	if (!p || !ready || !isq || !qown) {
 		if (p != stack)
 			free(p);
 		if (ready != sready)
 			free(ready);
 		if (isq != sisq)
 			free(isq);
+		if (qown != sqown)
+			free(qown);
 		errno = ENOMEM;
 		return -1;
 	}
@@ -111,6 +116,7 @@ int ev_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 			int qfd, cqfd;
 			if (sock_wait_fds(s, &qfd, &cqfd) == 0) {
 				isq[m] = 0;
+				qown[m] = s;
 				p[m++] = (struct pollfd){.fd = cqfd, .events = POLLIN};
 				/* a stream's TCP data wakes this thread, which then processes it itself
 				 * (the provider's thread would only after the program looks idle) */
@@ -158,11 +164,8 @@ int ev_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 				count++;
 		}
 		for (nfds_t j = n; j < m; j++)
-			if ((p[j].revents & POLLIN) && !isq[j]) {
-				uint64_t v;
-				ssize_t rr = real.read(p[j].fd, &v, sizeof v); /* ack the CQ's event */
-				(void)rr;
-			}
+			if ((p[j].revents & POLLIN) && !isq[j])
+				sock_cq_ack(qown[j]); /* the provider's way: a device counts its events */
 		shim_depth--;
 		t = remaining(deadline, timeout_ms);
 		if (count || t == 0) {
@@ -176,6 +179,8 @@ int ev_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 		free(ready);
 	if (isq != sisq)
 		free(isq);
+	if (qown != sqown)
+		free(qown);
 	return rc;
 }
 

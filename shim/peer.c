@@ -31,7 +31,8 @@
 #define LEASE_LOCAL_US 100000u /* a "yes" is asked again after this */
 #define RECHECK_NO_US 1000u     /* a "no" for the wanted service: after this */
 
-enum { CAP_UD = 1, CAP_RD = 2 };
+enum { CAP_UD = 1, CAP_RD = 2, CAP_UDV = 4 };
+#define RETRY_DEV_US 1000000u   /* a device peer that refused SIDR: asked again after this */
 enum { RULE_AUTO = 0, RULE_OFF = 1, RULE_TRUST = 2 };
 
 struct peer {
@@ -43,7 +44,10 @@ struct peer {
 	union dgv_sockaddr a;
 	struct dgv_ah *ah;
 	unsigned ah_gen;
+	struct dgv_ah *dah;      /* on the device (G.dctx): made by SIDR */
+	unsigned dah_gen;
 	uint64_t checked_us;
+	uint64_t dah_fail_us;    /* when SIDR last failed */
 };
 
 static struct peer *tab;
@@ -81,9 +85,12 @@ void peer_after_fork(void)
 		pthread_mutex_init(&stripes[i], NULL);
 	if (tab)
 		for (uint32_t i = 0; i < PEER_SLOTS; i++)
-			if (tab[i].used && tab[i].ah) {
-				shim_abandon(tab[i].ah); /* the parent's context */
-				tab[i].ah = NULL;
+			if (tab[i].used) {
+				if (tab[i].ah)
+					shim_abandon(tab[i].ah); /* the parent's context */
+				if (tab[i].dah)
+					shim_abandon(tab[i].dah);
+				tab[i].ah = tab[i].dah = NULL;
 			}
 }
 
@@ -208,6 +215,11 @@ static bool registry_has(unsigned port, int svc)
 	return registry_exists(&u, ul);
 }
 
+static uint8_t cap_of(int svc)
+{
+	return svc == IWARP_MODE_RD ? CAP_RD : svc == SVC_UDV ? CAP_UDV : CAP_UD;
+}
+
 struct dgv_ah *peer_route(const union dgv_sockaddr *to, socklen_t tolen, int svc)
 {
 	uint32_t h = hash_addr(to);
@@ -217,7 +229,8 @@ struct dgv_ah *peer_route(const union dgv_sockaddr *to, socklen_t tolen, int svc
 	struct peer *p = find(to, tolen, h, true);
 	if (!p || p->rule == RULE_OFF)
 		goto out;
-	uint8_t want = svc == IWARP_MODE_RD ? CAP_RD : CAP_UD;
+	uint8_t want = cap_of(svc);
+	bool dev = svc == SVC_UDV;
 	if (p->rule != RULE_TRUST) {
 		if (p->local) {
 			uint64_t now = shim_now_us();
@@ -225,14 +238,33 @@ struct dgv_ah *peer_route(const union dgv_sockaddr *to, socklen_t tolen, int svc
 				p->checked_us = now;
 				uint8_t had = p->caps;
 				p->caps = (uint8_t)((registry_has(port_of(to), IWARP_MODE_UD) ? CAP_UD : 0) |
-						    (registry_has(port_of(to), IWARP_MODE_RD) ? CAP_RD : 0));
+						    (registry_has(port_of(to), IWARP_MODE_RD) ? CAP_RD : 0) |
+						    (registry_has(port_of(to), SVC_UDV) ? CAP_UDV : 0));
 				if (had != p->caps)
-					DG_DBG("port %u now speaks:%s%s", port_of(to), p->caps & CAP_UD ? " ud" : "",
-					       p->caps & CAP_RD ? " rd" : "");
+					DG_DBG("port %u now speaks:%s%s%s", port_of(to), p->caps & CAP_UD ? " ud" : "",
+					       p->caps & CAP_RD ? " rd" : "", p->caps & CAP_UDV ? " ud-on-device" : "");
 			}
 		}
 		if (!(p->caps & want))
 			goto out;
+	}
+	if (dev) {
+		if (!p->dah || p->dah_gen != G.gen) {
+			/* SIDR asks the destination's device for its QP: one round trip, made once
+			 * per destination; a refusal is believed for RETRY_DEV_US */
+			uint64_t now = shim_now_us();
+			p->dah = NULL;
+			if (p->dah_fail_us && now - p->dah_fail_us < RETRY_DEV_US)
+				goto out;
+			if (dgv_create_ah(G.dpd, &to->sa, tolen, &p->dah)) {
+				p->dah_fail_us = now ? now : 1;
+				goto out;
+			}
+			p->dah_fail_us = 0;
+			p->dah_gen = G.gen;
+		}
+		ah = p->dah;
+		goto out;
 	}
 	if (!p->ah || p->ah_gen != G.gen) {
 		p->ah = NULL;
@@ -256,7 +288,7 @@ void peer_heard(const union dgv_sockaddr *from, socklen_t fromlen, bool framed, 
 	struct peer *p = find(from, fromlen, h, framed);
 	if (p) {
 		if (framed) {
-			p->caps |= svc == IWARP_MODE_RD ? CAP_RD : CAP_UD;
+			p->caps |= cap_of(svc);
 			p->checked_us = shim_now_us();
 		} else if (p->caps) {
 			p->checked_us = 0; /* it may have stopped speaking: ask before the next send */

@@ -10,6 +10,7 @@
  * own buffer through a registration cache. Framed or plain is decided per destination by
  * discovery (peer.c; docs/shim.md).
  */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -19,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -125,6 +127,17 @@ static void init_once_fn(void)
 		else
 			G.zcopy_default = (int)v;
 	}
+	const char *pv = getenv("DGSHIM_PROVIDER");
+	if (!pv || !*pv || !strcasecmp(pv, "auto"))
+		G.want_dev = DEV_AUTO;
+	else if (!strcasecmp(pv, "ibverbs"))
+		G.want_dev = DEV_YES;
+	else if (!strcasecmp(pv, "soft"))
+		G.want_dev = DEV_NO;
+	else {
+		dg_log_always("DGSHIM_PROVIDER=%s: unknown provider (soft, ibverbs or auto); using soft", pv);
+		G.want_dev = DEV_NO;
+	}
 	const char *d = getenv("DGSHIM_DISCOVERY");
 	if (d && !strcmp(d, "off"))
 		G.trust_all = true;
@@ -164,7 +177,9 @@ int ctx_get(void)
 		/* after fork the parent's context is abandoned: its thread does not exist here */
 		G.ctx = NULL, G.pd = NULL;
 		struct dgv_context *c;
-		rc = dgv_open(NULL, &c);
+		/* soft: it adopts the program's sockets; a device context is dev_get's */
+		struct dgv_context_attr ca = {.provider = DGV_PROV_SOFT};
+		rc = dgv_open(&ca, &c);
 		if (!rc) {
 			struct dgv_pd *pd;
 			rc = dgv_alloc_pd(c, &pd);
@@ -180,6 +195,111 @@ int ctx_get(void)
 		if (rc)
 			dg_log_always("no verbs provider (%s): UDP sockets left to the OS", strerror(-rc));
 	}
+	pthread_mutex_unlock(&ctx_lock);
+	return rc;
+}
+
+static bool addr_unspecified(const union dgv_sockaddr *a)
+{
+	return a->sa.sa_family == AF_INET ? a->sin.sin_addr.s_addr == htonl(INADDR_ANY)
+					  : IN6_IS_ADDR_UNSPECIFIED(&a->sin6.sin6_addr);
+}
+
+static bool addr_loopback(const union dgv_sockaddr *a)
+{
+	return a->sa.sa_family == AF_INET ? (ntohl(a->sin.sin_addr.s_addr) >> 24) == 127
+					  : IN6_IS_ADDR_LOOPBACK(&a->sin6.sin6_addr);
+}
+
+/*
+ * The RDMA device's context for a UDP socket bound to `local` (which may be the wildcard;
+ * `dest`, when not NULL, is where its first datagram goes), opened with the first socket that
+ * wants one (and again in a forked child). DGSHIM_PROVIDER=ibverbs tries for every socket;
+ * auto only when there is a specific address to choose a device by: the socket's own, else
+ * its destination (rdma_cm resolves it through the routing table), or DGSHIM_IBV_DEVICE names
+ * one. Loopback never has a device. One device per process: a socket on another address
+ * stays soft. A failed open is not retried for the same address. Returns 0 (G.dctx, G.dpd
+ * set) or -errno; either way G.dev_why says what was chosen and why. Takes ctx_lock.
+ */
+static int dev_get(const union dgv_sockaddr *local, socklen_t ll, const union dgv_sockaddr *dest)
+{
+	if (G.want_dev == DEV_NO)
+		return -ENODEV;
+	if (likely(G.dpd && G.dctx_gen == G.gen))
+		return 0;
+	/* the address that chooses the device: the socket's own, else its destination */
+	const union dgv_sockaddr *by = local;
+	if (addr_unspecified(local)) {
+		by = dest && dest->sa.sa_family == local->sa.sa_family && !addr_unspecified(dest) ? dest : NULL;
+		ll = local->sa.sa_family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
+	}
+	if (by && addr_loopback(by))
+		by = NULL;
+	if (!by && G.want_dev == DEV_AUTO && !getenv("DGSHIM_IBV_DEVICE"))
+		return -ENODEV;
+	static union dgv_sockaddr failed_at;
+	static unsigned failed_gen, tries;
+	pthread_mutex_lock(&ctx_lock);
+	int rc = 0;
+	if (!G.dpd || G.dctx_gen != G.gen) {
+		G.dctx = NULL, G.dpd = NULL;
+		union dgv_sockaddr a = {0};
+		if (by) {
+			a = *by;
+			if (a.sa.sa_family == AF_INET)
+				a.sin.sin_port = 0;
+			else
+				a.sin6.sin6_port = 0;
+		}
+		/* a failed open costs a device scan: not again for the same address, and not more
+		 * than 8 times in a process (a program on many addresses of a host without one) */
+		if (failed_gen == G.gen && (dgv_addr_eq(&failed_at, &a) || tries >= 8)) {
+			rc = -ENODEV;
+			goto out;
+		}
+		if (failed_gen != G.gen)
+			tries = 0;
+		tries++;
+		struct dgv_context_attr ca = {.provider = DGV_PROV_IBVERBS, .addr = by ? &a.sa : NULL,
+					      .addrlen = by ? ll : 0};
+		struct dgv_context *c;
+		rc = dgv_open(&ca, &c);
+		if (!rc) {
+			struct dgv_pd *pd;
+			rc = dgv_alloc_pd(c, &pd);
+			if (rc) {
+				dgv_close(c);
+			} else {
+				G.dctx = c;
+				G.dctx_gen = G.gen;
+				__atomic_store_n(&G.dpd, pd, __ATOMIC_RELEASE);
+				snprintf(G.dev_why, sizeof G.dev_why, "%s: UDP on device UD queue pairs (%s)",
+					 G.want_dev == DEV_YES ? "ibverbs" : "auto", dgv_provider_why(c));
+				dg_log(DG_LOG_INFO, "provider %s", G.dev_why);
+			}
+		}
+		if (rc) {
+			failed_at = a, failed_gen = G.gen;
+			/* named by the address the program used (a loopback one included) */
+			const union dgv_sockaddr *shown = by ? by : !addr_unspecified(local) ? local : NULL;
+			char as[INET6_ADDRSTRLEN] = "*";
+			if (shown)
+				inet_ntop(shown->sa.sa_family,
+					  shown->sa.sa_family == AF_INET ? (const void *)&shown->sin.sin_addr
+									 : (const void *)&shown->sin6.sin6_addr,
+					  as, sizeof as);
+			snprintf(G.dev_why, sizeof G.dev_why,
+				 "%s: UDP sockets on soft (no RDMA device opened for %s: %s)",
+				 G.want_dev == DEV_YES ? "ibverbs" : "auto", as,
+				 rc == -ENODEV ? "none found or none serves it" : strerror(-rc));
+			/* asked for by name: say so even when logging is off */
+			if (G.want_dev == DEV_YES)
+				dg_log_always("DGSHIM_PROVIDER=ibverbs: %s", G.dev_why);
+			else
+				DG_INFO("provider %s", G.dev_why);
+		}
+	}
+out:
 	pthread_mutex_unlock(&ctx_lock);
 	return rc;
 }
@@ -378,7 +498,7 @@ void sock_put(struct sock *s)
 
 /* ------------------------------------------------------------------ queue pairs */
 
-static void registry_set(struct sock *s);
+static void registry_set(struct sock *s, int fd);
 
 /* Posts every free receive slot. Needs s->lock. */
 static void post_free_slots(struct sock *s)
@@ -395,8 +515,11 @@ static void post_free_slots(struct sock *s)
 	}
 }
 
-/* Creates the QP (type from the mode) on a private duplicate of fd. Needs s->lock.
- * Returns 0 or -errno; on error the socket stays with the OS. */
+/* Creates the QP (type from the mode): on the RDMA device when dev_get gives one for the
+ * socket's address (UD only; RD is the soft provider's), else soft on a private duplicate of
+ * fd. A device QP that cannot be made (another address than the device's, no UD) leaves the
+ * socket to soft, with the reason logged. Needs s->lock. Returns 0 or -errno; on error the
+ * socket stays with the OS. */
 int qp_setup(struct sock *s, int fd)
 {
 	if (s->qp)
@@ -406,28 +529,10 @@ int qp_setup(struct sock *s, int fd)
 	int rc = ctx_get();
 	if (rc)
 		goto fail;
-	if (!s->rx_area) {
-		s->rx_area = pages((size_t)SHIM_RX_SLOTS * SHIM_SLOT);
-		s->tx_area = pages((size_t)SHIM_TX_SLOTS * SHIM_SLOT);
-		if (!s->rx_area || !s->tx_area) {
-			rc = -ENOMEM;
-			goto fail;
-		}
-		if ((rc = dgv_reg_mr(G.pd, s->rx_area, (size_t)SHIM_RX_SLOTS * SHIM_SLOT,
-				     DGV_ACCESS_LOCAL_WRITE, &s->rx_mr)) ||
-		    (rc = dgv_reg_mr(G.pd, s->tx_area, (size_t)SHIM_TX_SLOTS * SHIM_SLOT, 0, &s->tx_mr)))
-			goto fail;
-		/* reverse order: the stack hands out slot 0 first and keeps reusing the warm ones */
-		s->rx_free_n = 0, s->tx_free_n = 0;
-		for (int i = SHIM_RX_SLOTS - 1; i >= 0; i--)
-			s->rx_free[s->rx_free_n++] = (uint16_t)i;
-		for (int i = SHIM_TX_SLOTS - 1; i >= 0; i--)
-			s->tx_free[s->tx_free_n++] = (uint16_t)i;
-	}
-	if (s->qfd < 0) {
+	union dgv_sockaddr la;
+	socklen_t ll = sizeof la;
+	if (!s->rx_mr) {
 		/* a kernel socket must have a port before the QP reads its address */
-		union dgv_sockaddr la;
-		socklen_t ll = sizeof la;
 		if (real.getsockopt(fd, SOL_SOCKET, SO_TYPE, &(int){0}, &(socklen_t){sizeof(int)}) < 0) {
 			rc = -errno;
 			goto fail;
@@ -440,27 +545,74 @@ int qp_setup(struct sock *s, int fd)
 			socklen_t al = la.sa.sa_family == AF_INET ? sizeof any.sin : sizeof any.sin6;
 			real.bind(fd, &any.sa, al); /* as the kernel's autobind on first send */
 		}
+		/* the provider is chosen once per socket: its registrations are that provider's */
+		ll = sizeof la;
+		s->dev = s->mode != IWARP_MODE_RD && G.want_dev != DEV_NO && getsockname(fd, &la.sa, &ll) == 0 &&
+			 dev_get(&la, ll, s->connected ? &s->peer : s->dest_hint) == 0;
+	}
+retry:
+	if (!s->rx_area) {
+		s->rx_area = pages((size_t)SHIM_RX_SLOTS * SHIM_SLOT);
+		s->tx_area = pages((size_t)SHIM_TX_SLOTS * SHIM_SLOT);
+		if (!s->rx_area || !s->tx_area) {
+			rc = -ENOMEM;
+			goto fail;
+		}
+		/* reverse order: the stack hands out slot 0 first and keeps reusing the warm ones */
+		s->rx_free_n = 0, s->tx_free_n = 0;
+		for (int i = SHIM_RX_SLOTS - 1; i >= 0; i--)
+			s->rx_free[s->rx_free_n++] = (uint16_t)i;
+		for (int i = SHIM_TX_SLOTS - 1; i >= 0; i--)
+			s->tx_free[s->tx_free_n++] = (uint16_t)i;
+	}
+	if (!s->rx_mr &&
+	    ((rc = dgv_reg_mr(sock_pd(s), s->rx_area, (size_t)SHIM_RX_SLOTS * SHIM_SLOT, DGV_ACCESS_LOCAL_WRITE,
+			      &s->rx_mr)) ||
+	     (rc = dgv_reg_mr(sock_pd(s), s->tx_area, (size_t)SHIM_TX_SLOTS * SHIM_SLOT, 0, &s->tx_mr))))
+		goto dev_fail;
+	if (!s->dev && s->qfd < 0) {
 		s->qfd = high_fd(fd);
 		if (s->qfd < 0) {
 			rc = -errno;
 			goto fail;
 		}
 	}
-	if (!s->cq && (rc = dgv_create_cq(G.ctx, SHIM_RX_SLOTS + SHIM_TX_SLOTS + 16, &s->cq)))
-		goto fail;
-	dgv_cq_notify_background(s->cq, 1);
+	if (!s->cq && (rc = dgv_create_cq(s->dev ? G.dctx : G.ctx, SHIM_RX_SLOTS + SHIM_TX_SLOTS + 16, &s->cq)))
+		goto dev_fail;
+	if (!s->dev)
+		dgv_cq_notify_background(s->cq, 1);
 	s->qp_type = s->mode == IWARP_MODE_RD ? DGV_QPT_RD : DGV_QPT_UD;
 	struct dgv_qp_init_attr a = {.qp_type = s->qp_type, .send_cq = s->cq, .recv_cq = s->cq,
 				     .max_send_wr = SHIM_TX_SLOTS + 8, .max_recv_wr = SHIM_RX_SLOTS,
 				     .max_msg_size = SHIM_SLOT, .use_adopt_fd = 1, .adopt_fd = s->qfd,
 				     .pass_plain = 1, .rx_hold = 1, .rd_window = 64};
-	if ((rc = dgv_create_qp(G.pd, &a, &s->qp)))
-		goto fail;
+	if (s->dev) {
+		/* the device's QP answers SIDR on the socket's address and port; plain datagrams
+		 * from unmodified peers still arrive on the kernel socket, read by data.c */
+		ll = sizeof la;
+		if (getsockname(fd, &la.sa, &ll)) {
+			rc = -errno;
+			goto dev_fail;
+		}
+		a.use_adopt_fd = 0, a.adopt_fd = -1, a.pass_plain = 0, a.rx_hold = 0;
+		a.bind_addr = &la.sa, a.bind_len = ll, a.bind_family = la.sa.sa_family;
+	}
+	if ((rc = dgv_create_qp(sock_pd(s), &a, &s->qp)))
+		goto dev_fail;
 	post_free_slots(s);
-	registry_set(s);
+	registry_set(s, fd);
 	stats_note_mode(s);
-	DG_DBG("fd %d: %s queue pair on the program's socket", fd, s->qp_type == DGV_QPT_RD ? "RD" : "UD");
+	DG_DBG("fd %d: %s queue pair %s", fd, s->qp_type == DGV_QPT_RD ? "RD" : "UD",
+	       s->dev ? "on the RDMA device" : "on the program's socket");
 	return 0;
+dev_fail:
+	if (s->dev) {
+		DG_WARN("fd %d: no UD queue pair on the device (%s): the soft provider carries this socket", fd,
+			strerror(-rc));
+		qp_teardown(s, true);
+		s->dev = false;
+		goto retry;
+	}
 fail:
 	DG_WARN("fd %d: no queue pair (%s): the OS carries this socket", fd, strerror(-rc));
 	s->broken = true;
@@ -548,6 +700,7 @@ void sock_reset_after_fork(struct sock *s)
 	memset(s->zc, 0, sizeof s->zc);
 	s->regfd = -1; /* inherited close-on-exec descriptors: keep the numbers untouched */
 	s->broken = false;
+	s->dev = false; /* chosen again with the child's first QP */
 	s->gen = G.gen;
 }
 
@@ -581,11 +734,13 @@ void abstract_name(struct sockaddr_un *u, socklen_t *len, const char *name)
 	*len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
 }
 
-/* The name under which a socket bound to port says "I speak datagram-iWARP, service svc". */
+/* The name under which a socket bound to port says "I speak datagram-iWARP, service svc"
+ * (IWARP_MODE_UD or _RD: over kernel UDP; SVC_UDV: UD on the RDMA device, found by SIDR). */
 void registry_name(struct sockaddr_un *u, socklen_t *len, int svc, unsigned port)
 {
 	char name[48];
-	snprintf(name, sizeof name, "dgshim/%s/%u", svc == IWARP_MODE_RD ? "rd" : "ud", port);
+	snprintf(name, sizeof name, "dgshim/%s/%u", svc == IWARP_MODE_RD ? "rd" : svc == SVC_UDV ? "udv" : "ud",
+		 port);
 	abstract_name(u, len, name);
 }
 
@@ -610,8 +765,9 @@ int registry_bind(const struct sockaddr_un *a, socklen_t al)
 	return u;
 }
 
-/* Binds the registry name of the socket's current service. Needs s->lock. */
-static void registry_set(struct sock *s)
+/* Binds the registry name of the socket's current service (fd: the program's descriptor).
+ * Needs s->lock. */
+static void registry_set(struct sock *s, int fd)
 {
 	if (s->regfd >= 0)
 		real.close(s->regfd), s->regfd = -1;
@@ -619,12 +775,12 @@ static void registry_set(struct sock *s)
 		return;
 	union dgv_sockaddr la;
 	socklen_t ll = sizeof la;
-	if (getsockname(s->qfd, &la.sa, &ll))
+	if (getsockname(fd, &la.sa, &ll))
 		return;
 	unsigned port = ntohs(la.sa.sa_family == AF_INET ? la.sin.sin_port : la.sin6.sin6_port);
 	struct sockaddr_un a;
 	socklen_t al;
-	registry_name(&a, &al, s->qp_type == DGV_QPT_RD ? IWARP_MODE_RD : IWARP_MODE_UD, port);
+	registry_name(&a, &al, s->qp_type == DGV_QPT_RD ? IWARP_MODE_RD : s->dev ? SVC_UDV : IWARP_MODE_UD, port);
 	int u = registry_bind(&a, al);
 	if (u < 0) {
 		DG_DBG("registry name for port %u taken (%s): another socket on this port answers",
@@ -650,7 +806,7 @@ int sock_bind(struct sock *s, int fd, const struct sockaddr *a, socklen_t l)
 			s->mode = m;
 	}
 	if (s->qp)
-		registry_set(s);
+		registry_set(s, fd);
 	else if (s->mode != IWARP_MODE_OFF)
 		qp_setup(s, fd); /* bound: peers may start sending framed at once */
 	unlock_sock(s);
@@ -704,13 +860,21 @@ static int set_mode(struct sock *s, int fd, int mode)
 	s->mode = mode;
 	s->explicit_mode = true;
 	int want = mode == IWARP_MODE_RD ? DGV_QPT_RD : DGV_QPT_UD;
+	if (s->dev && mode == IWARP_MODE_RD) {
+		/* RD is the soft provider's; this socket's buffers are registered on the device */
+		DG_WARN("fd %d: IWARP_MODE RD: this socket runs on the RDMA device, which has no RD "
+			"(DGSHIM_PROVIDER=soft gives RD)", fd);
+		s->mode = old;
+		unlock_sock(s);
+		return -EOPNOTSUPP;
+	}
 	if (s->qp && mode != IWARP_MODE_OFF && want != s->qp_type) {
 		/* the service changes between datagrams: a new QP of the other type on the same
 		 * socket; what the old one had received stays queued for the program */
 		qp_teardown(s, false);
 		qp_setup(s, fd);
 	} else if (s->qp) {
-		registry_set(s); /* off: peers stop sending framed; on: they may start */
+		registry_set(s, fd); /* off: peers stop sending framed; on: they may start */
 	} else if (mode != IWARP_MODE_OFF) {
 		qp_setup(s, fd);
 	}

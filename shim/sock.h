@@ -30,10 +30,22 @@ struct shim_global {
 	int zcopy_default;
 	unsigned gen;              /* bumped in a forked child */
 	unsigned ctx_gen;
-	struct dgv_context *ctx;
+	struct dgv_context *ctx;   /* soft: streams, and UDP sockets no device carries */
 	struct dgv_pd *pd;
+	/* The RDMA device's context for UDP sockets (ibverbs UD queue pairs), when
+	 * DGSHIM_PROVIDER asks for one (docs/shim.md "Providers"); NULL: none (yet). */
+	int want_dev;              /* DEV_NO, DEV_AUTO or DEV_YES, from DGSHIM_PROVIDER */
+	unsigned dctx_gen;
+	struct dgv_context *dctx;
+	struct dgv_pd *dpd;
+	char dev_why[192];         /* the last choice and its reason, for logs and `dgshim stat` */
 };
 extern struct shim_global G;
+
+enum { DEV_NO = 0, DEV_AUTO = 1, DEV_YES = 2 };
+/* Discovery services (registry names and peer capabilities): the IWARP_MODE of the service,
+ * or SVC_UDV: UD on an RDMA device (reached through the device, by SIDR, not kernel UDP). */
+enum { SVC_UDV = 0x100 };
 
 /* A received datagram waiting for the program. */
 struct pend {
@@ -60,6 +72,8 @@ struct sock {
 	bool explicit_mode;           /* set by the program: rules no longer apply */
 	bool user_nonblock;
 	bool broken;                  /* QP creation failed: the OS carries it */
+	bool dev;                     /* the QP is on the RDMA device (G.dctx), not soft */
+	const union dgv_sockaddr *dest_hint; /* during sock_send: where the datagram goes */
 	bool connected;
 	bool shut_rd, shut_wr;
 	int so_error;
@@ -68,7 +82,7 @@ struct sock {
 	union dgv_sockaddr peer;
 	socklen_t peerlen;
 
-	int qfd;                      /* private duplicate the QP owns */
+	int qfd;                      /* private duplicate the soft QP owns (-1 on a device) */
 	int regfd;                    /* registry name (discovery), or -1 */
 	int qp_type;
 	struct dgv_qp *qp;
@@ -126,16 +140,20 @@ struct sock *sock_new_stream(int fd, int domain, bool nonblock, int mode);
 /* The verbs context and PD (made once per process and after fork). Returns 0 or -errno. */
 int ctx_get(void);
 void zc_cache_clear(struct sock *s);
-/* Moves finished work from the CQ to the pending and free lists. Needs s->lock. */
-void consume_cq(struct sock *s);
+/* Moves finished work from the CQ to the pending and free lists. Needs s->lock. Returns the
+ * number of completions taken. */
+int consume_cq(struct sock *s);
 void stats_note_mode(struct sock *s);
 
 /* peer.c: what a destination speaks. */
 void peer_init(void);
 void peer_after_fork(void);
-/* For a framed send to `to` with service svc (IWARP_MODE_UD/RD): an address handle when the
+/* For a framed send to `to` with service svc (IWARP_MODE_UD/RD, SVC_UDV): an address handle
+ * (of the device's context for SVC_UDV) when the
  * destination speaks it, else NULL (send plain). Never blocks. */
 struct dgv_ah *peer_route(const union dgv_sockaddr *to, socklen_t tolen, int svc);
+/* The PD of the socket's queue pair: the device's or the soft provider's. */
+static inline struct dgv_pd *sock_pd(const struct sock *s) { return s->dev ? G.dpd : G.pd; }
 /* A datagram came from `from`: framed (it speaks datagram-iWARP) or plain (it may have
  * stopped). */
 void peer_heard(const union dgv_sockaddr *from, socklen_t fromlen, bool framed, int svc);

@@ -20,7 +20,7 @@ static struct dgshim_stat_file *file;
 static char path[64];
 static pthread_mutex_t slot_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct iwarp_stats closed;  /* totals of sockets already closed */
-static unsigned closed_socks;
+static unsigned closed_socks, closed_dev;
 
 static void open_file(void)
 {
@@ -117,6 +117,7 @@ void stats_release(struct sock *s)
 		pthread_mutex_lock(&slot_lock);
 		add(&closed, s->st);
 		closed_socks++;
+		closed_dev += s->dev;
 		pthread_mutex_unlock(&slot_lock);
 	}
 	if (s->stat_slot >= 0 && file) {
@@ -132,14 +133,17 @@ void stats_note_mode(struct sock *s)
 	if (s->stat_slot >= 0 && file) {
 		file->slot[s->stat_slot].mode = (uint8_t)s->mode;
 		file->slot[s->stat_slot].qp_type = (uint8_t)s->qp_type;
+		file->slot[s->stat_slot].provider = s->dev ? 1 : 0;
 	}
+	if (file && G.dev_why[0])
+		memcpy(file->provider, G.dev_why, sizeof file->provider);
 }
 
 void shim_fini(void)
 {
 	if (dg_log_on(DG_LOG_INFO) && G.gen) {
 		struct iwarp_stats t = closed;
-		unsigned n = closed_socks;
+		unsigned n = closed_socks, ndev = closed_dev;
 		for (int fd = 0, hi = fd_max(); fd <= hi; fd++) {
 			struct sock *s = fd_sock(fd);
 			if (s && pthread_mutex_trylock(&s->lock) == 0) {
@@ -147,6 +151,7 @@ void shim_fini(void)
 				if (s->qp || s->st->tx_plain || s->st->rx_plain) {
 					add(&t, s->st);
 					n++;
+					ndev += s->dev;
 				}
 				pthread_mutex_unlock(&s->lock);
 			}
@@ -158,7 +163,7 @@ void shim_fini(void)
 		dg_log(DG_LOG_INFO,
 		       "summary: sockets=%u tx_framed=%llu tx_plain=%llu rx_framed=%llu rx_plain=%llu "
 		       "tx_zcopy=%llu tx_bytes=%llu rx_bytes=%llu crc_drops=%llu lost=%llu retransmits=%llu "
-		       "rc_conns=%llu rc_plain=%llu rc_tx_bytes=%llu rc_rx_bytes=%llu",
+		       "rc_conns=%llu rc_plain=%llu rc_tx_bytes=%llu rc_rx_bytes=%llu udp_on_device=%u%s%s",
 		       n, (unsigned long long)t.tx_framed, (unsigned long long)t.tx_plain,
 		       (unsigned long long)t.rx_framed, (unsigned long long)t.rx_plain,
 		       (unsigned long long)t.tx_zcopy, (unsigned long long)(t.tx_framed_bytes + t.tx_plain_bytes),
@@ -166,7 +171,7 @@ void shim_fini(void)
 		       (unsigned long long)t.crc_drops, (unsigned long long)t.lost,
 		       (unsigned long long)t.retransmits, (unsigned long long)rc.conns,
 		       (unsigned long long)rc.plain, (unsigned long long)rc.tx_bytes,
-		       (unsigned long long)rc.rx_bytes);
+		       (unsigned long long)rc.rx_bytes, ndev, G.dev_why[0] ? " provider=" : "", G.dev_why);
 	}
 out:
 	if (file && file->pid == (uint32_t)getpid())

@@ -10,7 +10,7 @@
 #include "dgshim.h"
 
 #define DGSHIM_STAT_MAGIC 0x64677374u /* "dgst" */
-#define DGSHIM_STAT_VERSION 1
+#define DGSHIM_STAT_VERSION 2
 #define DGSHIM_STAT_SLOTS 1024
 
 struct dgshim_stat_slot {
@@ -18,7 +18,8 @@ struct dgshim_stat_slot {
 	int32_t fd;
 	uint16_t family;
 	uint8_t mode, qp_type;
-	uint32_t pad;
+	uint8_t provider;       /* 0 soft, 1 the RDMA device (ibverbs) */
+	uint8_t pad[3];
 	struct iwarp_stats st;
 };
 
@@ -27,6 +28,7 @@ struct dgshim_stat_file {
 	uint32_t used; /* slots at or beyond this index were never used */
 	uint32_t pad;
 	char program[256];
+	char provider[192];    /* the provider choice for UDP sockets and its reason ("" : soft) */
 	struct dgshim_stat_slot slot[DGSHIM_STAT_SLOTS];
 };
 

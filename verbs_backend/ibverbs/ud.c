@@ -180,9 +180,21 @@ int iv_ud_create_qp(struct dgv_pd *pb, const struct dgv_qp_init_attr *attr, stru
 	}
 	union dgv_sockaddr bind;
 	memset(&bind, 0, sizeof bind);
-	if (attr->bind_addr)
+	if (attr->bind_addr) {
 		memcpy(&bind, attr->bind_addr, attr->bind_len < sizeof bind ? attr->bind_len : sizeof bind);
-	else if (ctx->have_addr)
+		/* a wildcard address names no device: it is this context's address, on the port asked
+		 * for (the shim binds a UDP socket's port, which peers resolve by SIDR) */
+		bool any = bind.sa.sa_family == AF_INET ? bind.sin.sin_addr.s_addr == htonl(INADDR_ANY)
+			   : IN6_IS_ADDR_UNSPECIFIED(&bind.sin6.sin6_addr);
+		if (any && ctx->have_addr && ctx->addr.sa.sa_family == bind.sa.sa_family) {
+			in_port_t port = bind.sa.sa_family == AF_INET ? bind.sin.sin_port : bind.sin6.sin6_port;
+			bind = ctx->addr;
+			if (bind.sa.sa_family == AF_INET)
+				bind.sin.sin_port = port;
+			else
+				bind.sin6.sin6_port = port;
+		}
+	} else if (ctx->have_addr)
 		bind = ctx->addr;
 	else {
 		DG_WARN("ibverbs: a UD QP needs a local address (bind_addr) to be reached by");
