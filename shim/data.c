@@ -113,10 +113,14 @@ static void repost(struct sock *s)
 static int wait_sock(struct sock *s, int fd, short events, int *timeout_ms)
 {
 	int cqfd = dgv_cq_fd(s->cq);
-	dgv_req_notify_cq(s->cq, 0);
-	/* a device raises the channel only for completions after the arming: look once more */
-	if (s->dev && consume_cq(s))
-		return 0;
+	if (!s->dev) {
+		dgv_req_notify_cq(s->cq, 0);
+	} else if (!s->armed && dgv_req_notify_cq(s->cq, 0) == 0) {
+		/* a device raises the channel only for completions after the arming: look again */
+		s->armed = true;
+		if (consume_cq(s))
+			return 0;
+	}
 	/* soft: the QP's socket (datagrams to read, room to send); device: the kernel socket
 	 * only for plain datagrams from unmodified peers, sends wait for completions */
 	int qfd = !s->dev ? s->qfd : (events & POLLIN) ? fd : -1;
@@ -127,8 +131,10 @@ static int wait_sock(struct sock *s, int fd, short events, int *timeout_ms)
 	pthread_mutex_lock(&s->lock);
 	if (unlikely(s->gen != G.gen))
 		sock_reset_after_fork(s);
-	if ((p[1].revents & POLLIN) && s->cq)
+	if ((p[1].revents & POLLIN) && s->cq) {
 		dgv_cq_ack_event(s->cq);
+		s->armed = false;
+	}
 	return r;
 }
 
@@ -274,10 +280,13 @@ int sock_poll_in(struct sock *s, int fd)
 	if (!s->qp && (s->mode == IWARP_MODE_OFF || s->broken || !sock_is_bound(fd) || qp_setup(s, fd))) {
 		r = -1; /* the kernel's readiness is the truth */
 	} else {
-		/* a device raises the channel only for completions after the arming: arm first */
-		if (s->dev)
-			dgv_req_notify_cq(s->cq, 0);
 		consume_cq(s);
+		/* a device raises the channel only for completions after the arming: leave it
+		 * armed, looked at once more after that (one arming per wake-up) */
+		if (s->dev && !s->pend_n && !s->armed && dgv_req_notify_cq(s->cq, 0) == 0) {
+			s->armed = true;
+			consume_cq(s);
+		}
 		r = s->pend_n || s->shut_rd ? POLLIN : 0;
 		if (!r && s->dev) {
 			/* plain datagrams from unmodified peers wait in the kernel socket */
@@ -307,7 +316,8 @@ int sock_wait_fds(struct sock *s, int *qfd, int *cqfd)
 	if (s->qp) {
 		*qfd = s->qfd; /* -1 on a device: the program's own descriptor is watched anyway */
 		*cqfd = dgv_cq_fd(s->cq);
-		dgv_req_notify_cq(s->cq, 0);
+		if (!s->dev || !s->armed)
+			s->armed = dgv_req_notify_cq(s->cq, 0) == 0 && s->dev;
 		r = 0;
 	}
 	pthread_mutex_unlock(&s->lock);
@@ -323,6 +333,7 @@ void sock_cq_ack(struct sock *s)
 	pthread_mutex_lock(&s->lock);
 	if (s->cq)
 		dgv_cq_ack_event(s->cq);
+	s->armed = false; /* an event disarms a device's channel: the next readiness check arms */
 	pthread_mutex_unlock(&s->lock);
 }
 

@@ -221,7 +221,7 @@ static bool addr_loopback(const union dgv_sockaddr *a)
  * stays soft. A failed open is not retried for the same address. Returns 0 (G.dctx, G.dpd
  * set) or -errno; either way G.dev_why says what was chosen and why. Takes ctx_lock.
  */
-static int dev_get(const union dgv_sockaddr *local, socklen_t ll, const union dgv_sockaddr *dest)
+int dev_get(const union dgv_sockaddr *local, socklen_t ll, const union dgv_sockaddr *dest)
 {
 	if (G.want_dev == DEV_NO)
 		return -ENODEV;
@@ -273,8 +273,12 @@ static int dev_get(const union dgv_sockaddr *local, socklen_t ll, const union dg
 				G.dctx = c;
 				G.dctx_gen = G.gen;
 				__atomic_store_n(&G.dpd, pd, __ATOMIC_RELEASE);
-				snprintf(G.dev_why, sizeof G.dev_why, "%s: UDP on device UD queue pairs (%s)",
-					 G.want_dev == DEV_YES ? "ibverbs" : "auto", dgv_provider_why(c));
+				/* "ibverbs: asked for (device rxe0 (...))": the device part */
+				const char *w = dgv_provider_why(c), *d = strstr(w, "(device ");
+				int dl = d ? (int)strlen(d) - 9 : -1; /* "(device " and the last ")" */
+				snprintf(G.dev_why, sizeof G.dev_why, "%s: on the RDMA device %.*s",
+					 G.want_dev == DEV_YES ? "ibverbs" : "auto", dl > 0 ? dl : (int)strlen(w),
+					 dl > 0 ? d + 8 : w);
 				dg_log(DG_LOG_INFO, "provider %s", G.dev_why);
 			}
 		}
@@ -668,7 +672,7 @@ void qp_teardown(struct sock *s, bool all)
 	if (!all)
 		return;
 	if (s->cq)
-		dgv_destroy_cq(s->cq), s->cq = NULL;
+		dgv_destroy_cq(s->cq), s->cq = NULL, s->armed = false;
 	zc_cache_clear(s);
 	if (s->rx_mr)
 		dgv_dereg_mr(s->rx_mr), s->rx_mr = NULL;
@@ -688,7 +692,7 @@ void qp_teardown(struct sock *s, bool all)
 void sock_reset_after_fork(struct sock *s)
 {
 	stream_after_fork(s);
-	s->qp = NULL, s->cq = NULL, s->rx_mr = NULL, s->tx_mr = NULL;
+	s->qp = NULL, s->cq = NULL, s->armed = false, s->rx_mr = NULL, s->tx_mr = NULL;
 	s->pend_head = s->pend_n = 0;
 	s->rx_free_n = 0, s->tx_free_n = 0; /* qp_setup fills them with the new areas */
 	if (s->rx_area) {

@@ -73,6 +73,7 @@ struct sock {
 	bool user_nonblock;
 	bool broken;                  /* QP creation failed: the OS carries it */
 	bool dev;                     /* the QP is on the RDMA device (G.dctx), not soft */
+	bool armed;                   /* device: its CQ's channel is armed (an acked event is not) */
 	const union dgv_sockaddr *dest_hint; /* during sock_send: where the datagram goes */
 	bool connected;
 	bool shut_rd, shut_wr;
@@ -139,6 +140,9 @@ void sock_unlock(struct sock *s);
 struct sock *sock_new_stream(int fd, int domain, bool nonblock, int mode);
 /* The verbs context and PD (made once per process and after fork). Returns 0 or -errno. */
 int ctx_get(void);
+/* The RDMA device's context for a socket at `local` (wildcard allowed) going to `dest` (or
+ * NULL), as DGSHIM_PROVIDER asks (sock.c). Returns 0 (G.dctx, G.dpd usable) or -errno. */
+int dev_get(const union dgv_sockaddr *local, socklen_t ll, const union dgv_sockaddr *dest);
 void zc_cache_clear(struct sock *s);
 /* Moves finished work from the CQ to the pending and free lists. Needs s->lock. Returns the
  * number of completions taken. */

@@ -34,8 +34,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -56,6 +58,15 @@
 #define ACCEPT_WAIT_MS 5000    /* the MPA Request of a connection found to be ours */
 
 enum { WR_DATA = 1, WR_CTL = 2, WR_SENTINEL = 3 };
+/* A device consumes a posted receive per Write-Record (docs/design.md, "The ibverbs
+ * provider"): a device stream keeps one posted per record the peer may have in flight (data and
+ * control), each with its own 64-byte buffer (an iWARP record's descriptor lands there), wr_id
+ * WR_DREC + index, reposted as its record is taken. */
+#define WR_DREC 0x100u
+#define NDREC (MAX_RECS + CTL_SLOTS + 8u)
+#define DREC_SZ 64u
+#define RV_WAIT_MS 5000        /* a device listener's connection request for a rendezvous */
+#define RV_STASH 16            /* requests waiting for their accept() on a device listener */
 
 struct stream {
 	enum stream_state state;
@@ -71,6 +82,21 @@ struct stream {
 	struct dgv_qp *qp;
 	struct dgv_cq *cq;
 	int qfd, regfd;
+	/* on the RDMA device (G.dctx): RC through rdma_cm, the TCP connection only met there */
+	bool dev;
+	bool rv_wait;            /* client: the server's stream_rv has not come yet */
+	bool armed;              /* device: the CQ's channel is armed (an event, once acked, is not) */
+	uint8_t *drec;           /* NDREC receive buffers (in the out region) */
+	int dregfd;              /* the device name: listener "rcv", client "rccv" */
+	int wfd;                 /* device: an epoll set of the CQ's and the channel's descriptors,
+				  * the one a poll or epoll of the program waits on */
+	struct dgv_listener *dlis; /* listener: the device's */
+	struct dgv_cm_channel *lch;
+	union dgv_sockaddr dlis_addr;
+	/* device connection requests that came before their accept() */
+	struct { struct dgv_conn_req *req; struct stream_dhello dh; } stash[RV_STASH];
+	unsigned stash_next;
+	uint64_t cookie;         /* client: echoed in its connection request */
 	uint8_t *area;
 	size_t area_len;
 	struct dgv_mr *mr_in, *mr_out;
@@ -92,12 +118,12 @@ struct stream {
 };
 
 static struct {
-	_Atomic uint64_t conns, plain, tx_bytes, rx_bytes;
+	_Atomic uint64_t conns, plain, tx_bytes, rx_bytes, dev;
 } T;
 
 void stream_totals(struct stream_totals *t)
 {
-	t->conns = atomic_load(&T.conns), t->plain = atomic_load(&T.plain);
+	t->conns = atomic_load(&T.conns), t->plain = atomic_load(&T.plain), t->dev = atomic_load(&T.dev);
 	t->tx_bytes = atomic_load(&T.tx_bytes), t->rx_bytes = atomic_load(&T.rx_bytes);
 }
 
@@ -137,7 +163,7 @@ int stream_attach(struct sock *s)
 	struct stream *t = calloc(1, sizeof *t);
 	if (!t)
 		return -ENOMEM;
-	t->qfd = -1, t->regfd = -1;
+	t->qfd = -1, t->regfd = -1, t->dregfd = -1, t->wfd = -1;
 	t->mode = s->mode;
 	s->strm = t;
 	return 0;
@@ -147,15 +173,34 @@ int stream_attach(struct sock *s)
 
 static size_t ctl_bytes(void) { return (size_t)CTL_SLOTS * CTL_SLOT_SZ; }
 
-/* The ring area, its two regions and the CQ. Returns 0 or -errno. */
-static int res_setup(struct stream *t)
+/* A new epoll descriptor at a high number (close-on-exec), or -errno. */
+static int high_fd_epoll(void)
+{
+	int e = real.epoll_create1(EPOLL_CLOEXEC);
+	if (e < 0)
+		return -errno;
+	int h = high_fd(e);
+	if (h >= 0) {
+		real.close(e);
+		e = h;
+	}
+	return e;
+}
+
+/* The ring area, its two regions, the CQ and the channel: on the device's context when dev
+ * (t->dev set), else soft. Returns 0 or -errno. */
+static int res_setup(struct stream *t, bool dev)
 {
 	int rc = ctx_get();
 	if (rc)
 		return rc;
+	t->dev = dev;
+	struct dgv_context *ctx = dev ? G.dctx : G.ctx;
+	struct dgv_pd *pd = dev ? G.dpd : G.pd;
 	t->ring = ring_size();
 	size_t half = t->ring + ctl_bytes() + 4096; /* ring, control slots, sentinel (out side) */
-	t->area_len = 2 * half;
+	size_t out = half + (dev ? NDREC * DREC_SZ : 0);
+	t->area_len = half + out;
 	void *p = mmap(NULL, t->area_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
 		       -1, 0);
 	if (p == MAP_FAILED)
@@ -166,13 +211,26 @@ static int res_setup(struct stream *t)
 	t->tx = t->area + half;
 	t->ctl_out = t->tx + t->ring;
 	t->sentinel = t->ctl_out + ctl_bytes();
-	if ((rc = dgv_reg_mr(G.pd, t->rx, t->ring + ctl_bytes(),
+	t->drec = dev ? t->tx + half : NULL;
+	if ((rc = dgv_reg_mr(pd, t->rx, t->ring + ctl_bytes(),
 			     DGV_ACCESS_LOCAL_WRITE | DGV_ACCESS_REMOTE_WRITE, &t->mr_in)) ||
-	    (rc = dgv_reg_mr(G.pd, t->tx, half, DGV_ACCESS_LOCAL_WRITE, &t->mr_out)) ||
-	    (rc = dgv_create_cq(G.ctx, (int)CQ_DEPTH, &t->cq)) ||
-	    (rc = dgv_cm_create_channel(G.ctx, &t->ch)))
+	    (rc = dgv_reg_mr(pd, t->tx, out, DGV_ACCESS_LOCAL_WRITE, &t->mr_out)) ||
+	    (rc = dgv_create_cq(ctx, (int)(CQ_DEPTH + (dev ? NDREC + SQ_DEPTH : 0)), &t->cq)) ||
+	    (rc = dgv_cm_create_channel(ctx, &t->ch)))
 		return rc;
-	dgv_cq_notify_background(t->cq, 1);
+	if (!dev) {
+		dgv_cq_notify_background(t->cq, 1);
+		return 0;
+	}
+	/* a device's connection events (ESTABLISHED, DISCONNECTED) are not completions: one
+	 * descriptor for both, so that a program's epoll registration made while connecting
+	 * still wakes for data */
+	if ((t->wfd = high_fd_epoll()) < 0)
+		return t->wfd;
+	struct epoll_event e = {.events = EPOLLIN};
+	if (real.epoll_ctl(t->wfd, EPOLL_CTL_ADD, dgv_cq_fd(t->cq), &e) ||
+	    real.epoll_ctl(t->wfd, EPOLL_CTL_ADD, dgv_cm_channel_fd(t->ch), &e))
+		return -errno;
 	return 0;
 }
 
@@ -183,7 +241,7 @@ static void res_free(struct stream *t)
 	if (t->ch)
 		dgv_cm_destroy_channel(t->ch), t->ch = NULL;
 	if (t->cq)
-		dgv_destroy_cq(t->cq), t->cq = NULL;
+		dgv_destroy_cq(t->cq), t->cq = NULL, t->armed = false;
 	if (t->mr_in)
 		dgv_dereg_mr(t->mr_in), t->mr_in = NULL;
 	if (t->mr_out)
@@ -194,6 +252,17 @@ static void res_free(struct stream *t)
 		real.close(t->qfd), t->qfd = -1;
 	if (t->regfd >= 0)
 		real.close(t->regfd), t->regfd = -1;
+	if (t->dregfd >= 0)
+		real.close(t->dregfd), t->dregfd = -1;
+	if (t->wfd >= 0)
+		real.close(t->wfd), t->wfd = -1;
+	for (int i = 0; i < RV_STASH; i++)
+		if (t->stash[i].req)
+			dgv_reject(t->stash[i].req, NULL, 0), t->stash[i].req = NULL;
+	if (t->dlis)
+		dgv_listener_destroy(t->dlis), t->dlis = NULL;
+	if (t->lch)
+		dgv_cm_destroy_channel(t->lch), t->lch = NULL;
 }
 
 static void hello_make(const struct stream *t, struct stream_hello *h)
@@ -229,8 +298,24 @@ static int hello_take(struct stream *t, const uint8_t *pd, unsigned len)
 	return 0;
 }
 
+/* Posts device receive i (one record's). Returns 0 or -errno. */
+static int post_drec(struct stream *t, uint32_t i)
+{
+	struct dgv_sge sge = {(uint64_t)(uintptr_t)(t->drec + (size_t)i * DREC_SZ), DREC_SZ, t->mr_out->lkey};
+	struct dgv_recv_wr wr = {.wr_id = WR_DREC + i, .sg_list = &sge, .num_sge = 1}, *bad;
+	return dgv_post_recv(t->qp, &wr, &bad);
+}
+
+/* The sentinel receive (soft), or every record's receive (device: each of them is a sentinel
+ * as well, flushed when the connection fails). */
 static void post_sentinel(struct stream *t)
 {
+	if (t->dev) {
+		for (uint32_t i = 0; i < NDREC; i++)
+			if (post_drec(t, i))
+				break;
+		return;
+	}
 	struct dgv_sge sge = {(uint64_t)(uintptr_t)t->sentinel, 64, t->mr_out->lkey};
 	struct dgv_recv_wr wr = {.wr_id = WR_SENTINEL, .sg_list = &sge, .num_sge = 1}, *bad;
 	dgv_post_recv(t->qp, &wr, &bad);
@@ -238,6 +323,10 @@ static void post_sentinel(struct stream *t)
 
 static struct dgv_qp_init_attr rc_attr(struct stream *t, struct sock *s)
 {
+	if (t->dev) /* an iWARP device sends a Write-Record as a Write and a Send: two WRs */
+		return (struct dgv_qp_init_attr){.qp_type = DGV_QPT_RC, .send_cq = t->cq, .recv_cq = t->cq,
+						 .max_send_wr = 2 * SQ_DEPTH, .max_recv_wr = NDREC + 4,
+						 .max_sge = 2, .cm_channel = t->ch, .cm_user = s};
 	return (struct dgv_qp_init_attr){.qp_type = DGV_QPT_RC, .send_cq = t->cq, .recv_cq = t->cq,
 					 .max_send_wr = SQ_DEPTH, .max_recv_wr = 4, .max_sge = 2,
 					 .use_adopt_fd = 1, .adopt_fd = t->qfd, .cm_channel = t->ch,
@@ -346,21 +435,31 @@ static void take_data(struct sock *s, struct stream *t, const struct dgv_record 
 	s->st->rx_framed_bytes += rec->length;
 }
 
-/* Takes every completion queued so far. */
-static void drain_cq(struct sock *s, struct stream *t)
+/* Takes every completion queued so far. Returns how many. */
+static int drain_cq(struct sock *s, struct stream *t)
 {
 	struct dgv_wc wc[16];
-	int n;
+	int n, got = 0;
 	while ((n = dgv_poll_cq(t->cq, 16, wc)) > 0) {
+		got += n;
 		for (int i = 0; i < n; i++) {
 			struct dgv_wc *w = &wc[i];
 			if (w->opcode == DGV_WC_RECV_WRITE_RECORD) {
-				if (w->status != DGV_WC_SUCCESS || w->record.stag != t->mr_in->rkey)
-					fail(t, EPROTO, "bad record");
+				if (w->status != DGV_WC_SUCCESS || w->record.stag != t->mr_in->rkey) {
+					if (!t->err)
+						DG_WARN("stream: record completion: status %d, wr_id %#llx, STag %#x "
+							"(ours %#x)", w->status, (unsigned long long)w->wr_id,
+							w->record.stag, t->mr_in->rkey);
+					fail(t, w->status == DGV_WC_WR_FLUSH_ERR ? ECONNRESET : EPROTO, "bad record");
+				}
 				else if (w->record.base >= (uint64_t)(uintptr_t)t->ctl_in)
 					take_ctl(t, &w->record);
 				else
 					take_data(s, t, &w->record);
+				/* its receive was consumed on a device: the next record's */
+				if (t->dev && w->wr_id >= WR_DREC && w->wr_id < WR_DREC + NDREC && !t->tcp_down &&
+				    post_drec(t, (uint32_t)(w->wr_id - WR_DREC)))
+					fail(t, ENOBUFS, "receive for the next record not posted");
 				continue;
 			}
 			if (w->wr_id == WR_DATA && t->tx_out)
@@ -369,7 +468,7 @@ static void drain_cq(struct sock *s, struct stream *t)
 				t->ctl_out_n--;
 			if (w->status != DGV_WC_SUCCESS) {
 				/* the sentinel flushed, or a send failed: the connection is over */
-				if (w->wr_id == WR_SENTINEL && w->status == DGV_WC_WR_FLUSH_ERR)
+				if ((w->wr_id == WR_SENTINEL || w->wr_id >= WR_DREC) && w->status == DGV_WC_WR_FLUSH_ERR)
 					fail(t, ECONNRESET, "connection closed without an end of stream");
 				else
 					fail(t, ECONNRESET, "work request failed");
@@ -378,18 +477,30 @@ static void drain_cq(struct sock *s, struct stream *t)
 		/* A short batch with nothing left queued: the provider was just asked. Polling
 		 * again would only make it read the empty TCP socket once more. */
 		if (n < 16 && !dgv_cq_ready(t->cq))
-			return;
+			return got;
 	}
 	if (n < 0)
 		fail(t, -n, "completion queue error");
+	return got;
 }
 
 /* Drains the CQ and the connection events. Needs s->lock. */
+static void rv_step(struct sock *s, struct stream *t);
+
 static void progress(struct sock *s, struct stream *t)
 {
 	if (!t->cq)
 		return;
+	if (t->rv_wait)
+		rv_step(s, t);
 	drain_cq(s, t);
+	/* a device raises the CQ's channel only for completions after the arming: leave it armed
+	 * and looked at once more after that, so a wait that follows misses nothing (one arming
+	 * per wake-up, not per call) */
+	if (t->dev && t->qp && !t->armed && dgv_req_notify_cq(t->cq, 0) == 0) {
+		t->armed = true;
+		drain_cq(s, t);
+	}
 	if (!t->ch)
 		return;
 	/* Established: drain_cq has just progressed the QP, which queues any event it finds;
@@ -410,8 +521,11 @@ static void progress(struct sock *s, struct stream *t)
 					break;
 				}
 				t->state = SS_ESTAB;
-				if (!t->counted)
+				if (!t->counted) {
 					t->counted = true, atomic_fetch_add(&T.conns, 1);
+					if (t->dev)
+						atomic_fetch_add(&T.dev, 1);
+				}
 				DG_DBG("stream: connected over RC (MPA rev %u, crc %s)", ev.info.mpa_rev,
 				       ev.info.crc ? "on" : "off");
 			}
@@ -432,6 +546,8 @@ static void progress(struct sock *s, struct stream *t)
 		case DGV_CM_DISCONNECTED:
 			if (ev.status < 0)
 				fail(t, -ev.status, ev.term_layer || ev.term_etype ? "Terminate" : "TCP error");
+			else if (t->dev)
+				tcp_eof = true; /* the device's orderly end: what came before it has arrived */
 			t->tcp_down = true;
 			break;
 		default:
@@ -461,16 +577,25 @@ static int stream_wait(struct sock *s, struct stream *t, int *timeout_ms)
 	int cqfd = dgv_cq_fd(t->cq), chfd = t->ch ? dgv_cm_channel_fd(t->ch) : -1;
 	/* the TCP socket too: data that arrives is then processed by this thread at once (one
 	 * wake-up, as a plain TCP read) instead of by the provider's thread and then us; not once
-	 * TCP has ended, when it stays readable */
-	int qfd = t->tcp_down || t->peer_fin ? -1 : t->qfd;
-	dgv_req_notify_cq(t->cq, 0);
+	 * TCP has ended, when it stays readable. On a device it carries only the rendezvous. */
+	int qfd = t->tcp_down || t->peer_fin || (t->dev && !t->rv_wait) ? -1 : t->qfd;
+	if (!t->dev) {
+		dgv_req_notify_cq(t->cq, 0);
+	} else if (t->qp && !t->armed && dgv_req_notify_cq(t->cq, 0) == 0) {
+		/* a device raises the channel only for completions after the arming: look again */
+		t->armed = true;
+		if (drain_cq(s, t))
+			return 0;
+	}
 	sock_unlock(s);
 	struct pollfd p[3] = {{.fd = cqfd, .events = POLLIN}, {.fd = chfd, .events = POLLIN},
 			      {.fd = qfd, .events = POLLIN}};
 	int r = shim_nap(p, 3, timeout_ms);
 	sock_lock(s);
-	if ((p[0].revents & POLLIN) && t->cq)
+	if ((p[0].revents & POLLIN) && t->cq) {
 		dgv_cq_ack_event(t->cq);
+		t->armed = false;
+	}
 	return r;
 }
 
@@ -488,6 +613,102 @@ static void name_client(struct sockaddr_un *u, socklen_t *l, unsigned cport, uns
 	char n[48];
 	snprintf(n, sizeof n, "dgshim/rcc/%u-%u", cport, sport);
 	abstract_name(u, l, n);
+}
+
+/* *o = a, an IPv4-mapped IPv6 address as IPv4 (what a device and rdma_cm route by), *ol its
+ * length. */
+static void unmap4(const union dgv_sockaddr *a, union dgv_sockaddr *o, socklen_t *ol)
+{
+	*o = *a;
+	if (a->sa.sa_family == AF_INET6 && IN6_IS_ADDR_V4MAPPED(&a->sin6.sin6_addr)) {
+		*o = (union dgv_sockaddr){.sin = {.sin_family = AF_INET, .sin_port = a->sin6.sin6_port}};
+		memcpy(&o->sin.sin_addr, &a->sin6.sin6_addr.s6_addr[12], 4);
+		*ol = sizeof o->sin;
+	}
+}
+
+/* The device's names: a listener with a device listener beside it, a client that wants it. */
+static void name_listen_dev(struct sockaddr_un *u, socklen_t *l, unsigned port)
+{
+	char n[48];
+	snprintf(n, sizeof n, "dgshim/rcv/%u", port);
+	abstract_name(u, l, n);
+}
+
+static void name_client_dev(struct sockaddr_un *u, socklen_t *l, unsigned cport, unsigned sport)
+{
+	char n[48];
+	snprintf(n, sizeof n, "dgshim/rccv/%u-%u", cport, sport);
+	abstract_name(u, l, n);
+}
+
+/* The connection failed before it was carried: connect's answer (SO_ERROR) is e. */
+static void connect_failed(struct stream *t, int e, const char *why)
+{
+	DG_WARN("stream: connection set-up failed: %s (%s)", why, strerror(e));
+	t->so_error = e;
+	t->err = e;
+	t->tcp_down = true;
+	t->rv_wait = false;
+	t->state = SS_DEAD;
+}
+
+/* Client of a device stream: once the server's stream_rv has come whole on the TCP
+ * connection, connects to the device listener it names (family 0: the address TCP went to)
+ * with our hello and its cookie. Needs s->lock. */
+static void rv_step(struct sock *s, struct stream *t)
+{
+	struct stream_rv rv;
+	ssize_t r = real.recvfrom(t->qfd, &rv, sizeof rv, MSG_PEEK | MSG_DONTWAIT, NULL, NULL);
+	if (r < 0) {
+		if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+			connect_failed(t, errno, "TCP connection");
+		return;
+	}
+	if (r == 0) {
+		connect_failed(t, ECONNRESET, "the server closed before naming its device listener");
+		return;
+	}
+	if ((size_t)r < sizeof rv)
+		return; /* the rest is on its way */
+	if (real.recvfrom(t->qfd, &rv, sizeof rv, MSG_DONTWAIT, NULL, NULL) != (ssize_t)sizeof rv) {
+		connect_failed(t, EPROTO, "rendezvous read");
+		return;
+	}
+	t->rv_wait = false;
+	uint16_t fam = be16toh(rv.family), port = be16toh(rv.port);
+	union dgv_sockaddr a;
+	socklen_t al = s->peerlen;
+	unmap4(&s->peer, &a, &al);
+	if (be32toh(rv.magic) != STREAM_RV_MAGIC || !port || (fam != 0 && fam != 4 && fam != 6)) {
+		connect_failed(t, EPROTO, "the server's rendezvous is not a dgshim one");
+		return;
+	}
+	if (fam == 4) {
+		a = (union dgv_sockaddr){.sin = {.sin_family = AF_INET}};
+		memcpy(&a.sin.sin_addr, rv.addr, 4);
+		al = sizeof a.sin;
+	} else if (fam == 6) {
+		a = (union dgv_sockaddr){.sin6 = {.sin6_family = AF_INET6}};
+		memcpy(&a.sin6.sin6_addr, rv.addr, 16);
+		al = sizeof a.sin6;
+	}
+	if (a.sa.sa_family == AF_INET)
+		a.sin.sin_port = htons(port);
+	else
+		a.sin6.sin6_port = htons(port);
+	struct stream_dhello dh;
+	hello_make(t, &dh.h);
+	dh.cookie = rv.cookie;
+	struct dgv_conn_param cp = {.private_data = &dh, .private_data_len = sizeof dh};
+	struct dgv_qp_init_attr qa = rc_attr(t, s);
+	int rc = dgv_connect(G.dpd, &qa, &a.sa, al, &cp, &t->qp);
+	if (rc) {
+		t->qp = NULL;
+		connect_failed(t, -rc, "connect to the server's device listener");
+		return;
+	}
+	post_sentinel(t);
 }
 
 /* The mode for a connection of ours to/from a (role): IWARP_MODE_RC (trust the rules), _AUTO
@@ -594,6 +815,49 @@ static int local_port(int fd, union dgv_sockaddr *la)
 	return (int)port_of(la);
 }
 
+/* The rest of a device stream's connect, once TCP is connected or connecting (s->lock held,
+ * released on return): the server's rendezvous, then rdma_cm (rv_step, from progress).
+ * Returns connect's answer. */
+static int connect_dev(struct sock *s, struct stream *t, int fd, const union dgv_sockaddr *dst, socklen_t l,
+		       bool nb)
+{
+	t->rv_wait = true;
+	t->state = SS_CONNECTING;
+	memcpy(&s->peer, dst, l);
+	s->peerlen = l;
+	s->connected = true;
+	DG_DBG("fd %d: TCP to port %u: on the RDMA device (%s)", fd, port_of(dst), G.dev_why);
+	if (nb) {
+		progress(s, t);
+		t->connect_pending = true;
+		sock_unlock(s);
+		return -EINPROGRESS;
+	}
+	int left = CONNECT_WAIT_MS;
+	for (;;) {
+		progress(s, t);
+		if (t->state != SS_CONNECTING)
+			break;
+		int w = stream_wait(s, t, &left);
+		if (w == -EINTR) {
+			t->connect_pending = true; /* as the kernel: it goes on in the background */
+			sock_unlock(s);
+			return -EINTR;
+		}
+		if (w == -EAGAIN && t->state == SS_CONNECTING) {
+			progress(s, t);
+			if (t->state == SS_CONNECTING)
+				connect_failed(t, ETIMEDOUT, "no device connection from the server in time");
+			break;
+		}
+	}
+	int rc = t->state == SS_ESTAB ? 0 : -(t->err ? t->err : ECONNREFUSED);
+	if (rc)
+		t->err = 0, t->so_error = 0;
+	sock_unlock(s);
+	return rc;
+}
+
 int stream_connect(struct sock *s, int fd, const struct sockaddr *a, socklen_t l)
 {
 	sock_lock(s);
@@ -644,6 +908,19 @@ int stream_connect(struct sock *s, int fd, const struct sockaddr *a, socklen_t l
 		DG_DBG("fd %d: TCP to port %u: the peer does not speak iWARP, plain TCP", fd, dport);
 		return real.connect(fd, a, l) < 0 ? -errno : 0;
 	}
+	/* on the RDMA device when the listener has a device listener too and we have a device
+	 * for the destination (same host only: the server learns it from our name) */
+	bool dev = false;
+	if (ip_local(&dst)) {
+		struct sockaddr_un dn;
+		socklen_t dnl;
+		name_listen_dev(&dn, &dnl, dport);
+		union dgv_sockaddr d4, any = {0};
+		socklen_t d4l = l;
+		unmap4(&dst, &d4, &d4l);
+		any.sa.sa_family = d4.sa.sa_family;
+		dev = registry_exists(&dn, dnl) && dev_get(&any, d4l, &d4) == 0;
+	}
 	/* ours: a port first (as the kernel's autobind would), then the name the server looks up */
 	union dgv_sockaddr la;
 	int lport = local_port(fd, &la);
@@ -660,9 +937,12 @@ int stream_connect(struct sock *s, int fd, const struct sockaddr *a, socklen_t l
 		rc = lport < 0 ? lport : -EADDRNOTAVAIL;
 		goto out_unlock;
 	}
-	if ((rc = res_setup(t)))
+	if ((rc = res_setup(t, dev)))
 		goto fallback;
-	name_client(&un, &unl, (unsigned)lport, dport);
+	if (dev)
+		name_client_dev(&un, &unl, (unsigned)lport, dport);
+	else
+		name_client(&un, &unl, (unsigned)lport, dport);
 	t->regfd = registry_bind(&un, unl);
 	if (t->regfd < 0) {
 		rc = t->regfd;
@@ -686,6 +966,8 @@ int stream_connect(struct sock *s, int fd, const struct sockaddr *a, socklen_t l
 		return -ce;
 	}
 	nodelay_take(t, fd);
+	if (dev)
+		return connect_dev(s, t, fd, &dst, l, nb);
 	struct stream_hello h;
 	hello_make(t, &h);
 	struct dgv_conn_param cp = {.private_data = &h, .private_data_len = sizeof h};
@@ -750,6 +1032,56 @@ out_unlock:
 
 /* ------------------------------------------------------------------ listen and accept */
 
+/* A device listener beside a named one, when DGSHIM_PROVIDER gives a device for the listening
+ * address: rdma_cm on an ephemeral port (an iWARP device's listener would take the kernel's
+ * TCP port, which the program's socket holds), bound to the listening address (the wildcard:
+ * every device; clients are told "the address you connected to"), named "rcv". Needs s->lock. */
+static void dev_listen(struct stream *t, int fd, const union dgv_sockaddr *la, socklen_t ll, int port)
+{
+	/* a dual-stack IPv6 socket takes IPv4 clients too: the device listens for them on IPv4
+	 * (an IPv6 wildcard in rdma_cm does not reach an iWARP device's IPv4 address) */
+	union dgv_sockaddr a;
+	unmap4(la, &a, &ll);
+	if (a.sa.sa_family == AF_INET6 && IN6_IS_ADDR_UNSPECIFIED(&a.sin6.sin6_addr)) {
+		int v6only = 0;
+		socklen_t vl = sizeof v6only;
+		if (real.getsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &v6only, &vl) == 0 && !v6only) {
+			a = (union dgv_sockaddr){.sin = {.sin_family = AF_INET}};
+			ll = sizeof a.sin;
+		}
+	}
+	if (t->dlis || dev_get(&a, ll, NULL))
+		return;
+	if (a.sa.sa_family == AF_INET)
+		a.sin.sin_port = 0;
+	else
+		a.sin6.sin6_port = 0;
+	socklen_t al = sizeof t->dlis_addr;
+	struct sockaddr_un un;
+	socklen_t unl;
+	int rc = dgv_cm_create_channel(G.dctx, &t->lch);
+	if (!rc)
+		rc = dgv_listen(G.dctx, &a.sa, ll, 128, -1, t->lch, NULL, &t->dlis);
+	if (!rc)
+		rc = dgv_listener_addr(t->dlis, &t->dlis_addr, &al);
+	if (!rc) {
+		name_listen_dev(&un, &unl, (unsigned)port);
+		t->dregfd = registry_bind(&un, unl);
+		if (t->dregfd < 0)
+			rc = t->dregfd, t->dregfd = -1;
+	}
+	if (rc) {
+		DG_WARN("fd %d: TCP port %d: no device listener (%s): connections stay on soft RC", fd, port,
+			strerror(-rc));
+		if (t->dlis)
+			dgv_listener_destroy(t->dlis), t->dlis = NULL;
+		if (t->lch)
+			dgv_cm_destroy_channel(t->lch), t->lch = NULL;
+		return;
+	}
+	DG_INFO("fd %d: TCP port %d: device listener on port %u (%s)", fd, port, port_of(&t->dlis_addr), G.dev_why);
+}
+
 /* Binds the listener name of port for t unless the rules keep it plain. Needs s->lock. */
 static void stream_name_listener(struct stream *t, int fd, const union dgv_sockaddr *la, int port)
 {
@@ -763,7 +1095,9 @@ static void stream_name_listener(struct stream *t, int fd, const union dgv_socka
 	if (t->regfd < 0) {
 		DG_DBG("fd %d: registry name for TCP port %d taken (%s)", fd, port, strerror(-t->regfd));
 		t->regfd = -1;
+		return;
 	}
+	dev_listen(t, fd, la, ll, port);
 }
 
 int stream_listen(struct sock *s, int fd, int backlog)
@@ -786,6 +1120,7 @@ int stream_listen(struct sock *s, int fd, int backlog)
 		if (named_before && t->regfd >= 0) {
 			real.close(t->regfd);
 			t->regfd = -1;
+			res_free(t); /* the device listener and its name, if any */
 		}
 		sock_unlock(s);
 		return -e;
@@ -805,7 +1140,7 @@ int stream_listen(struct sock *s, int fd, int backlog)
 static int accept_rc(struct sock *ns, int nfd)
 {
 	struct stream *t = ns->strm;
-	int rc = res_setup(t);
+	int rc = res_setup(t, false);
 	if (rc)
 		return rc;
 	if ((t->qfd = high_fd(nfd)) < 0)
@@ -851,14 +1186,123 @@ static int accept_rc(struct sock *ns, int nfd)
 	return 0;
 }
 
+/* The device connection request that carries cookie, from the listener's stash or its
+ * channel (others are stashed for their own accept), waiting up to RV_WAIT_MS. Takes ls->lock
+ * (held while waiting on the channel: the listener cannot go away meanwhile). Returns 0 with
+ * *req and *dh, or -errno. */
+static int rv_request(struct sock *ls, uint64_t cookie, struct dgv_conn_req **req, struct stream_dhello *dh)
+{
+	int left = RV_WAIT_MS, rc = -ETIMEDOUT;
+	*req = NULL;
+	sock_lock(ls);
+	for (;;) {
+		struct stream *lt = ls->strm;
+		if (!lt || !lt->dlis) {
+			rc = -ECONNABORTED;
+			break;
+		}
+		for (int i = 0; i < RV_STASH && !*req; i++)
+			if (lt->stash[i].req && lt->stash[i].dh.cookie == cookie) {
+				*req = lt->stash[i].req, *dh = lt->stash[i].dh;
+				lt->stash[i].req = NULL;
+			}
+		struct dgv_cm_event ev;
+		while (!*req && dgv_cm_get_event(lt->lch, &ev) == 0) {
+			if (ev.type != DGV_CM_CONNECT_REQUEST)
+				continue;
+			struct stream_dhello h;
+			if (ev.pdata_len < sizeof h) {
+				DG_WARN("stream: a device connection request without a dgshim hello: rejected");
+				dgv_reject(ev.req, NULL, 0);
+				continue;
+			}
+			memcpy(&h, ev.pdata, sizeof h);
+			if (h.cookie == cookie) {
+				*req = ev.req, *dh = h;
+				break;
+			}
+			/* another connection's, its accept() is still to come: the oldest makes room */
+			unsigned k = lt->stash_next++ % RV_STASH;
+			if (lt->stash[k].req)
+				dgv_reject(lt->stash[k].req, NULL, 0);
+			lt->stash[k].req = ev.req, lt->stash[k].dh = h;
+		}
+		if (*req) {
+			rc = 0;
+			break;
+		}
+		if (left <= 0)
+			break;
+		dgv_cm_wait(lt->lch, 50);
+		left -= 50;
+	}
+	sock_unlock(ls);
+	return rc;
+}
+
+/* The passive side of a device stream on an accepted TCP connection whose client wants the
+ * device: names our device listener and a cookie on the connection (stream_rv), then accepts
+ * the client's rdma_cm request that echoes the cookie. Needs ns->lock. Returns 0 or -errno. */
+static int accept_dev(struct sock *ns, int nfd, struct sock *ls, const union dgv_sockaddr *dlis)
+{
+	struct stream *t = ns->strm;
+	int rc = res_setup(t, true);
+	if (rc)
+		return rc;
+	if ((t->qfd = high_fd(nfd)) < 0)
+		return -errno;
+	static _Atomic uint64_t seq;
+	uint64_t cookie;
+	if (getrandom(&cookie, sizeof cookie, GRND_NONBLOCK) != sizeof cookie)
+		cookie = shim_now_us() ^ ((uint64_t)getpid() << 32);
+	cookie ^= atomic_fetch_add(&seq, 1);
+	struct stream_rv rv = {.magic = htobe32(STREAM_RV_MAGIC), .port = htobe16((uint16_t)port_of(dlis)),
+			       .cookie = cookie};
+	if (dlis->sa.sa_family == AF_INET && dlis->sin.sin_addr.s_addr != htonl(INADDR_ANY)) {
+		rv.family = htobe16(4);
+		memcpy(rv.addr, &dlis->sin.sin_addr, 4);
+	} else if (dlis->sa.sa_family == AF_INET6 && !IN6_IS_ADDR_UNSPECIFIED(&dlis->sin6.sin6_addr)) {
+		rv.family = htobe16(6);
+		memcpy(rv.addr, &dlis->sin6.sin6_addr, 16);
+	} /* else 0: the wildcard listens on every device, the client uses the address it knows */
+	if (real.send(nfd, &rv, sizeof rv, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof rv)
+		return -EIO;
+	struct dgv_conn_req *req;
+	struct stream_dhello dh;
+	if ((rc = rv_request(ls, cookie, &req, &dh)))
+		return rc;
+	if ((rc = hello_take(t, (const uint8_t *)&dh.h, sizeof dh.h))) {
+		dgv_reject(req, NULL, 0);
+		return rc;
+	}
+	struct stream_hello h;
+	hello_make(t, &h);
+	struct dgv_conn_param cp = {.private_data = &h, .private_data_len = sizeof h};
+	struct dgv_qp_init_attr qa = rc_attr(t, ns);
+	if ((rc = dgv_accept(req, G.dpd, &qa, &cp, &t->qp))) {
+		t->qp = NULL;
+		return rc;
+	}
+	post_sentinel(t); /* before the deferred rdma_accept: the peer's first record finds them */
+	t->state = SS_ESTAB;
+	t->counted = true;
+	atomic_fetch_add(&T.conns, 1);
+	atomic_fetch_add(&T.dev, 1);
+	ctl_send(t, CTL_HELLO);
+	return 0;
+}
+
 int stream_accept(int fd, struct sockaddr *a, socklen_t *l, int flags)
 {
 	struct sock *ls = fd_sock(fd);
 	struct stream *lt = ls ? ls->strm : NULL;
-	bool ours = false;
+	bool ours = false, devl = false;
+	union dgv_sockaddr dlis = {0};
 	if (lt) {
 		sock_lock(ls);
 		ours = lt->state == SS_LISTEN && lt->regfd >= 0;
+		if ((devl = ours && lt->dlis != NULL))
+			dlis = lt->dlis_addr;
 		sock_unlock(ls);
 	}
 	union dgv_sockaddr pa;
@@ -881,7 +1325,13 @@ int stream_accept(int fd, struct sockaddr *a, socklen_t *l, int flags)
 	int lport = local_port(nfd, &la);
 	struct sockaddr_un un;
 	socklen_t unl;
-	name_client(&un, &unl, port_of(&pa), lport > 0 ? (unsigned)lport : 0);
+	bool dev = false;
+	if (devl && ip_local(&pa)) {
+		name_client_dev(&un, &unl, port_of(&pa), lport > 0 ? (unsigned)lport : 0);
+		dev = registry_exists(&un, unl);
+	}
+	if (!dev)
+		name_client(&un, &unl, port_of(&pa), lport > 0 ? (unsigned)lport : 0);
 	if (!ip_local(&pa) || !registry_exists(&un, unl)) {
 		atomic_fetch_add(&T.plain, 1);
 		DG_DBG("fd %d: accepted TCP from port %u: not ours, plain TCP", nfd, port_of(&pa));
@@ -899,7 +1349,7 @@ int stream_accept(int fd, struct sockaddr *a, socklen_t *l, int flags)
 	ns->connected = true;
 	nodelay_take(ns->strm, nfd);
 	lowat_take(ns->strm, nfd); /* inherited from the listener, as the kernel's */
-	int rc = accept_rc(ns, nfd);
+	int rc = dev ? accept_dev(ns, nfd, ls, &dlis) : accept_rc(ns, nfd);
 	sock_unlock(ns);
 	if (rc) {
 		DG_WARN("fd %d: iWARP accept failed (%s): connection closed", nfd, strerror(-rc));
@@ -1290,8 +1740,16 @@ int stream_wait_fd(struct sock *s)
 	struct stream *t = s->strm;
 	int fd = -1;
 	if (t->cq && t->state != SS_NEW && t->state != SS_LISTEN) {
-		dgv_req_notify_cq(t->cq, 0);
-		fd = dgv_cq_fd(t->cq);
+		if (!t->dev) {
+			dgv_req_notify_cq(t->cq, 0);
+		} else if (!t->armed && t->qp) {
+			/* progress (run by the readiness check before this) arms it; after an ack
+			 * nothing has looked since: arm and look (a completion found now wakes
+			 * the wait through the armed channel's next one at the latest) */
+			if (dgv_req_notify_cq(t->cq, 0) == 0)
+				t->armed = true;
+		}
+		fd = t->wfd >= 0 ? t->wfd : dgv_cq_fd(t->cq);
 	}
 	sock_unlock(s);
 	return fd;
@@ -1301,8 +1759,8 @@ int stream_tcp_fd(struct sock *s)
 {
 	sock_lock(s);
 	struct stream *t = s->strm;
-	int fd = t->cq && (t->state == SS_CONNECTING || t->state == SS_ESTAB) && !t->tcp_down && !t->peer_fin
-			 ? t->qfd : -1;
+	int fd = t->cq && (t->state == SS_CONNECTING || t->state == SS_ESTAB) && !t->tcp_down && !t->peer_fin &&
+			 (!t->dev || t->rv_wait) ? t->qfd : -1;
 	sock_unlock(s);
 	return fd;
 }
@@ -1391,8 +1849,10 @@ int stream_carried(struct sock *s)
 void stream_cq_ack(struct sock *s)
 {
 	sock_lock(s);
-	if (s->strm && s->strm->cq)
+	if (s->strm && s->strm->cq) {
 		dgv_cq_ack_event(s->strm->cq);
+		s->strm->armed = false; /* an event disarms: progress arms again */
+	}
 	sock_unlock(s);
 }
 
@@ -1439,7 +1899,8 @@ void stream_teardown(struct sock *s)
 			 * which answers with a reset and drops what it still had to send. Bounded
 			 * by the same 2 s. */
 			int outq = 0;
-			while (!t->tcp_down && shim_now_us() < end && ioctl(t->qfd, SIOCOUTQ, &outq) == 0 && outq > 0) {
+			while (!t->dev && !t->tcp_down && shim_now_us() < end && ioctl(t->qfd, SIOCOUTQ, &outq) == 0 &&
+			       outq > 0) {
 				dgv_cq_wait(t->cq, 5);
 				progress(s, t);
 			}
@@ -1457,6 +1918,13 @@ void stream_after_fork(struct sock *s)
 	struct stream *t = s->strm;
 	if (!t)
 		return;
+	if (t->dlis) {
+		/* the parent's device listener: the child's accepts of device clients fail (the
+		 * clients see the connection closed); soft and plain ones are served */
+		shim_abandon(t->dlis), shim_abandon(t->lch);
+		t->dlis = NULL, t->lch = NULL;
+		memset(t->stash, 0, sizeof t->stash);
+	}
 	if (t->state != SS_NEW && t->state != SS_LISTEN) {
 		shim_abandon(t->qp), shim_abandon(t->cq), shim_abandon(t->ch);
 		t->qp = NULL, t->cq = NULL, t->ch = NULL, t->mr_in = NULL, t->mr_out = NULL;

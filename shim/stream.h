@@ -30,6 +30,28 @@ struct stream_hello {
 	uint32_t rsvd;
 } __attribute__((packed));
 
+/*
+ * Streams on an RDMA device (docs/shim.md "TCP on an RDMA device"). Both programs' TCP
+ * connection is made as always (it gives accept(), the addresses and the fallback); when the
+ * client's registry name says it wants the device, the server writes one struct stream_rv on
+ * that connection, naming its device listener (rdma_cm, ephemeral port) and a cookie, and the
+ * client connects there with struct stream_dhello as private data (40 + 8 bytes: an IB CM REQ
+ * holds 52 of ours). The TCP connection carries nothing else.
+ */
+#define STREAM_RV_MAGIC 0x64675256u /* "dgRV" */
+struct stream_rv {
+	uint32_t magic;      /* STREAM_RV_MAGIC */
+	uint16_t family;     /* 4: IPv4, 6: IPv6 */
+	uint16_t port;       /* the device listener's port (rdma_cm RDMA_PS_TCP) */
+	uint8_t addr[16];    /* its address (IPv4: the first 4 bytes) */
+	uint64_t cookie;     /* echoed in the client's stream_dhello */
+} __attribute__((packed));
+
+struct stream_dhello {
+	struct stream_hello h;
+	uint64_t cookie;     /* from the server's stream_rv: which accepted TCP connection */
+} __attribute__((packed));
+
 /* One control message (a Write-Record into the peer's control slot seq % ctl_slots). */
 enum { CTL_HELLO = 1, CTL_FIN = 2, CTL_CLOSE = 4 };
 struct stream_ctl {
@@ -91,6 +113,7 @@ void stream_cq_ack(struct sock *s);
 /* Process-wide counters for the exit summary. */
 struct stream_totals {
 	uint64_t conns, plain, tx_bytes, rx_bytes;
+	uint64_t dev;        /* of conns: carried on the RDMA device */
 };
 void stream_totals(struct stream_totals *t);
 

@@ -30,10 +30,10 @@
  *
  * Usage: tcpcheck server|client PORT [--seed N] [--duplex BYTES] [--a BYTES] [--b BYTES]
  *                                    [--connect block|nonblock|fastopen] [--accept4] [--timeout S]
- *                                    [--end close|shutdown] [--reader slow|poll]
+ *                                    [--end close|shutdown] [--reader slow|poll] [--host A]
  * Prints one line: "tcpcheck: ROLE OK ..." (exit 0) or "tcpcheck: ROLE FAIL: why" (exit 1); a
  * watchdog (default 60 s) fails with where each direction was.
- * Only 127.0.0.1.
+ * On 127.0.0.1 unless --host A names another IPv4 address (the VM test bed's devices).
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -410,12 +410,12 @@ static void set_iwarp_mode(int fd, int mode)
 int main(int argc, char **argv)
 {
 	size_t duplex = 2u << 20, alen = 6u << 20, blen = 6u << 20;
-	const char *connect_mode = "block";
+	const char *connect_mode = "block", *host = "127.0.0.1";
 	int use_accept4 = 0, shutdown_end = 0, reader_poll = 0, iwarp_mode = -1;
 	if (argc < 3 || (strcmp(argv[1], "server") && strcmp(argv[1], "client"))) {
 		fprintf(stderr, "usage: tcpcheck server|client PORT [--seed N] [--duplex BYTES] [--a BYTES] "
 				"[--b BYTES] [--connect block|nonblock|fastopen] [--accept4] [--timeout S] "
-				"[--end close|shutdown] [--reader slow|poll] [--iwarp-mode off|rc|auto]\n");
+				"[--end close|shutdown] [--reader slow|poll] [--iwarp-mode off|rc|auto] [--host A]\n");
 		return 2;
 	}
 	role = argv[1];
@@ -446,6 +446,8 @@ int main(int argc, char **argv)
 			reader_poll = !strcmp(v, "poll");
 		else if (!strcmp(o, "--end") && (!strcmp(v, "close") || !strcmp(v, "shutdown")))
 			shutdown_end = !strcmp(v, "shutdown");
+		else if (!strcmp(o, "--host"))
+			host = v;
 		else if (!strcmp(o, "--timeout"))
 			watchdog_secs = (unsigned)strtoul(v, NULL, 0);
 		else if (!strcmp(o, "--iwarp-mode") && !strcmp(v, "off"))
@@ -469,7 +471,10 @@ int main(int argc, char **argv)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 
 	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) {
+		fprintf(stderr, "tcpcheck: --host %s: not an IPv4 address\n", host);
+		return 2;
+	}
 	struct rng r = {splitmix(seed ^ (is_client ? 0xc11eull : 0x5e7eull))};
 	struct counts c = {0};
 	int fd;
@@ -484,7 +489,7 @@ int main(int argc, char **argv)
 		if (ls < 0 || setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0)
 			fail("socket: %s", strerror(errno));
 		if (bind(ls, (struct sockaddr *)&sa, sizeof sa) < 0)
-			fail("bind 127.0.0.1:%d: %s", port, strerror(errno));
+			fail("bind %s:%d: %s", host, port, strerror(errno));
 		set_iwarp_mode(ls, iwarp_mode);
 		if (listen(ls, 4) < 0)
 			fail("listen: %s", strerror(errno));
@@ -502,7 +507,7 @@ int main(int argc, char **argv)
 		set_iwarp_mode(fd, iwarp_mode);
 		if (!strcmp(connect_mode, "block")) {
 			if (connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0)
-				fail("connect 127.0.0.1:%d: %s", port, strerror(errno));
+				fail("connect %s:%d: %s", host, port, strerror(errno));
 			seq_add("connect", 0);
 		} else if (!strcmp(connect_mode, "nonblock")) {
 			int rc = connect(fd, (struct sockaddr *)&sa, sizeof sa);

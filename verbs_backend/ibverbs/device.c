@@ -11,6 +11,8 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
+#include <linux/if_packet.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -488,6 +490,40 @@ static const struct dgv_ops iv_ops = {
 	.conn_info = iv_conn_info,
 };
 
+/* An iWARP device chosen by name: the IPv4 address of its netdev, found by the MAC address its
+ * GID holds (siw, and iWARP NICs, use the netdev's MAC as GID), so that listeners and QPs
+ * without an address have one (rdma_cm will not listen on the wildcard beside an iWARP device
+ * whose ports are the kernel's). Leaves have_addr false when none is found. */
+static void iwarp_addr(struct iv_ctx *ctx)
+{
+	union ibv_gid g;
+	static const uint8_t zero[6];
+	if (ibv_query_gid(ctx->verbs, 1, 0, &g) || !memcmp(g.raw, zero, 6))
+		return;
+	struct ifaddrs *ifa;
+	if (getifaddrs(&ifa))
+		return;
+	const char *ifname = NULL;
+	for (struct ifaddrs *i = ifa; i && !ifname; i = i->ifa_next)
+		if (i->ifa_addr && i->ifa_addr->sa_family == AF_PACKET) {
+			const struct sockaddr_ll *ll = (const struct sockaddr_ll *)i->ifa_addr;
+			if (ll->sll_halen == 6 && !memcmp(ll->sll_addr, g.raw, 6))
+				ifname = i->ifa_name;
+		}
+	for (struct ifaddrs *i = ifa; i && ifname && !ctx->have_addr; i = i->ifa_next)
+		if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET && !strcmp(i->ifa_name, ifname)) {
+			memcpy(&ctx->addr.sin, i->ifa_addr, sizeof ctx->addr.sin);
+			ctx->addr.sin.sin_port = 0;
+			ctx->have_addr = true;
+		}
+	char a[INET_ADDRSTRLEN] = "none";
+	if (ctx->have_addr)
+		inet_ntop(AF_INET, &ctx->addr.sin.sin_addr, a, sizeof a);
+	DG_DBG("ibverbs: %s's netdev (GID %02x:%02x:%02x:%02x:%02x:%02x): %s, IPv4 address %s", ctx->dev, g.raw[0],
+	       g.raw[1], g.raw[2], g.raw[3], g.raw[4], g.raw[5], ifname ? ifname : "not found", a);
+	freeifaddrs(ifa);
+}
+
 /* per thread: dgv_open may run in several at once; initial-exec as soft/cq.c (the shim is
  * preloaded, and a dynamic TLS access may allocate) */
 static __thread char open_why[256] __attribute__((tls_model("initial-exec")));
@@ -546,6 +582,8 @@ int dgv_ibverbs_open(const struct dgv_context_attr *attr, struct dgv_context **o
 				ctx->have_addr = true;
 			}
 	}
+	if (!ctx->have_addr && ctx->iwarp)
+		iwarp_addr(ctx);
 	int r = ibv_query_device(v, &ctx->dattr);
 	if (r) {
 		snprintf(open_why, sizeof open_why, "ibv_query_device(%s): %s", ctx->dev, strerror(r));

@@ -825,7 +825,9 @@ static int build_send(struct iv_qp *qp, const struct dgv_send_wr *wr, uint64_t s
 		d->stag = htobe32(wr->rkey);
 		memset(w2, 0, sizeof *w2);
 		w2->opcode = IBV_WR_SEND;
-		w2->send_flags = IBV_SEND_SIGNALED;
+		/* inline when the device can: copied at post time, so the descriptor's memory is
+		 * never read after the device has taken the WQE (siw frees a ring slot then) */
+		w2->send_flags = IBV_SEND_SIGNALED | (qp->max_inline >= sizeof *d ? IBV_SEND_INLINE : 0);
 		w2->sg_list = &qp->wrec_sge[(slot + 1) % qp->nsslots];
 		w2->num_sge = 1;
 		w2->wr_id = slot + 1;
@@ -861,6 +863,13 @@ static int post_now(struct iv_qp *qp, struct dgv_send_wr *wr, struct dgv_send_wr
 	while (wr && !err) {
 		int n = 0;
 		for (; wr && n < B - 1; wr = wr->next) {
+			/* a slot (its wr_id, an iWARP record's descriptor) is ours until its completion
+			 * is polled: the device's own ring may have room sooner */
+			if (qp->shead + (uint64_t)n + 2 - __atomic_load_n(&qp->sdone, __ATOMIC_ACQUIRE) > qp->nsslots) {
+				err = -ENOMEM;
+				*bad = wr;
+				break;
+			}
 			int k = build_send(qp, wr, qp->shead + (uint64_t)n, &iw[n], &iw[n + 1]);
 			if (k < 0) {
 				err = k;
@@ -1298,6 +1307,17 @@ int iv_listen(struct dgv_context *cb, const struct sockaddr *addr, socklen_t len
 			own = ctx->addr;
 			own.sin.sin_port = port; /* same offset in sin6 */
 		}
+		addr = &own.sa;
+	} else if (addr && ctx->have_addr && addr->sa_family == ctx->addr.sa.sa_family &&
+		   (addr->sa_family == AF_INET
+			    ? ((const struct sockaddr_in *)addr)->sin_addr.s_addr == htonl(INADDR_ANY)
+			    : IN6_IS_ADDR_UNSPECIFIED(&((const struct sockaddr_in6 *)addr)->sin6_addr))) {
+		/* the wildcard: this device's address (rdma_cm's wildcard would also cover iWARP
+		 * devices, and does not listen beside them) */
+		uint16_t port = addr->sa_family == AF_INET ? ((const struct sockaddr_in *)addr)->sin_port
+							   : ((const struct sockaddr_in6 *)addr)->sin6_port;
+		own = ctx->addr;
+		own.sin.sin_port = port; /* same offset in sin6 */
 		addr = &own.sa;
 	}
 	struct iv_listener *l = calloc(1, sizeof *l);
