@@ -97,6 +97,7 @@ static struct {
 	bool raw;
 	bool raw_connected; /* --raw-connected: connect() + send() */
 	bool raw_tcp;       /* --raw-tcp: one plain TCP connection (opt.raw is set too) */
+	const char *bind;   /* --bind ADDR: the server's control port on this IPv4 address only */
 	bool sweep;
 	uint64_t size;
 	bool size_set;
@@ -235,6 +236,8 @@ static const char usage_text[] =
 "      --raw-connected   the same over connected UDP sockets (below).\n"
 "      --raw-tcp         baseline for RC: the same patterns over one plain TCP connection\n"
 "                        (below).\n"
+"      --bind ADDR       server: listen on the TCP control port at this IPv4 address only\n"
+"                        (default: every address, IPv6 and IPv4).\n"
 "  -P, --provider soft|ibverbs|auto   verbs provider (default auto: DGSHIM_PROVIDER or the\n"
 "                        best available).\n"
 "      --json            print one JSON object per size instead of the text table.\n"
@@ -409,7 +412,7 @@ static int name_index(const char *s, const char *const *names, int n, bool nocas
 
 static void parse_options(int argc, char **argv)
 {
-	enum { O_LOSS = 256, O_JSON, O_RAW, O_RAWC, O_RAWT, O_SEG, O_DETAIL };
+	enum { O_LOSS = 256, O_JSON, O_RAW, O_RAWC, O_RAWT, O_SEG, O_DETAIL, O_BIND };
 	static const struct option longopts[] = {
 		{ "connection", required_argument, NULL, 'c' },
 		{ "test", required_argument, NULL, 't' },
@@ -423,6 +426,7 @@ static void parse_options(int argc, char **argv)
 		{ "raw-udp", no_argument, NULL, O_RAW },
 		{ "raw-connected", no_argument, NULL, O_RAWC },
 		{ "raw-tcp", no_argument, NULL, O_RAWT },
+		{ "bind", required_argument, NULL, O_BIND },
 		{ "seg", required_argument, NULL, O_SEG },
 		{ "provider", required_argument, NULL, 'P' },
 		{ "verbose", no_argument, NULL, 'v' },
@@ -523,6 +527,13 @@ static void parse_options(int argc, char **argv)
 		case O_RAWT:
 			opt.raw_tcp = true;
 			break;
+		case O_BIND: {
+			struct in_addr ia;
+			if (inet_pton(AF_INET, optarg, &ia) != 1)
+				usage_error("invalid --bind address '%s': expected an IPv4 address", optarg);
+			opt.bind = optarg;
+			break;
+		}
 		case O_SEG: {
 			uint64_t s;
 
@@ -968,7 +979,7 @@ static int ctl_accept(unsigned port)
 	int one = 1, zero = 0, lfd, fd, e;
 
 	memset(&a, 0, sizeof a);
-	lfd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	lfd = opt.bind ? -1 : socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (lfd >= 0) {
 		a.sin6.sin6_family = AF_INET6;
 		a.sin6.sin6_addr = in6addr_any;
@@ -991,6 +1002,8 @@ static int ctl_accept(unsigned port)
 			die(1, "socket: %s", strerror(errno));
 		a.sin.sin_family = AF_INET;
 		a.sin.sin_port = htons((uint16_t)port);
+		if (opt.bind)
+			inet_pton(AF_INET, opt.bind, &a.sin.sin_addr);
 		setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
 		if (bind(lfd, &a.sa, sizeof a.sin) < 0)
 			die(1, "cannot listen on TCP port %u: %s", port, strerror(errno));
