@@ -1864,8 +1864,9 @@ bool soft_rc_wants_pollout(struct soft_qp *qp)
 bool soft_rc_timers_pending(struct soft_qp *qp)
 {
 	struct rc_conn *rc = qp->rc;
+	/* everything soft_rc_progress would send without news from the peer */
 	return (!rc->ended && rc->phase < PH_RTS) || qp->pump_blocked || qp->sq_pump != qp->sq_tail ||
-	       rc->b_bytes;
+	       rc->b_bytes || rc->term_pending || rc->ird_unbuilt || rc->rtr_pending || rc->want_close || rc->cur;
 }
 
 uint64_t soft_rc_next_timer_locked(struct soft_qp *qp, uint64_t now)
