@@ -907,6 +907,26 @@ static void ctl_tune(int fd)
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
+/* TCP sockets made the plainest way (socket(SOCK_STREAM) or accept, then fcntl for
+ * close-on-exec and non-blocking) so that preloaded socket libraries that take only a bare
+ * SOCK_STREAM, such as rsocket's librspreload, take ours too (the side-by-side compares them).
+ * Returns the fd or -1 (errno). */
+static int tcp_setfl(int fd, bool nonblock)
+{
+	if (fd >= 0 && (fcntl(fd, F_SETFD, FD_CLOEXEC) < 0 ||
+			(nonblock && fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) < 0))) {
+		int e = errno;
+		close(fd);
+		errno = e;
+		return -1;
+	}
+	return fd;
+}
+
+static int tcp_socket(int family, bool nonblock) { return tcp_setfl(socket(family, SOCK_STREAM, 0), nonblock); }
+
+static int tcp_accept(int lfd, bool nonblock) { return tcp_setfl(accept(lfd, NULL, NULL), nonblock); }
+
 static int ctl_connect(const char *host, unsigned port)
 {
 	struct addrinfo hints, *res = NULL, *ai;
@@ -927,7 +947,7 @@ static int ctl_connect(const char *host, unsigned port)
 		bool refused_only = true;
 
 		for (ai = res; ai; ai = ai->ai_next) {
-			int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+			int fd = tcp_socket(ai->ai_family, true);
 			int e = 0;
 			socklen_t el = sizeof e;
 
@@ -979,7 +999,7 @@ static int ctl_accept(unsigned port)
 	int one = 1, zero = 0, lfd, fd, e;
 
 	memset(&a, 0, sizeof a);
-	lfd = opt.bind ? -1 : socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	lfd = opt.bind ? -1 : tcp_socket(AF_INET6, false);
 	if (lfd >= 0) {
 		a.sin6.sin6_family = AF_INET6;
 		a.sin6.sin6_addr = in6addr_any;
@@ -997,7 +1017,7 @@ static int ctl_accept(unsigned port)
 	}
 	if (lfd < 0) { /* no IPv6 here: IPv4 only */
 		memset(&a, 0, sizeof a);
-		lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		lfd = tcp_socket(AF_INET, false);
 		if (lfd < 0)
 			die(1, "socket: %s", strerror(errno));
 		a.sin.sin_family = AF_INET;
@@ -1016,7 +1036,7 @@ static int ctl_accept(unsigned port)
 		die(1, "no client connected to TCP port %u within %d s", port, ACCEPT_TIMEOUT_MS / 1000);
 	if (e)
 		die(1, "waiting for a client: %s", strerror(-e));
-	fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+	fd = tcp_accept(lfd, false);
 	if (fd < 0)
 		die(1, "accept: %s", strerror(errno));
 	if (data_on_tcp())
@@ -3007,7 +3027,7 @@ static size_t tcp_recv_some(uint64_t max)
 static int tcp_connect_to(const union dgv_sockaddr *dst, socklen_t len)
 {
 	uint64_t deadline = now_ns() + (uint64_t)CONNECT_TIMEOUT_MS * NS_PER_MS;
-	int fd = socket(dst->sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0), e = 0;
+	int fd = tcp_socket(dst->sa.sa_family, true), e = 0;
 	socklen_t el = sizeof e;
 	char s1[80];
 
@@ -3064,7 +3084,7 @@ static void tcp_setup(const union dgv_sockaddr *ctl_local, const union dgv_socka
 				    opt.port, (double)TCP_ACCEPT_NS / 1e9);
 			if (e)
 				die(1, "waiting for the data connection: %s", strerror(-e));
-			fd = accept4(g_lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+			fd = tcp_accept(g_lfd, true);
 			if (fd < 0) {
 				if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED)
 					continue;
