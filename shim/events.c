@@ -37,6 +37,32 @@ static int stream_rdy(short events, int in, int out)
 
 #define POLL_STACK 64
 
+/* Before poll sleeps on device sockets: their readiness looked at again for up to
+ * shim_spin_us (a device completes within microseconds; a wake-up through the channel costs
+ * more). Updates ready[] (see ev_poll) for what became ready. Returns whether anything did. */
+static bool spin_ready(const struct pollfd *fds, nfds_t n, int32_t *ready)
+{
+	uint64_t until = shim_now_us() + (uint64_t)shim_spin_us();
+	bool any = false;
+	shim_depth++;
+	while (!any && shim_now_us() < until)
+		for (nfds_t i = 0; i < n; i++) {
+			if (ready[i] < 0 || !(ready[i] >> 16 & POLLIN) || !(fds[i].events & POLLIN))
+				continue;
+			struct sock *s = fd_sock(fds[i].fd);
+			if (!s || !sock_on_device(s))
+				continue;
+			int in = sock_poll_in(s, fds[i].fd);
+			int rdy = sock_is_stream(s) ? stream_rdy(fds[i].events, in, -1) : (in > 0 ? POLLIN : 0);
+			if (rdy) {
+				ready[i] |= rdy;
+				any = true;
+			}
+		}
+	shim_depth--;
+	return any;
+}
+
 int ev_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 {
 	nfds_t ntaken = 0;
@@ -81,6 +107,7 @@ int ev_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 	for (;;) {
 		nfds_t m = n;
 		bool any_ready = false;
+		int ndev = 0;
 		shim_depth++;
 		for (nfds_t i = 0; i < n; i++) {
 			p[i] = fds[i];
@@ -109,6 +136,7 @@ int ev_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 					p[i].events &= (short)~POLLOUT;
 			}
 			ready[i] = own << 16 | rdy;
+			ndev += sock_on_device(s);
 			if (rdy) {
 				any_ready = true;
 				continue;
@@ -127,6 +155,8 @@ int ev_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 			}
 		}
 		shim_depth--;
+		if (!any_ready && t != 0 && ndev)
+			any_ready = spin_ready(fds, n, ready);
 		int wt = any_ready ? 0 : t;
 		int r;
 		if (mask) {

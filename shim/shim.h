@@ -168,6 +168,11 @@ int sock_poll_out(struct sock *s, int fd);
 /* True when fd is a socket whose POLLIN/POLLOUT the shim decides entirely (a carried stream:
  * the kernel socket's own readiness says nothing the program should see). */
 bool sock_is_stream(struct sock *s);
+/* Carried by an RDMA device (a UDP socket's QP, or an established stream's). */
+bool sock_on_device(struct sock *s);
+/* How long a wait on a device socket looks at its CQ before sleeping (DGSHIM_SPIN_US,
+ * default 20 us; 0: never). */
+int shim_spin_us(void);
 /* The descriptors to wait on for the socket's input: the kernel socket and the CQ's fd. */
 int sock_wait_fds(struct sock *s, int *qfd, int *cqfd);
 /* After the CQ fd polled readable. */

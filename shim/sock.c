@@ -92,6 +92,35 @@ int high_fd(int fd)
 	return n;
 }
 
+int shim_spin_us(void)
+{
+	static int v = -1;
+	int x = __atomic_load_n(&v, __ATOMIC_RELAXED);
+	if (x >= 0)
+		return x;
+	x = 20;
+	const char *e = getenv("DGSHIM_SPIN_US");
+	if (e && *e) {
+		char *end;
+		long l = strtol(e, &end, 10);
+		if (*end || l < 0 || l > 100000)
+			dg_log_always("DGSHIM_SPIN_US=%s: expected 0..100000 microseconds; using 20", e);
+		else
+			x = (int)l;
+	}
+	__atomic_store_n(&v, x, __ATOMIC_RELAXED);
+	return x;
+}
+
+int fd_to_high(int fd)
+{
+	int h = high_fd(fd);
+	if (h < 0)
+		return fd;
+	real.close(fd);
+	return h;
+}
+
 int sock_lock(struct sock *s)
 {
 	pthread_mutex_lock(&s->lock);
@@ -756,11 +785,7 @@ int registry_bind(const struct sockaddr_un *a, socklen_t al)
 	int u = real.socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (u < 0)
 		return -errno;
-	int hu = high_fd(u);
-	if (hu >= 0) {
-		real.close(u);
-		u = hu;
-	}
+	u = fd_to_high(u);
 	if (real.bind(u, (const struct sockaddr *)a, al)) {
 		int e = errno;
 		real.close(u);

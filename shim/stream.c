@@ -177,14 +177,7 @@ static size_t ctl_bytes(void) { return (size_t)CTL_SLOTS * CTL_SLOT_SZ; }
 static int high_fd_epoll(void)
 {
 	int e = real.epoll_create1(EPOLL_CLOEXEC);
-	if (e < 0)
-		return -errno;
-	int h = high_fd(e);
-	if (h >= 0) {
-		real.close(e);
-		e = h;
-	}
-	return e;
+	return e < 0 ? -errno : fd_to_high(e);
 }
 
 /* The ring area, its two regions, the CQ and the channel: on the device's context when dev
@@ -579,6 +572,14 @@ static int stream_wait(struct sock *s, struct stream *t, int *timeout_ms)
 	 * wake-up, as a plain TCP read) instead of by the provider's thread and then us; not once
 	 * TCP has ended, when it stays readable. On a device it carries only the rendezvous. */
 	int qfd = t->tcp_down || t->peer_fin || (t->dev && !t->rv_wait) ? -1 : t->qfd;
+	if (t->dev && t->qp && t->state == SS_ESTAB && *timeout_ms != 0) {
+		/* a device completes within microseconds: look for a while before sleeping, as a
+		 * wake-up through the channel costs more than that (DGSHIM_SPIN_US) */
+		uint64_t until = shim_now_us() + (uint64_t)shim_spin_us();
+		while (shim_now_us() < until)
+			if (drain_cq(s, t))
+				return 0;
+	}
 	if (!t->dev) {
 		dgv_req_notify_cq(t->cq, 0);
 	} else if (t->qp && !t->armed && dgv_req_notify_cq(t->cq, 0) == 0) {
@@ -601,17 +602,19 @@ static int stream_wait(struct sock *s, struct stream *t, int *timeout_ms)
 
 /* ------------------------------------------------------------------ who speaks it */
 
-static void name_listen(struct sockaddr_un *u, socklen_t *l, unsigned port)
+/* The registry names: a listener ("rc", or "rcv" for its device listener beside it) and a
+ * client that wants the soft RC ("rcc") or the device ("rccv"). */
+static void name_listen(struct sockaddr_un *u, socklen_t *l, unsigned port, bool dev)
 {
 	char n[48];
-	snprintf(n, sizeof n, "dgshim/rc/%u", port);
+	snprintf(n, sizeof n, "dgshim/%s/%u", dev ? "rcv" : "rc", port);
 	abstract_name(u, l, n);
 }
 
-static void name_client(struct sockaddr_un *u, socklen_t *l, unsigned cport, unsigned sport)
+static void name_client(struct sockaddr_un *u, socklen_t *l, unsigned cport, unsigned sport, bool dev)
 {
 	char n[48];
-	snprintf(n, sizeof n, "dgshim/rcc/%u-%u", cport, sport);
+	snprintf(n, sizeof n, "dgshim/%s/%u-%u", dev ? "rccv" : "rcc", cport, sport);
 	abstract_name(u, l, n);
 }
 
@@ -625,21 +628,6 @@ static void unmap4(const union dgv_sockaddr *a, union dgv_sockaddr *o, socklen_t
 		memcpy(&o->sin.sin_addr, &a->sin6.sin6_addr.s6_addr[12], 4);
 		*ol = sizeof o->sin;
 	}
-}
-
-/* The device's names: a listener with a device listener beside it, a client that wants it. */
-static void name_listen_dev(struct sockaddr_un *u, socklen_t *l, unsigned port)
-{
-	char n[48];
-	snprintf(n, sizeof n, "dgshim/rcv/%u", port);
-	abstract_name(u, l, n);
-}
-
-static void name_client_dev(struct sockaddr_un *u, socklen_t *l, unsigned cport, unsigned sport)
-{
-	char n[48];
-	snprintf(n, sizeof n, "dgshim/rccv/%u-%u", cport, sport);
-	abstract_name(u, l, n);
 }
 
 /* The connection failed before it was carried: connect's answer (SO_ERROR) is e. */
@@ -815,18 +803,11 @@ static int local_port(int fd, union dgv_sockaddr *la)
 	return (int)port_of(la);
 }
 
-/* The rest of a device stream's connect, once TCP is connected or connecting (s->lock held,
- * released on return): the server's rendezvous, then rdma_cm (rv_step, from progress).
+/* A connect under way (t->state SS_CONNECTING, s->lock held, released on return): the
+ * non-blocking answer, or the blocking wait for the outcome (CONNECT_WAIT_MS at most).
  * Returns connect's answer. */
-static int connect_dev(struct sock *s, struct stream *t, int fd, const union dgv_sockaddr *dst, socklen_t l,
-		       bool nb)
+static int connect_finish(struct sock *s, struct stream *t, bool nb)
 {
-	t->rv_wait = true;
-	t->state = SS_CONNECTING;
-	memcpy(&s->peer, dst, l);
-	s->peerlen = l;
-	s->connected = true;
-	DG_DBG("fd %d: TCP to port %u: on the RDMA device (%s)", fd, port_of(dst), G.dev_why);
 	if (nb) {
 		progress(s, t);
 		t->connect_pending = true;
@@ -844,10 +825,9 @@ static int connect_dev(struct sock *s, struct stream *t, int fd, const union dgv
 			sock_unlock(s);
 			return -EINTR;
 		}
-		if (w == -EAGAIN && t->state == SS_CONNECTING) {
-			progress(s, t);
-			if (t->state == SS_CONNECTING)
-				connect_failed(t, ETIMEDOUT, "no device connection from the server in time");
+		if (w == -EAGAIN && (progress(s, t), t->state == SS_CONNECTING)) {
+			connect_failed(t, ETIMEDOUT, t->dev ? "no device connection from the server in time"
+							    : "MPA exchange timed out");
 			break;
 		}
 	}
@@ -898,7 +878,7 @@ int stream_connect(struct sock *s, int fd, const struct sockaddr *a, socklen_t l
 	struct sockaddr_un un;
 	socklen_t unl;
 	if (m == IWARP_MODE_AUTO) {
-		name_listen(&un, &unl, dport);
+		name_listen(&un, &unl, dport, false);
 		if (!ip_local(&dst) || !registry_exists(&un, unl))
 			m = IWARP_MODE_OFF;
 	}
@@ -914,7 +894,7 @@ int stream_connect(struct sock *s, int fd, const struct sockaddr *a, socklen_t l
 	if (ip_local(&dst)) {
 		struct sockaddr_un dn;
 		socklen_t dnl;
-		name_listen_dev(&dn, &dnl, dport);
+		name_listen(&dn, &dnl, dport, true);
 		union dgv_sockaddr d4, any = {0};
 		socklen_t d4l = l;
 		unmap4(&dst, &d4, &d4l);
@@ -939,10 +919,7 @@ int stream_connect(struct sock *s, int fd, const struct sockaddr *a, socklen_t l
 	}
 	if ((rc = res_setup(t, dev)))
 		goto fallback;
-	if (dev)
-		name_client_dev(&un, &unl, (unsigned)lport, dport);
-	else
-		name_client(&un, &unl, (unsigned)lport, dport);
+	name_client(&un, &unl, (unsigned)lport, dport, dev);
 	t->regfd = registry_bind(&un, unl);
 	if (t->regfd < 0) {
 		rc = t->regfd;
@@ -966,8 +943,16 @@ int stream_connect(struct sock *s, int fd, const struct sockaddr *a, socklen_t l
 		return -ce;
 	}
 	nodelay_take(t, fd);
-	if (dev)
-		return connect_dev(s, t, fd, &dst, l, nb);
+	if (dev) {
+		/* the server's rendezvous comes on TCP, then rdma_cm (rv_step, from progress) */
+		t->rv_wait = true;
+		t->state = SS_CONNECTING;
+		memcpy(&s->peer, &dst, l);
+		s->peerlen = l;
+		s->connected = true;
+		DG_DBG("fd %d: TCP to port %u: on the RDMA device (%s)", fd, dport, G.dev_why);
+		return connect_finish(s, t, nb);
+	}
 	struct stream_hello h;
 	hello_make(t, &h);
 	struct dgv_conn_param cp = {.private_data = &h, .private_data_len = sizeof h};
@@ -986,38 +971,7 @@ int stream_connect(struct sock *s, int fd, const struct sockaddr *a, socklen_t l
 	memcpy(&s->peer, &dst, l);
 	s->peerlen = l;
 	s->connected = true;
-	if (nb) {
-		t->connect_pending = true;
-		sock_unlock(s);
-		return -EINPROGRESS;
-	}
-	int left = CONNECT_WAIT_MS;
-	for (;;) {
-		progress(s, t);
-		if (t->state != SS_CONNECTING)
-			break;
-		sock_unlock(s);
-		int w = dgv_cm_wait(t->ch, left < 200 ? left : 200);
-		sock_lock(s);
-		left -= 200;
-		if (w == -EINTR) {
-			/* as the kernel: the connection goes on in the background */
-			t->connect_pending = true;
-			sock_unlock(s);
-			return -EINTR;
-		}
-		if (left <= 0 && t->state == SS_CONNECTING) {
-			fail(t, ETIMEDOUT, "MPA exchange timed out");
-			t->state = SS_DEAD;
-			t->so_error = 0;
-			break;
-		}
-	}
-	rc = t->state == SS_ESTAB ? 0 : -(t->err ? t->err : ECONNREFUSED);
-	if (rc)
-		t->err = 0, t->so_error = 0;
-	sock_unlock(s);
-	return rc;
+	return connect_finish(s, t, nb);
 fallback:
 	/* nothing was sent on the connection yet: the OS can still carry it plain */
 	DG_WARN("fd %d: no iWARP resources (%s): plain TCP", fd, strerror(-rc));
@@ -1065,7 +1019,7 @@ static void dev_listen(struct stream *t, int fd, const union dgv_sockaddr *la, s
 	if (!rc)
 		rc = dgv_listener_addr(t->dlis, &t->dlis_addr, &al);
 	if (!rc) {
-		name_listen_dev(&un, &unl, (unsigned)port);
+		name_listen(&un, &unl, (unsigned)port, true);
 		t->dregfd = registry_bind(&un, unl);
 		if (t->dregfd < 0)
 			rc = t->dregfd, t->dregfd = -1;
@@ -1090,7 +1044,7 @@ static void stream_name_listener(struct stream *t, int fd, const union dgv_socka
 		return;
 	struct sockaddr_un un;
 	socklen_t unl;
-	name_listen(&un, &unl, (unsigned)port);
+	name_listen(&un, &unl, (unsigned)port, false);
 	t->regfd = registry_bind(&un, unl);
 	if (t->regfd < 0) {
 		DG_DBG("fd %d: registry name for TCP port %d taken (%s)", fd, port, strerror(-t->regfd));
@@ -1135,6 +1089,37 @@ int stream_listen(struct sock *s, int fd, int backlog)
 	return 0;
 }
 
+/* Accepts req (the peer's hello in pd, len) with our hello, on the device or soft as t is.
+ * Needs ns->lock. Returns 0 or -errno (req rejected or consumed). */
+static int accept_hello(struct sock *ns, struct stream *t, struct dgv_conn_req *req, const uint8_t *pd,
+			unsigned len)
+{
+	int rc = hello_take(t, pd, len);
+	if (rc) {
+		dgv_reject(req, NULL, 0);
+		return rc;
+	}
+	struct stream_hello h;
+	hello_make(t, &h);
+	struct dgv_conn_param cp = {.private_data = &h, .private_data_len = sizeof h};
+	struct dgv_qp_init_attr qa = rc_attr(t, ns);
+	if ((rc = dgv_accept(req, t->dev ? G.dpd : G.pd, &qa, &cp, &t->qp))) {
+		t->qp = NULL;
+		return rc;
+	}
+	/* a device defers rdma_accept to our next call: the receives are there before the
+	 * peer's first record */
+	post_sentinel(t);
+	t->state = SS_ESTAB;
+	t->counted = true;
+	atomic_fetch_add(&T.conns, 1);
+	if (t->dev)
+		atomic_fetch_add(&T.dev, 1);
+	/* the first control message wakes the connecting side's CQ */
+	ctl_send(t, CTL_HELLO);
+	return 0;
+}
+
 /* Runs the passive side on an accepted connection that is ours: reads the MPA Request,
  * answers with our hello. Needs ns->lock. Returns 0 or -errno. */
 static int accept_rc(struct sock *ns, int nfd)
@@ -1165,25 +1150,7 @@ static int accept_rc(struct sock *ns, int nfd)
 		dgv_reject(req, NULL, 0);
 		return ev.status < 0 ? ev.status : -EPROTO;
 	}
-	if ((rc = hello_take(t, ev.pdata, ev.pdata_len))) {
-		dgv_reject(req, NULL, 0);
-		return rc;
-	}
-	struct stream_hello h;
-	hello_make(t, &h);
-	struct dgv_conn_param cp = {.private_data = &h, .private_data_len = sizeof h};
-	struct dgv_qp_init_attr qa = rc_attr(t, ns);
-	if ((rc = dgv_accept(ev.req, G.pd, &qa, &cp, &t->qp))) {
-		t->qp = NULL;
-		return rc;
-	}
-	post_sentinel(t);
-	t->state = SS_ESTAB;
-	t->counted = true;
-	atomic_fetch_add(&T.conns, 1);
-	/* the first control message wakes the connecting side's CQ */
-	ctl_send(t, CTL_HELLO);
-	return 0;
+	return accept_hello(ns, t, ev.req, ev.pdata, ev.pdata_len);
 }
 
 /* The device connection request that carries cookie, from the listener's stash or its
@@ -1271,25 +1238,7 @@ static int accept_dev(struct sock *ns, int nfd, struct sock *ls, const union dgv
 	struct stream_dhello dh;
 	if ((rc = rv_request(ls, cookie, &req, &dh)))
 		return rc;
-	if ((rc = hello_take(t, (const uint8_t *)&dh.h, sizeof dh.h))) {
-		dgv_reject(req, NULL, 0);
-		return rc;
-	}
-	struct stream_hello h;
-	hello_make(t, &h);
-	struct dgv_conn_param cp = {.private_data = &h, .private_data_len = sizeof h};
-	struct dgv_qp_init_attr qa = rc_attr(t, ns);
-	if ((rc = dgv_accept(req, G.dpd, &qa, &cp, &t->qp))) {
-		t->qp = NULL;
-		return rc;
-	}
-	post_sentinel(t); /* before the deferred rdma_accept: the peer's first record finds them */
-	t->state = SS_ESTAB;
-	t->counted = true;
-	atomic_fetch_add(&T.conns, 1);
-	atomic_fetch_add(&T.dev, 1);
-	ctl_send(t, CTL_HELLO);
-	return 0;
+	return accept_hello(ns, t, req, (const uint8_t *)&dh.h, sizeof dh.h);
 }
 
 int stream_accept(int fd, struct sockaddr *a, socklen_t *l, int flags)
@@ -1327,11 +1276,11 @@ int stream_accept(int fd, struct sockaddr *a, socklen_t *l, int flags)
 	socklen_t unl;
 	bool dev = false;
 	if (devl && ip_local(&pa)) {
-		name_client_dev(&un, &unl, port_of(&pa), lport > 0 ? (unsigned)lport : 0);
+		name_client(&un, &unl, port_of(&pa), lport > 0 ? (unsigned)lport : 0, true);
 		dev = registry_exists(&un, unl);
 	}
 	if (!dev)
-		name_client(&un, &unl, port_of(&pa), lport > 0 ? (unsigned)lport : 0);
+		name_client(&un, &unl, port_of(&pa), lport > 0 ? (unsigned)lport : 0, false);
 	if (!ip_local(&pa) || !registry_exists(&un, unl)) {
 		atomic_fetch_add(&T.plain, 1);
 		DG_DBG("fd %d: accepted TCP from port %u: not ours, plain TCP", nfd, port_of(&pa));
@@ -1859,6 +1808,12 @@ void stream_cq_ack(struct sock *s)
 bool sock_is_stream(struct sock *s)
 {
 	return s->strm != NULL;
+}
+
+bool sock_on_device(struct sock *s)
+{
+	struct stream *t = __atomic_load_n(&s->strm, __ATOMIC_ACQUIRE);
+	return t ? t->dev && t->state == SS_ESTAB : s->dev;
 }
 
 /* ------------------------------------------------------------------ end */
