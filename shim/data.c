@@ -306,6 +306,23 @@ int sock_poll_in(struct sock *s, int fd)
 	return r;
 }
 
+int sock_poll_in_queued(struct sock *s, int fd)
+{
+	/* a device's channel must be armed before the last look (sock_poll_in does both) */
+	if (s->strm || s->dev)
+		return sock_poll_in(s, fd);
+	pthread_mutex_lock(&s->lock);
+	if (unlikely(s->gen != G.gen) || !s->qp) {
+		pthread_mutex_unlock(&s->lock);
+		return sock_poll_in(s, fd);
+	}
+	if (!s->pend_n && dgv_cq_ready(s->cq) > 0)
+		consume_cq(s);
+	int r = s->pend_n || s->shut_rd ? POLLIN : 0;
+	pthread_mutex_unlock(&s->lock);
+	return r;
+}
+
 int sock_poll_out(struct sock *s, int fd)
 {
 	return s->strm ? stream_poll_out(s) : -1; /* datagrams: the kernel's send buffer decides */

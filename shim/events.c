@@ -115,7 +115,10 @@ int ev_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 			struct sock *s = fds[i].fd >= 0 ? fd_sock(fds[i].fd) : NULL;
 			if (!s || !(fds[i].events & (POLLIN | POLLOUT)))
 				continue;
-			int in = (fds[i].events & POLLIN) ? sock_poll_in(s, fds[i].fd) : -1;
+			/* a datagram socket's kernel socket stays in the set: what waits there is
+			 * read after the kernel reports it (one receive per datagram, as natively,
+			 * instead of one that finds nothing before the wait and one after) */
+			int in = (fds[i].events & POLLIN) ? sock_poll_in_queued(s, fds[i].fd) : -1;
 			int out = (fds[i].events & POLLOUT) ? sock_poll_out(s, fds[i].fd) : -1;
 			if (in < 0 && out < 0)
 				continue; /* the OS carries it: its readiness is the truth */

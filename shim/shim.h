@@ -163,6 +163,11 @@ ssize_t sock_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt, i
 /* Drives progress; returns POLLIN if a datagram is ready to read, 0 if not, -1 if the OS
  * carries the socket (its own readiness is the truth). Never blocks. */
 int sock_poll_in(struct sock *s, int fd);
+/* The same without reading the kernel socket: what is already queued or completed. For a
+ * wait that has the kernel socket in its set anyway, and drives progress (sock_poll_in) only
+ * once the kernel reports something there: the read that would find nothing is saved.
+ * Streams and sockets without a queue pair get sock_poll_in. */
+int sock_poll_in_queued(struct sock *s, int fd);
 /* POLLOUT of a stream the shim carries (> 0 ready, 0 wait on the CQ fd), -1: the kernel's. */
 int sock_poll_out(struct sock *s, int fd);
 /* True when fd is a socket whose POLLIN/POLLOUT the shim decides entirely (a carried stream:

@@ -23,6 +23,7 @@
 #include <strings.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/eventfd.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -79,14 +80,20 @@ static void *pages(size_t n)
 	return p == MAP_FAILED ? NULL : p;
 }
 
-/* A descriptor number for the shim's own use, away from the low numbers programs expect. */
-int high_fd(int fd)
+/* Where the shim's own descriptors start: away from the low numbers programs expect. */
+static int high_lo(void)
 {
 	struct rlimit rl;
 	int lo = 3;
 	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur > 4096)
 		lo = (int)(rl.rlim_cur - 4096 + (rl.rlim_cur > 8192 ? 2048 : 0));
-	int n = real.fcntl(fd, F_DUPFD_CLOEXEC, lo);
+	return lo;
+}
+
+/* A descriptor number for the shim's own use, away from the low numbers programs expect. */
+int high_fd(int fd)
+{
+	int n = real.fcntl(fd, F_DUPFD_CLOEXEC, high_lo());
 	if (n < 0)
 		n = real.fcntl(fd, F_DUPFD_CLOEXEC, 3);
 	return n;
@@ -119,6 +126,30 @@ int fd_to_high(int fd)
 		return fd;
 	real.close(fd);
 	return h;
+}
+
+/*
+ * Grows the process's descriptor table to cover the shim's range now, at load, while the
+ * process has one thread. The kernel grows it on the first descriptor above its size, and in
+ * a process with several threads growing it waits for an RCU grace period (expand_fdtable):
+ * 10-15 ms on these machines, paid by the first send of a socket taken after the program
+ * started threads (VLC's sender, inside its stream). Single-threaded it costs ~40 us. Tables
+ * never shrink; a table for more than 256K descriptors (2 MiB) is left to be grown on use.
+ */
+static void high_fd_reserve(void)
+{
+	if (G.disabled)
+		return; /* no socket will be taken */
+	int lo = high_lo();
+	if (lo <= 3 || lo >= (1 << 18))
+		return;
+	int t = eventfd(0, EFD_CLOEXEC);
+	if (t < 0)
+		return;
+	int n = real.fcntl(t, F_DUPFD_CLOEXEC, lo);
+	if (n >= 0)
+		real.close(n);
+	real.close(t);
 }
 
 int sock_lock(struct sock *s)
@@ -175,6 +206,7 @@ static void init_once_fn(void)
 	pthread_atfork(NULL, NULL, shim_atfork_child);
 	stats_init();
 	peer_init();
+	high_fd_reserve(); /* from the constructor: the process has one thread yet */
 	if (!G.disabled)
 		scan_inherited();
 	DG_DBG("loaded: %s, %u rules, default mode %s, zero-copy from %d bytes",

@@ -54,6 +54,22 @@ int soft_destroy_cq(struct dgv_cq *cqb)
 
 int soft_cq_fd(struct dgv_cq *cq) { return to_scq(cq)->efd; }
 
+/*
+ * Who armed a CQ. A thread that arms, then makes progress itself inside its own poll of the
+ * CQ (the shim's poll: arm, sleep on the socket and the CQ's fd, wake on the socket, read the
+ * datagram through dgv_poll_cq) sees the completion it made as it makes it; writing the fd
+ * for it would only leave a stale event behind, which made its next wait return at once and
+ * cost a read, a write and two more receive attempts per datagram (VLC's poll+recvmsg loop).
+ * So such a completion does not write the fd; the poll that made it writes it afterwards
+ * only if it leaves completions in the CQ (the armer did not take them all), and any other
+ * thread that armed too (armer = cq_armer_many) is woken as before.
+ */
+static __thread char self_token;
+static const char cq_armer_many_c;
+#define cq_armer_many ((const void *)&cq_armer_many_c)
+/* The CQ whose dgv_poll_cq this thread is making progress in. */
+static __thread struct soft_cq *self_polling __attribute__((tls_model("initial-exec")));
+
 int soft_req_notify_cq(struct dgv_cq *cqb, int solicited_only)
 {
 	struct soft_cq *cq = to_scq(cqb);
@@ -64,6 +80,8 @@ int soft_req_notify_cq(struct dgv_cq *cqb, int solicited_only)
 		ssize_t w = write(cq->efd, &one, sizeof one);
 		(void)w;
 	} else {
+		bool again = atomic_load(&cq->armed) && cq->armer != &self_token;
+		cq->armer = again ? cq_armer_many : &self_token;
 		atomic_store(&cq->armed, solicited_only ? 2 : 1);
 	}
 	pthread_mutex_unlock(&cq->lock);
@@ -114,7 +132,10 @@ int soft_cq_push(struct soft_cq *cq, const struct dgv_wc *wc, struct soft_slot *
 		    (soft_in_progress_thread && atomic_load(&cq->bg_notify));
 	if (armed == 1 || (armed == 2 && ((wc->flags & DGV_WC_SOLICITED) || wc->status != DGV_WC_SUCCESS))) {
 		atomic_store(&cq->armed, 0);
-		wake = true;
+		if (self_polling == cq && cq->armer == &self_token)
+			cq->deferred = true; /* the armer is polling: soft_poll_cq decides */
+		else
+			wake = true;
 	}
 	pthread_mutex_unlock(&cq->lock);
 	if (wake) {
@@ -220,7 +241,9 @@ int soft_poll_cq(struct dgv_cq *cqb, int n, struct dgv_wc *wc)
 {
 	struct soft_cq *cq = to_scq(cqb);
 	if (!__atomic_load_n(&cq->count, __ATOMIC_ACQUIRE)) {
+		self_polling = cq;
 		cq_progress(cq);
+		self_polling = NULL;
 		if (!__atomic_load_n(&cq->count, __ATOMIC_ACQUIRE))
 			return 0;
 	}
@@ -266,7 +289,15 @@ int soft_poll_cq(struct dgv_cq *cqb, int n, struct dgv_wc *wc)
 		cq->head = (cq->head + 1) % cq->cap;
 		cq->count--;
 	}
+	/* an arm its armer's own progress fired: the event is due only if completions are left */
+	bool notify = cq->deferred && cq->count;
+	cq->deferred = false;
 	pthread_mutex_unlock(&cq->lock);
+	if (notify) {
+		uint64_t one = 1;
+		ssize_t w = write(cq->efd, &one, sizeof one);
+		(void)w;
+	}
 	return got;
 }
 

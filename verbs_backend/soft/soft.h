@@ -79,6 +79,8 @@ struct soft_cq {
 	uint32_t cap, head, count;
 	int efd;
 	atomic_int armed;         /* 1 any, 2 solicited only */
+	const void *armer;        /* the thread that armed it (cq_armer_many: several); lock */
+	bool deferred;            /* the armer's own progress fired the arm inside its poll; lock */
 	atomic_int waiters;       /* threads blocked in cq_wait */
 	atomic_bool bg_notify;    /* dgv_cq_notify_background */
 	atomic_int pollers;       /* threads inside cq_progress (detach waits for 0) */
