@@ -308,8 +308,10 @@ int sock_poll_in(struct sock *s, int fd)
 
 int sock_poll_in_queued(struct sock *s, int fd)
 {
+	if (s->strm)
+		return stream_poll_in_queued(s);
 	/* a device's channel must be armed before the last look (sock_poll_in does both) */
-	if (s->strm || s->dev)
+	if (s->dev)
 		return sock_poll_in(s, fd);
 	pthread_mutex_lock(&s->lock);
 	if (unlikely(s->gen != G.gen) || !s->qp) {
@@ -326,6 +328,11 @@ int sock_poll_in_queued(struct sock *s, int fd)
 int sock_poll_out(struct sock *s, int fd)
 {
 	return s->strm ? stream_poll_out(s) : -1; /* datagrams: the kernel's send buffer decides */
+}
+
+int sock_poll_out_queued(struct sock *s, int fd)
+{
+	return s->strm ? stream_poll_out_queued(s) : -1;
 }
 
 int sock_wait_fds(struct sock *s, int *qfd, int *cqfd)

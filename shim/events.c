@@ -36,6 +36,7 @@ static int stream_rdy(short events, int in, int out)
 }
 
 #define POLL_STACK 64
+#define POLL_FIRED (1 << 30) /* in ev_poll's ready[]: one of the entry's own descriptors fired */
 
 /* Before poll sleeps on device sockets: their readiness looked at again for up to
  * shim_spin_us (a device completes within microseconds; a wake-up through the channel costs
@@ -79,7 +80,7 @@ int ev_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 	struct pollfd stack[POLL_STACK];
 	int32_t sready[POLL_STACK];
 	uint8_t sisq[POLL_STACK];
-	struct sock *sqown[POLL_STACK];
+	nfds_t sqidx[POLL_STACK];
 	/* each taken socket may add its CQ's descriptor and, for a stream, its TCP socket */
 	nfds_t cap = n + 2 * ntaken;
 	struct pollfd *p = cap <= POLL_STACK ? stack : malloc(cap * sizeof *p);
@@ -88,17 +89,17 @@ int ev_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 	int32_t *ready = cap <= POLL_STACK ? sready : malloc(n * sizeof *ready);
 	/* isq[j]: entry j (>= n) is a stream's TCP socket (only watched), not a CQ's eventfd */
 	uint8_t *isq = cap <= POLL_STACK ? sisq : malloc(cap);
-	/* qown[j]: the socket whose CQ descriptor entry j (>= n) is */
-	struct sock **qown = cap <= POLL_STACK ? sqown : malloc(cap * sizeof *qown);
-	if (!p || !ready || !isq || !qown) {
+	/* qidx[j]: the entry whose wait descriptor entry j (>= n) is */
+	nfds_t *qidx = cap <= POLL_STACK ? sqidx : malloc(cap * sizeof *qidx);
+	if (!p || !ready || !isq || !qidx) {
 		if (p != stack)
 			free(p);
 		if (ready != sready)
 			free(ready);
 		if (isq != sisq)
 			free(isq);
-		if (qown != sqown)
-			free(qown);
+		if (qidx != sqidx)
+			free(qidx);
 		errno = ENOMEM;
 		return -1;
 	}
@@ -119,7 +120,7 @@ int ev_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 			 * read after the kernel reports it (one receive per datagram, as natively,
 			 * instead of one that finds nothing before the wait and one after) */
 			int in = (fds[i].events & POLLIN) ? sock_poll_in_queued(s, fds[i].fd) : -1;
-			int out = (fds[i].events & POLLOUT) ? sock_poll_out(s, fds[i].fd) : -1;
+			int out = (fds[i].events & POLLOUT) ? sock_poll_out_queued(s, fds[i].fd) : -1;
 			if (in < 0 && out < 0)
 				continue; /* the OS carries it: its readiness is the truth */
 			int own, rdy;
@@ -147,12 +148,13 @@ int ev_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 			int qfd, cqfd;
 			if (sock_wait_fds(s, &qfd, &cqfd) == 0) {
 				isq[m] = 0;
-				qown[m] = s;
+				qidx[m] = i;
 				p[m++] = (struct pollfd){.fd = cqfd, .events = POLLIN};
 				/* a stream's TCP data wakes this thread, which then processes it itself
 				 * (the provider's thread would only after the program looks idle) */
 				if (qfd >= 0 && sock_is_stream(s)) {
 					isq[m] = 1;
+					qidx[m] = i;
 					p[m++] = (struct pollfd){.fd = qfd, .events = POLLIN};
 				}
 			}
@@ -174,12 +176,18 @@ int ev_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 		}
 		int count = 0;
 		shim_depth++;
+		/* which entries' own descriptors reported something: only those are looked at again
+		 * with I/O (the others' readiness was current before the wait) */
+		for (nfds_t j = n; j < m; j++)
+			if (p[j].revents && ready[qidx[j]] >= 0)
+				ready[qidx[j]] |= POLL_FIRED;
 		for (nfds_t i = 0; i < n; i++) {
 			short rev = p[i].revents;
 			if (ready[i] >= 0) {
-				int own = ready[i] >> 16, rdy = ready[i] & 0xffff;
+				int own = (ready[i] >> 16) & 0x3fff, rdy = ready[i] & 0xffff;
+				bool fired = (ready[i] & POLL_FIRED) || rev;
 				rev &= (short)~own;
-				struct sock *s = r > 0 && (own & ~rdy) ? fd_sock(fds[i].fd) : NULL;
+				struct sock *s = r > 0 && fired && (own & ~rdy) ? fd_sock(fds[i].fd) : NULL;
 				if (s && sock_is_stream(s)) {
 					short ev = fds[i].events;
 					rdy = stream_rdy(ev, (ev & POLLIN) ? sock_poll_in(s, fds[i].fd) : -1,
@@ -196,9 +204,11 @@ int ev_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 			if (rev)
 				count++;
 		}
-		for (nfds_t j = n; j < m; j++)
-			if ((p[j].revents & POLLIN) && !isq[j])
-				sock_cq_ack(qown[j]); /* the provider's way: a device counts its events */
+		for (nfds_t j = n; j < m; j++) {
+			struct sock *s = (p[j].revents & POLLIN) && !isq[j] ? fd_sock(fds[qidx[j]].fd) : NULL;
+			if (s)
+				sock_cq_ack(s); /* the provider's way: a device counts its events */
+		}
 		shim_depth--;
 		t = remaining(deadline, timeout_ms);
 		if (count || t == 0) {
@@ -212,8 +222,8 @@ int ev_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 		free(ready);
 	if (isq != sisq)
 		free(isq);
-	if (qown != sqown)
-		free(qown);
+	if (qidx != sqidx)
+		free(qidx);
 	return rc;
 }
 
@@ -437,16 +447,16 @@ static uint32_t kernel_events(const struct reg *r)
 /* Readiness a carried stream decides for r's socket among the events asked: in *own what it
  * decides (EPOLLIN, EPOLLOUT, and with either EPOLLRDHUP, EPOLLHUP, EPOLLERR: epoll's bits are
  * poll's), the return value what is ready. */
-static uint32_t shim_ready(struct reg *r, uint32_t asked, uint32_t *own)
+static uint32_t shim_ready(struct reg *r, uint32_t asked, uint32_t *own, bool queued)
 {
 	uint32_t o = 0, rdy = 0;
 	if (asked & EPOLLIN) {
-		int in = sock_poll_in(r->s, r->fd);
+		int in = queued ? sock_poll_in_queued(r->s, r->fd) : sock_poll_in(r->s, r->fd);
 		if (in >= 0)
 			o |= EPOLLIN | STREAM_ENDS, rdy |= in > 0 ? (uint32_t)in : 0;
 	}
 	if (asked & EPOLLOUT) {
-		int out = sock_poll_out(r->s, r->fd);
+		int out = queued ? sock_poll_out_queued(r->s, r->fd) : sock_poll_out(r->s, r->fd);
 		if (out >= 0)
 			o |= EPOLLOUT | STREAM_ENDS, rdy |= out > 0 ? (uint32_t)out : 0;
 	}
@@ -628,7 +638,7 @@ int ev_epoll_wait(struct ep *ep, int epfd, struct epoll_event *evs, int max, int
 				if (sock_is_stream(r->s)) {
 					uint32_t own;
 					shim_depth++;
-					got = shim_ready(r, e & (EPOLLIN | EPOLLOUT), &own);
+					got = shim_ready(r, e & (EPOLLIN | EPOLLOUT), &own, true);
 					shim_depth--;
 					if (!got)
 						continue;
@@ -675,7 +685,7 @@ int ev_epoll_wait(struct ep *ep, int epfd, struct epoll_event *evs, int max, int
 				if (cq && !strm)
 					sock_cq_ack(r->s);
 				if (strm) {
-					uint32_t own, rdy = shim_ready(r, r->events & (EPOLLIN | EPOLLOUT), &own);
+					uint32_t own, rdy = shim_ready(r, r->events & (EPOLLIN | EPOLLOUT), &own, false);
 					e = (e & ~own) | rdy;
 					/* after shim_ready: the completions its progress made signalled the
 					 * CQ descriptor as well; consumed now, that edge is not reported

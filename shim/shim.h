@@ -166,10 +166,13 @@ int sock_poll_in(struct sock *s, int fd);
 /* The same without reading the kernel socket: what is already queued or completed. For a
  * wait that has the kernel socket in its set anyway, and drives progress (sock_poll_in) only
  * once the kernel reports something there: the read that would find nothing is saved.
- * Streams and sockets without a queue pair get sock_poll_in. */
+ * Streams get their cheap check (stream_poll_in_queued), sockets without a queue pair and
+ * device sockets sock_poll_in. */
 int sock_poll_in_queued(struct sock *s, int fd);
 /* POLLOUT of a stream the shim carries (> 0 ready, 0 wait on the CQ fd), -1: the kernel's. */
 int sock_poll_out(struct sock *s, int fd);
+/* The same without I/O of its own (stream_poll_out_queued). */
+int sock_poll_out_queued(struct sock *s, int fd);
 /* True when fd is a socket whose POLLIN/POLLOUT the shim decides entirely (a carried stream:
  * the kernel socket's own readiness says nothing the program should see). */
 bool sock_is_stream(struct sock *s);

@@ -1644,7 +1644,19 @@ static int end_bits(const struct stream *t)
 	return (rd_end ? POLLRDHUP : 0) | (rd_end && wr_end ? POLLHUP : 0) | (t->err || t->so_error ? POLLERR : 0);
 }
 
-int stream_poll_in(struct sock *s)
+/* Progress for a readiness check: always (queued false), or (queued) only when something
+ * waits that a progress takes without I/O of its own: completions in the CQ, a control message
+ * owed, a connection being made, a device's channel to arm. The cheap form serves the checks
+ * a poll or epoll_wait makes of every registered socket on every round; the kernel reports
+ * new TCP data on the program's descriptor and completions on the CQ's, and the checks after
+ * such an event take the full form. Needs s->lock. */
+static void progress_for_check(struct sock *s, struct stream *t, bool queued)
+{
+	if (!queued || t->dev || t->state == SS_CONNECTING || t->ctl_owed || (t->cq && dgv_cq_ready(t->cq) > 0))
+		progress(s, t);
+}
+
+static int poll_in(struct sock *s, bool queued)
 {
 	sock_lock(s);
 	struct stream *t = s->strm;
@@ -1652,7 +1664,7 @@ int stream_poll_in(struct sock *s)
 	if (t->state == SS_NEW || t->state == SS_LISTEN) {
 		r = -1;
 	} else {
-		progress(s, t);
+		progress_for_check(s, t, queued);
 		r = t->state == SS_DEAD || t->arrived - t->consumed >= lowat_target(t, SIZE_MAX) || t->err ||
 		    t->tcp_down || t->shut_rd || (t->peer_fin && t->consumed >= t->fin_total);
 		r = r ? POLLIN | end_bits(t) : end_bits(t);
@@ -1663,7 +1675,10 @@ int stream_poll_in(struct sock *s)
 	return r;
 }
 
-int stream_poll_out(struct sock *s)
+int stream_poll_in(struct sock *s) { return poll_in(s, false); }
+int stream_poll_in_queued(struct sock *s) { return poll_in(s, true); }
+
+static int poll_out(struct sock *s, bool queued)
 {
 	sock_lock(s);
 	struct stream *t = s->strm;
@@ -1671,7 +1686,7 @@ int stream_poll_out(struct sock *s)
 	if (t->state == SS_NEW || t->state == SS_LISTEN) {
 		r = -1;
 	} else {
-		progress(s, t);
+		progress_for_check(s, t, queued);
 		if (t->state == SS_CONNECTING)
 			r = 0;
 		else if (t->state == SS_DEAD || t->err || t->tcp_down || t->fin_sent || t->shut_wr || t->peer_close)
@@ -1682,6 +1697,9 @@ int stream_poll_out(struct sock *s)
 	sock_unlock(s);
 	return r;
 }
+
+int stream_poll_out(struct sock *s) { return poll_out(s, false); }
+int stream_poll_out_queued(struct sock *s) { return poll_out(s, true); }
 
 int stream_wait_fd(struct sock *s)
 {

@@ -88,6 +88,10 @@ ssize_t stream_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt,
  * decides. */
 int stream_poll_in(struct sock *s);
 int stream_poll_out(struct sock *s);
+/* The same without I/O of their own (stream.c progress_for_check): for the checks a poll or
+ * epoll_wait makes of every registration on every round. */
+int stream_poll_in_queued(struct sock *s);
+int stream_poll_out_queued(struct sock *s);
 /* The descriptor that becomes readable when the stream has news (CQ), armed. -1: none. */
 int stream_wait_fd(struct sock *s);
 /* The TCP socket to watch too while TCP still carries data (-1 once it ended: it would stay
