@@ -161,6 +161,26 @@ static int soft_dealloc_pd(struct dgv_pd *pdb)
 	return 0;
 }
 
+/* The UDP payload the route to addr carries in one unfragmented datagram: the route's MTU
+ * (a connected UDP socket's IP_MTU / IPV6_MTU) less the IP and UDP headers, capped at UDP's
+ * 65507. Returns 0 when the kernel does not say (no route). */
+static uint32_t path_seg(const struct sockaddr *addr, socklen_t len)
+{
+	int fd = socket(addr->sa_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return 0;
+	int mtu = 0;
+	socklen_t ml = sizeof mtu;
+	bool v4 = addr->sa_family == AF_INET;
+	if (connect(fd, addr, len) || getsockopt(fd, v4 ? IPPROTO_IP : IPPROTO_IPV6, v4 ? IP_MTU : IPV6_MTU, &mtu, &ml))
+		mtu = 0;
+	close(fd);
+	int seg = mtu - (v4 ? 28 : 48);
+	if (mtu <= 0 || seg < 1200)
+		return 0;
+	return seg > DG_MAX_DATAGRAM ? DG_MAX_DATAGRAM : (uint32_t)seg;
+}
+
 static int soft_create_ah(struct dgv_pd *pd, const struct sockaddr *addr, socklen_t len, struct dgv_ah **out)
 {
 	struct soft_ah *ah = calloc(1, sizeof *ah);
@@ -170,6 +190,7 @@ static int soft_create_ah(struct dgv_pd *pd, const struct sockaddr *addr, sockle
 	ah->pd = to_spd(pd);
 	ah->base.addrlen = addr->sa_family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
 	memcpy(&ah->base.addr, addr, ah->base.addrlen);
+	ah->path_seg = path_seg(addr, ah->base.addrlen);
 	atomic_fetch_add(&ah->pd->refs, 1);
 	*out = &ah->base;
 	return 0;

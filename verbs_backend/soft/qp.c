@@ -1488,6 +1488,10 @@ int soft_create_qp(struct dgv_pd *pdb, const struct dgv_qp_init_attr *a, struct 
 	socklen_t pl = sizeof qp->peer;
 	qp->has_peer = a->use_adopt_fd && getpeername(qp->fd, &qp->peer.sa, &pl) == 0;
 	qp->seg_size = a->seg_size ? a->seg_size : (family == AF_INET6 ? 1452 : 1472);
+	/* A socket's QP (pass_plain: its receive buffers hold UDP's largest datagram) cuts UD
+	 * messages at each destination's route MTU (65507 on loopback, 8972 on a jumbo network)
+	 * unless a segment size was asked for; RD keeps seg_size (its window holds segments). */
+	qp->seg_path = !a->seg_size && a->pass_plain && a->qp_type == DGV_QPT_UD;
 	uint32_t min_seg = DG_RD_HLEN + DG_TAGGED_HLEN + DG_CRC_LEN + DG_MIN_SEGSZ;
 	if (qp->seg_size < min_seg || qp->seg_size > DG_MAX_DATAGRAM) {
 		err = -EINVAL;
@@ -1519,7 +1523,7 @@ int soft_create_qp(struct dgv_pd *pdb, const struct dgv_qp_init_attr *a, struct 
 		goto fail;
 	if (!a->fault_rx && (err = dg_fault_from_env("DGSHIM_FAULT_RX", &frx)))
 		goto fail;
-	if ((err = dg_fault_init(&qp->ftx, a->fault_tx ? a->fault_tx : &ftx, qp->seg_size)) ||
+	if ((err = dg_fault_init(&qp->ftx, a->fault_tx ? a->fault_tx : &ftx, qp->seg_path ? DG_MAX_DATAGRAM : qp->seg_size)) ||
 	    (err = dg_fault_init(&qp->frx, a->fault_rx ? a->fault_rx : &frx, qp->rxbuf_size)))
 		goto fail;
 	if (a->qp_type == DGV_QPT_RD) {
@@ -1650,6 +1654,9 @@ int soft_post_send(struct dgv_qp *qpb, struct dgv_send_wr *wr, struct dgv_send_w
 			memcpy(w->sge, wr->sg_list, (size_t)wr->num_sge * sizeof *w->sge);
 		bool tagged = wr->opcode == DGV_WR_WRITE || wr->opcode == DGV_WR_WRITE_RECORD;
 		w->segsz = seg_payload(qp, tagged ? DG_TAGGED_HLEN : DG_UNTAGGED_HLEN);
+		uint32_t ps = qp->seg_path ? ((const struct soft_ah *)wr->ah)->path_seg : 0;
+		if (ps > qp->seg_size)
+			w->segsz += ps - qp->seg_size;
 		switch (wr->opcode) {
 		case DGV_WR_SEND:
 		case DGV_WR_SEND_SE:

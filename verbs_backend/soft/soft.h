@@ -93,6 +93,10 @@ struct soft_cq {
 struct soft_ah {
 	struct dgv_ah base;
 	struct soft_pd *pd;
+	/* UDP payload bytes per datagram that the route to base.addr carries unfragmented (its
+	 * MTU less the IP and UDP headers, at most 65507), 0 when unknown: a QP that segments by
+	 * the path (soft_qp.seg_path) cuts messages to this destination so */
+	uint32_t path_seg;
 };
 
 /* A send work request as queued. */
@@ -188,6 +192,7 @@ struct soft_qp {
 	bool has_peer;
 	uint32_t max_msg;
 	uint32_t seg_size;     /* UDP payload per datagram, everything included */
+	bool seg_path;         /* UD, seg_size not given, pass_plain: cut at each route's MTU */
 	uint32_t reasm_us;
 	uint32_t max_sge;
 	bool rx_hold;          /* UD: do not drain the socket while no receive is posted */
