@@ -1975,7 +1975,25 @@ static void rc_setup(struct dgv_qp_init_attr *qa, const union dgv_sockaddr *ctl_
 		uint64_t dl;
 		struct dgv_cm_event ev;
 
+		uint16_t own_port = 0;
 		r = dgv_listen(V.ctx, NULL, 0, 4, g_lfd, V.ch, NULL, &V.lst);
+		if (r == -EOPNOTSUPP && !strcmp(dgv_provider_name(V.ctx), "ibverbs")) {
+			/* an iWARP device listens on a kernel TCP port of its own, which our control
+			 * socket already holds: a port of its choice on the control connection's
+			 * address, told to the client in CTL_SETUP */
+			union dgv_sockaddr la;
+			socklen_t ll = sizeof la;
+			if (getsockname(g_ctl, &la.sa, &ll))
+				die(1, "getsockname (control connection): %s", strerror(errno));
+			sa_normalize(&la, &ll);
+			sa_set_port(&la, 0);
+			r = dgv_listen(V.ctx, &la.sa, ll, 4, -1, V.ch, NULL, &V.lst);
+			if (!r && (r = dgv_listener_addr(V.lst, &la, &ll)) == 0) {
+				own_port = la.sa.sa_family == AF_INET ? ntohs(la.sin.sin_port) : ntohs(la.sin6.sin6_port);
+				vlog("RC listener on its own TCP port %u (the device cannot share port %u)", own_port,
+				     opt.port);
+			}
+		}
 		if (r == -EOPNOTSUPP || r == -ENOSYS)
 			rc_unsupported("dgv_listen", r);
 		if (r)
@@ -1983,6 +2001,7 @@ static void rc_setup(struct dgv_qp_init_attr *qa, const union dgv_sockaddr *ctl_
 		g_cookie = make_cookie();
 		memset(&m, 0, sizeof m);
 		m.v[0] = g_cookie;
+		m.v[1] = own_port; /* 0: the control port */
 		ctl_send(CTL_SETUP, &m); /* "listening" */
 		dl = now_ns() + RC_EVENT_NS;
 		for (;;) {
@@ -2029,6 +2048,8 @@ static void rc_setup(struct dgv_qp_init_attr *qa, const union dgv_sockaddr *ctl_
 		ctl_recv(CTL_SETUP, &m, CTL_TIMEOUT_MS, "its RC listener");
 		g_cookie = m.v[0];
 		data_dst(ctl_peer, &dst, &dlen);
+		if (m.v[1] && m.v[1] <= 65535)
+			sa_set_port(&dst, (unsigned)m.v[1]); /* the server's device listens on its own port */
 		pdata_put(&mine, 0);
 		r = dgv_connect(V.pd, qa, &dst.sa, dlen, &param, &V.qp);
 		if (r == -EOPNOTSUPP || r == -ENOSYS)
