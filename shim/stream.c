@@ -58,6 +58,12 @@
 #define ACCEPT_WAIT_MS 5000    /* the MPA Request of a connection found to be ours */
 
 enum { WR_DATA = 1, WR_CTL = 2, WR_SENTINEL = 3 };
+/* A data or control Write-Record's wr_id: WR_SEND | (data records posted so far) << 8 | kind.
+ * Any of them completing retires every data record posted before it (RC completes in order),
+ * which lets a device stream leave most data records unsignaled: a send completion on an armed
+ * CQ would wake a program waiting for the reply once more per message. */
+#define WR_SEND (1ull << 63)
+#define SIGNAL_EVERY 16u /* device: one data record in this many asks for a completion */
 /* A device consumes a posted receive per Write-Record (docs/design.md, "The ibverbs
  * provider"): a device stream keeps one posted per record the peer may have in flight (data and
  * control), each with its own 64-byte buffer (an iWARP record's descriptor lands there), wr_id
@@ -108,6 +114,7 @@ struct stream {
 	/* sending */
 	uint64_t sent, peer_consumed, recs_sent, peer_recs;
 	uint32_t tx_out, ctl_out_n, ctl_seq;
+	uint64_t data_seq, data_done; /* data records posted, and retired by a completion */
 	bool fin_sent, shut_wr;
 	bool ctl_owed;           /* a control message could not be posted (SQ full): retry */
 	/* receiving */
@@ -344,7 +351,7 @@ static int ctl_send(struct stream *t, uint32_t flags)
 			       .fin_total = htobe64(t->sent), .flags = htobe32(flags), .seq = htobe32(seq)};
 	memcpy(slot, &c, sizeof c);
 	struct dgv_sge sge = {(uint64_t)(uintptr_t)slot, sizeof c, t->mr_out->lkey};
-	struct dgv_send_wr wr = {.wr_id = WR_CTL, .sg_list = &sge, .num_sge = 1,
+	struct dgv_send_wr wr = {.wr_id = WR_SEND | t->data_seq << 8 | WR_CTL, .sg_list = &sge, .num_sge = 1,
 				 .opcode = DGV_WR_WRITE_RECORD, .send_flags = DGV_SEND_SIGNALED,
 				 .remote_addr = t->p_ctl_addr + (uint64_t)(seq % t->p_slots) * CTL_SLOT_SZ,
 				 .rkey = t->p_stag},
@@ -455,10 +462,16 @@ static int drain_cq(struct sock *s, struct stream *t)
 					fail(t, ENOBUFS, "receive for the next record not posted");
 				continue;
 			}
-			if (w->wr_id == WR_DATA && t->tx_out)
-				t->tx_out--;
-			else if (w->wr_id == WR_CTL && t->ctl_out_n)
-				t->ctl_out_n--;
+			if (w->wr_id & WR_SEND) {
+				uint64_t seq = (w->wr_id & ~WR_SEND) >> 8;
+				if (seq > t->data_done && seq <= t->data_seq) {
+					uint64_t k = seq - t->data_done;
+					t->tx_out -= k < t->tx_out ? (uint32_t)k : t->tx_out;
+					t->data_done = seq;
+				}
+				if ((w->wr_id & 0xff) == WR_CTL && t->ctl_out_n)
+					t->ctl_out_n--;
+			}
 			if (w->status != DGV_WC_SUCCESS) {
 				/* the sentinel flushed, or a send failed: the connection is over */
 				if ((w->wr_id == WR_SENTINEL || w->wr_id >= WR_DREC) && w->status == DGV_WC_WR_FLUSH_ERR)
@@ -1364,13 +1377,15 @@ static ssize_t post_data(struct sock *s, struct stream *t, const struct iovec *i
 			at = 0;
 		}
 		struct dgv_sge sge = {(uint64_t)(uintptr_t)(t->tx + toff), (uint32_t)c, t->mr_out->lkey};
-		struct dgv_send_wr wr = {.wr_id = WR_DATA, .sg_list = &sge, .num_sge = 1,
-					 .opcode = DGV_WR_WRITE_RECORD, .send_flags = DGV_SEND_SIGNALED,
+		bool sig = !t->dev || (t->data_seq + 1) % SIGNAL_EVERY == 0;
+		struct dgv_send_wr wr = {.wr_id = WR_SEND | (t->data_seq + 1) << 8 | WR_DATA, .sg_list = &sge, .num_sge = 1,
+					 .opcode = DGV_WR_WRITE_RECORD, .send_flags = sig ? DGV_SEND_SIGNALED : 0,
 					 .remote_addr = t->p_ring_addr + poff, .rkey = t->p_stag},
 				   *bad;
 		int rc = dgv_post_send(t->qp, &wr, &bad);
 		if (rc)
 			return done ? (ssize_t)done : rc;
+		t->data_seq++;
 		t->sent += c;
 		t->recs_sent++;
 		t->tx_out++;
@@ -1858,9 +1873,11 @@ void stream_teardown(struct sock *s)
 		}
 		if (!t->tcp_down && !abort && !t->peer_close)
 			ctl_send(t, CTL_FIN | CTL_CLOSE);
+		else if (t->dev && !t->tcp_down && !abort && t->tx_out && !t->ctl_out_n)
+			ctl_send(t, 0); /* a signaled record: it retires the unsignaled data before it */
 		/* queued data goes out before the QP: wait for our sends, bounded */
 		uint64_t end = shim_now_us() + 2000000;
-		while ((t->tx_out || t->ctl_out_n) && !t->tcp_down && shim_now_us() < end) {
+		while (((t->tx_out && !(abort && t->dev)) || t->ctl_out_n) && !t->tcp_down && shim_now_us() < end) {
 			dgv_cq_wait(t->cq, 10);
 			progress(s, t);
 		}

@@ -827,7 +827,8 @@ static int build_send(struct iv_qp *qp, const struct dgv_send_wr *wr, uint64_t s
 		w2->opcode = IBV_WR_SEND;
 		/* inline when the device can: copied at post time, so the descriptor's memory is
 		 * never read after the device has taken the WQE (siw frees a ring slot then) */
-		w2->send_flags = IBV_SEND_SIGNALED | (qp->max_inline >= sizeof *d ? IBV_SEND_INLINE : 0);
+		w2->send_flags = (wr->send_flags & DGV_SEND_SIGNALED ? IBV_SEND_SIGNALED : 0) |
+				 (qp->max_inline >= sizeof *d ? IBV_SEND_INLINE : 0);
 		w2->sg_list = &qp->wrec_sge[(slot + 1) % qp->nsslots];
 		w2->num_sge = 1;
 		w2->wr_id = slot + 1;
