@@ -92,6 +92,9 @@ struct stream {
 	bool dev;
 	bool rv_wait;            /* client: the server's stream_rv has not come yet */
 	bool armed;              /* device: the CQ's channel is armed (an event, once acked, is not) */
+	bool cm_due;             /* device: a completion failed, connection events to look at */
+	bool cm_estab;           /* device: rdma_cm's ESTABLISHED has been taken */
+	uint8_t cm_skip;
 	uint8_t *drec;           /* NDREC receive buffers (in the out region) */
 	int dregfd;              /* the device name: listener "rcv", client "rccv" */
 	int wfd;                 /* device: an epoll set of the CQ's and the channel's descriptors,
@@ -446,6 +449,7 @@ static int drain_cq(struct sock *s, struct stream *t)
 			struct dgv_wc *w = &wc[i];
 			if (w->opcode == DGV_WC_RECV_WRITE_RECORD) {
 				if (w->status != DGV_WC_SUCCESS || w->record.stag != t->mr_in->rkey) {
+					t->cm_due = true;
 					if (!t->err)
 						DG_WARN("stream: record completion: status %d, wr_id %#llx, STag %#x "
 							"(ours %#x)", w->status, (unsigned long long)w->wr_id,
@@ -473,6 +477,7 @@ static int drain_cq(struct sock *s, struct stream *t)
 					t->ctl_out_n--;
 			}
 			if (w->status != DGV_WC_SUCCESS) {
+				t->cm_due = true;
 				/* the sentinel flushed, or a send failed: the connection is over */
 				if ((w->wr_id == WR_SENTINEL || w->wr_id >= WR_DREC) && w->status == DGV_WC_WR_FLUSH_ERR)
 					fail(t, ECONNRESET, "connection closed without an end of stream");
@@ -512,13 +517,25 @@ static void progress(struct sock *s, struct stream *t)
 	/* Established: drain_cq has just progressed the QP, which queues any event it finds;
 	 * asking for events on an empty channel would drive the connection again (a TCP read
 	 * and CM locks on every send and receive). */
-	if (t->state == SS_ESTAB && dgv_cm_pending(t->ch) == 0)
-		return;
+	if (t->state == SS_ESTAB) {
+		if (!t->dev) {
+			if (dgv_cm_pending(t->ch) == 0)
+				return;
+		} else if (t->cm_estab && !t->cm_due && (++t->cm_skip & 63)) {
+			/* once rdma_cm has said ESTABLISHED (the provider posts what it held until
+			 * then), a device's connection events come with completions (a failed or
+			 * closed connection flushes our receives): asked for after one of those, and
+			 * every 64th call, instead of a poll of rdma_cm's descriptor on every one */
+			return;
+		}
+		t->cm_due = false;
+	}
 	struct dgv_cm_event ev;
 	bool tcp_eof = false;
 	while (dgv_cm_get_event(t->ch, &ev) == 0) {
 		switch (ev.type) {
 		case DGV_CM_ESTABLISHED:
+			t->cm_estab = true;
 			if (t->state == SS_CONNECTING) {
 				if (!t->p_ring && hello_take(t, ev.pdata, ev.pdata_len)) {
 					fail(t, EPROTO, "peer is not a dgshim stream");
