@@ -120,14 +120,8 @@ static int wait_sock(struct sock *s, int fd, short events, int *timeout_ms)
 			if (consume_cq(s))
 				return 0;
 	}
-	if (!s->dev) {
-		dgv_req_notify_cq(s->cq, 0);
-	} else if (!s->armed && dgv_req_notify_cq(s->cq, 0) == 0) {
-		/* a device raises the channel only for completions after the arming: look again */
-		s->armed = true;
-		if (consume_cq(s))
-			return 0;
-	}
+	if (cq_arm(s->cq, s->dev, &s->armed) && consume_cq(s))
+		return 0;
 	/* soft: the QP's socket (datagrams to read, room to send); device: the kernel socket
 	 * only for plain datagrams from unmodified peers, sends wait for completions */
 	int qfd = !s->dev ? s->qfd : (events & POLLIN) ? fd : -1;
@@ -288,12 +282,10 @@ int sock_poll_in(struct sock *s, int fd)
 		r = -1; /* the kernel's readiness is the truth */
 	} else {
 		consume_cq(s);
-		/* a device raises the channel only for completions after the arming: leave it
-		 * armed, looked at once more after that (one arming per wake-up) */
-		if (s->dev && !s->pend_n && !s->armed && dgv_req_notify_cq(s->cq, 0) == 0) {
-			s->armed = true;
+		/* a device: left armed, and looked at once more after that (one arming per
+		 * wake-up), so a wait that follows misses nothing */
+		if (s->dev && !s->pend_n && cq_arm(s->cq, true, &s->armed))
 			consume_cq(s);
-		}
 		r = s->pend_n || s->shut_rd ? POLLIN : 0;
 		if (!r && s->dev) {
 			/* plain datagrams from unmodified peers wait in the kernel socket */
@@ -347,8 +339,7 @@ int sock_wait_fds(struct sock *s, int *qfd, int *cqfd)
 	if (s->qp) {
 		*qfd = s->qfd; /* -1 on a device: the program's own descriptor is watched anyway */
 		*cqfd = dgv_cq_fd(s->cq);
-		if (!s->dev || !s->armed)
-			s->armed = dgv_req_notify_cq(s->cq, 0) == 0 && s->dev;
+		cq_arm(s->cq, s->dev, &s->armed); /* a device's: sock_poll_in before this armed it */
 		r = 0;
 	}
 	pthread_mutex_unlock(&s->lock);

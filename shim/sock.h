@@ -158,6 +158,23 @@ void peer_after_fork(void);
  * (of the device's context for SVC_UDV) when the
  * destination speaks it, else NULL (send plain). Never blocks. */
 struct dgv_ah *peer_route(const union dgv_sockaddr *to, socklen_t tolen, int svc);
+/* Arms cq's notification before a wait. Soft: every time (cheap there, and idempotent). A
+ * device raises its channel once per arming and only for completions after it, so it is armed
+ * only when it is not already (*armed; an acknowledged event disarms it: the caller clears
+ * *armed then). Returns true when a device's CQ was armed just now: the caller looks at the
+ * CQ once more, since what completed before the arming raises nothing. */
+static inline bool cq_arm(struct dgv_cq *cq, bool dev, bool *armed)
+{
+	if (!dev) {
+		dgv_req_notify_cq(cq, 0);
+		return false;
+	}
+	if (*armed || dgv_req_notify_cq(cq, 0))
+		return false;
+	*armed = true;
+	return true;
+}
+
 /* The PD of the socket's queue pair: the device's or the soft provider's. */
 static inline struct dgv_pd *sock_pd(const struct sock *s) { return s->dev ? G.dpd : G.pd; }
 /* A datagram came from `from`: framed (it speaks datagram-iWARP) or plain (it may have

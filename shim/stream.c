@@ -505,13 +505,10 @@ static void progress(struct sock *s, struct stream *t)
 	if (t->rv_wait)
 		rv_step(s, t);
 	drain_cq(s, t);
-	/* a device raises the CQ's channel only for completions after the arming: leave it armed
-	 * and looked at once more after that, so a wait that follows misses nothing (one arming
-	 * per wake-up, not per call) */
-	if (t->dev && t->qp && !t->armed && dgv_req_notify_cq(t->cq, 0) == 0) {
-		t->armed = true;
+	/* a device: left armed, and looked at once more after that (one arming per wake-up, not
+	 * per call), so a wait that follows misses nothing */
+	if (t->dev && t->qp && cq_arm(t->cq, true, &t->armed))
 		drain_cq(s, t);
-	}
 	if (!t->ch)
 		return;
 	/* Established: drain_cq has just progressed the QP, which queues any event it finds;
@@ -610,14 +607,8 @@ static int stream_wait(struct sock *s, struct stream *t, int *timeout_ms)
 			if (drain_cq(s, t))
 				return 0;
 	}
-	if (!t->dev) {
-		dgv_req_notify_cq(t->cq, 0);
-	} else if (t->qp && !t->armed && dgv_req_notify_cq(t->cq, 0) == 0) {
-		/* a device raises the channel only for completions after the arming: look again */
-		t->armed = true;
-		if (drain_cq(s, t))
-			return 0;
-	}
+	if ((!t->dev || t->qp) && cq_arm(t->cq, t->dev, &t->armed) && drain_cq(s, t))
+		return 0;
 	sock_unlock(s);
 	struct pollfd p[3] = {{.fd = cqfd, .events = POLLIN}, {.fd = chfd, .events = POLLIN},
 			      {.fd = qfd, .events = POLLIN}};
@@ -1739,15 +1730,9 @@ int stream_wait_fd(struct sock *s)
 	struct stream *t = s->strm;
 	int fd = -1;
 	if (t->cq && t->state != SS_NEW && t->state != SS_LISTEN) {
-		if (!t->dev) {
-			dgv_req_notify_cq(t->cq, 0);
-		} else if (!t->armed && t->qp) {
-			/* progress (run by the readiness check before this) arms it; after an ack
-			 * nothing has looked since: arm and look (a completion found now wakes
-			 * the wait through the armed channel's next one at the latest) */
-			if (dgv_req_notify_cq(t->cq, 0) == 0)
-				t->armed = true;
-		}
+		/* a device's: progress, run by the readiness check before this, armed it */
+		if (!t->dev || t->qp)
+			cq_arm(t->cq, t->dev, &t->armed);
 		fd = t->wfd >= 0 ? t->wfd : dgv_cq_fd(t->cq);
 	}
 	sock_unlock(s);
