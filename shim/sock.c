@@ -359,7 +359,7 @@ int dev_get(const union dgv_sockaddr *local, socklen_t ll, const union dgv_socka
 				 rc == -ENODEV ? "none found or none serves it" : strerror(-rc));
 			/* asked for by name: say so even when logging is off */
 			if (G.want_dev == DEV_YES)
-				dg_log_always("DGSHIM_PROVIDER=ibverbs: %s", G.dev_why);
+				dg_log_always("DGSHIM_PROVIDER=%s", G.dev_why); /* "ibverbs: ..." */
 			else
 				DG_INFO("provider %s", G.dev_why);
 		}
