@@ -155,6 +155,58 @@ static ssize_t recv_plain_os(int fd, const struct iovec *iov, int iovcnt, int fl
 	return r;
 }
 
+/* Copies n bytes of a message of msg_len into iov; returns what recv returns for flags. */
+static ssize_t deliver(const uint8_t *data, uint32_t n, uint32_t msg_len, const struct iovec *iov,
+		       int iovcnt, int flags, int *mflags)
+{
+	size_t off = 0;
+	for (int i = 0; i < iovcnt && off < n; i++) {
+		size_t c = iov[i].iov_len < n - off ? iov[i].iov_len : n - off;
+		if (c)
+			memcpy(iov[i].iov_base, data + off, c);
+		off += c;
+	}
+	*mflags = off < msg_len ? MSG_TRUNC : 0;
+	return (flags & MSG_TRUNC) ? (ssize_t)msg_len : (ssize_t)off;
+}
+
+/* MSG_PEEK on a shared socket with nothing of its own queued: the provider looks at the
+ * kernel's next datagram without taking it, so the next reader, in whichever process, gets
+ * it. Needs s->lock (dropped while waiting). Returns what recv returns, or -ENOMSG when the
+ * next datagram is not a whole message by itself (the caller receives it the usual way). */
+static ssize_t peek_shared(struct sock *s, int fd, const struct iovec *iov, int iovcnt, int flags,
+			   struct sockaddr *src, socklen_t *srclen, int *mflags, bool nb, int *timeout)
+{
+	for (;;) {
+		if (!s->tx_free_n || !s->qp || s->pend_n)
+			return -ENOMSG;
+		/* a free send slot is scratch space while the lock is held */
+		uint8_t *scratch = s->tx_area + (size_t)s->tx_free[s->tx_free_n - 1] * SHIM_SLOT;
+		struct dgv_peek pk;
+		int r = dgv_peek(s->qp, scratch, SHIM_SLOT, &pk);
+		if (r == 0) {
+			if (src && srclen) {
+				socklen_t c = *srclen < pk.src_len ? *srclen : pk.src_len;
+				memcpy(src, &pk.src, c);
+				*srclen = pk.src_len;
+			}
+			return deliver(scratch, pk.copied, pk.msg_len, iov, iovcnt, flags, mflags);
+		}
+		if (r != -EAGAIN)
+			return -ENOMSG;
+		if (nb)
+			return -EAGAIN;
+		pthread_mutex_unlock(&s->lock);
+		struct pollfd p = {.fd = fd, .events = POLLIN};
+		r = shim_nap(&p, 1, timeout);
+		pthread_mutex_lock(&s->lock);
+		if (unlikely(s->gen != G.gen))
+			sock_reset_after_fork(s);
+		if (r)
+			return r;
+	}
+}
+
 ssize_t sock_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt, int flags,
 		  struct sockaddr *src, socklen_t *srclen, int *mflags)
 {
@@ -173,6 +225,11 @@ ssize_t sock_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt, i
 	bool nb = s->user_nonblock || (flags & MSG_DONTWAIT);
 	int timeout = nb ? 0 : s->rcvtimeo_ms > 0 ? s->rcvtimeo_ms : -1;
 	ssize_t rc;
+	if ((flags & MSG_PEEK) && s->shared && !s->pend_n && !s->dev) {
+		rc = peek_shared(s, fd, iov, iovcnt, flags, src, srclen, mflags, nb, &timeout);
+		if (rc != -ENOMSG)
+			goto out;
+	}
 	for (;;) {
 		if (!s->pend_n)
 			consume_cq(s);
@@ -210,21 +267,12 @@ ssize_t sock_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt, i
 		}
 	}
 	struct pend *p = &s->pend[s->pend_head];
-	const uint8_t *data = s->rx_area + (size_t)p->slot * SHIM_SLOT;
-	size_t off = 0;
-	for (int i = 0; i < iovcnt && off < p->len; i++) {
-		size_t c = iov[i].iov_len < p->len - off ? iov[i].iov_len : p->len - off;
-		if (c)
-			memcpy(iov[i].iov_base, data + off, c);
-		off += c;
-	}
-	*mflags = off < p->len ? MSG_TRUNC : 0;
+	rc = deliver(s->rx_area + (size_t)p->slot * SHIM_SLOT, p->len, p->len, iov, iovcnt, flags, mflags);
 	if (src && srclen) {
 		socklen_t c = *srclen < p->srclen ? *srclen : p->srclen;
 		memcpy(src, &p->src, c);
 		*srclen = p->srclen;
 	}
-	rc = (flags & MSG_TRUNC) ? (ssize_t)p->len : (ssize_t)off;
 	if (!(flags & MSG_PEEK)) {
 		s->rx_free[s->rx_free_n++] = (uint16_t)p->slot;
 		s->pend_head = (s->pend_head + 1) % SHIM_RX_SLOTS;
@@ -280,6 +328,9 @@ int sock_poll_in(struct sock *s, int fd)
 	 * until it has a port the kernel's readiness is the truth */
 	if (!s->qp && (s->mode == IWARP_MODE_OFF || s->broken || !sock_is_bound(fd) || qp_setup(s, fd))) {
 		r = -1; /* the kernel's readiness is the truth */
+	} else if (s->shared && !s->dev) {
+		/* reading here would take a datagram another process may be about to read */
+		r = s->pend_n || s->shut_rd ? POLLIN : -1;
 	} else {
 		consume_cq(s);
 		/* a device: left armed, and looked at once more after that (one arming per
@@ -306,7 +357,7 @@ int sock_poll_in_queued(struct sock *s, int fd)
 	if (s->dev)
 		return sock_poll_in(s, fd);
 	pthread_mutex_lock(&s->lock);
-	if (unlikely(s->gen != G.gen) || !s->qp) {
+	if (unlikely(s->gen != G.gen) || !s->qp || s->shared) {
 		pthread_mutex_unlock(&s->lock);
 		return sock_poll_in(s, fd);
 	}
@@ -359,17 +410,37 @@ void sock_cq_ack(struct sock *s)
 	pthread_mutex_unlock(&s->lock);
 }
 
-void sock_ep_link(struct sock *s, struct ep *ep, int on)
+bool sock_ep_link(struct sock *s, struct ep *ep, int on)
 {
 	pthread_mutex_lock(&s->lock);
 	int i;
+	bool ok = true;
 	for (i = 0; i < s->neps && s->eps[i] != ep; i++)
 		;
-	if (on && i == s->neps && s->neps < SHIM_MAX_EPS)
-		s->eps[s->neps++] = ep;
-	else if (!on && i < s->neps)
+	if (on && i == s->neps) {
+		if (s->neps < SHIM_MAX_EPS)
+			s->eps[s->neps++] = ep;
+		else
+			ok = false;
+	} else if (!on && i < s->neps) {
 		s->eps[i] = s->eps[--s->neps];
+	}
 	pthread_mutex_unlock(&s->lock);
+	return ok;
+}
+
+int sock_eps(struct sock *s, struct ep **eps)
+{
+	pthread_mutex_lock(&s->lock);
+	int n = s->neps;
+	memcpy(eps, s->eps, (size_t)n * sizeof *eps);
+	pthread_mutex_unlock(&s->lock);
+	return n;
+}
+
+uint64_t sock_id(const struct sock *s)
+{
+	return s->id;
 }
 
 /* ------------------------------------------------------------------ send */

@@ -9,9 +9,12 @@
  * the program hears of it, and a wait that only saw work, not data, waits again.
  */
 #include <errno.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "sock.h"
@@ -292,18 +295,32 @@ int ev_select(int nfds, fd_set *r, fd_set *w, fd_set *x, const struct timespec *
 /* ------------------------------------------------------------------ epoll */
 
 /*
- * Every registration on an epoll instance the shim created goes through it: the kernel holds
- * (generation, index) in the event data, the program's own data lives here, so events of
- * taken sockets can be checked and those of other descriptors translated back. Entries live
- * in chunks that never move, so epoll_wait reads them without the instance's lock.
+ * An epoll instance the program made is the program's: descriptors the shim did not take are
+ * registered there by the kernel alone, with the program's own event data, so they behave as
+ * natively whatever happens to their numbers (nginx closes a registered socketpair and gets the
+ * number back for its first connection; a table of the shim's would answer EEXIST).
+ *
+ * Taken sockets are registered in a second, private instance (`inner`, made with the first
+ * one), which sits inside the program's with the event data EP_INNER_TAG: a wait on the
+ * program's instance (also by poll, or nested in another epoll) wakes when a taken socket has
+ * something, and the shim then collects the taken sockets' events from `inner`, where the
+ * kernel holds (generation, index) as data and the program's own data lives here. Their
+ * readiness is the shim's (a datagram in the kernel socket may be an acknowledgement or one
+ * segment of a message), so they are checked before the program sees them. Entries live in
+ * chunks that never move, so epoll_wait reads them without the instance's lock.
  */
 #define REG_CHUNK 1024
 #define REG_CHUNKS 256
+/* The event data of `inner` inside the program's instance: not a user-space address (bits
+ * 63..47 differ) nor a small number, so no program's own data is mistaken for it. */
+#define EP_INNER_TAG 0xd95a1f2e6b3c7081ull
 
 struct reg {
 	_Atomic uint32_t gen; /* odd: in use */
 	int fd;
-	struct sock *s;       /* NULL: not taken, plain translation */
+	struct sock *ps;      /* the taken socket it was added for (linked to it) */
+	uint64_t sid;         /* ps's id: a socket freed and made again at fd is another one */
+	struct sock *s;       /* ps once it has a queue pair or stream (its readiness the shim's) */
 	uint32_t events;      /* as the program asked */
 	uint64_t data;
 	int cqfd;             /* registered too, or -1 */
@@ -315,11 +332,14 @@ struct reg {
 struct ep {
 	struct ent ent;
 	pthread_mutex_t lock;
+	int epfd;             /* the program's instance */
+	int inner;            /* the shim's, inside it (-1: none yet) */
 	struct reg *chunk[REG_CHUNKS];
 	uint32_t nregs;       /* indices handed out */
 	uint32_t *free_idx;
 	uint32_t nfree, free_cap;
-	_Atomic int ntaken;   /* registrations of taken sockets */
+	_Atomic int nlive;    /* registrations in use (in `inner`) */
+	_Atomic int ntaken;   /* registrations attached to a taken socket */
 	_Atomic int npending; /* registrations with pending set */
 	_Atomic uint32_t round;
 };
@@ -334,8 +354,10 @@ void ev_epoll_created(int epfd)
 {
 	struct ep *ep = calloc(1, sizeof *ep);
 	if (!ep)
-		return;
+		return; /* the instance stays the kernel's alone: taken sockets get its readiness */
 	ep->ent.kind = ENT_EPOLL;
+	ep->epfd = epfd;
+	ep->inner = -1;
 	pthread_mutex_init(&ep->lock, NULL);
 	struct ent *old = fd_set_ent(epfd, &ep->ent);
 	if (old && old->kind == ENT_SOCK)
@@ -360,12 +382,13 @@ void ev_epoll_closing(int epfd)
 	/* unlink from the sockets it watched */
 	for (uint32_t i = 0; i < ep->nregs; i++) {
 		struct reg *r = reg_at(ep, i);
-		if (r && (atomic_load(&r->gen) & 1) && r->s)
-			sock_ep_link(r->s, ep, 0);
+		if (r && (atomic_load(&r->gen) & 1) && r->ps)
+			sock_ep_link(r->ps, ep, 0);
 	}
-	/* a concurrent epoll_wait on a closing instance is the program's race; the memory is
-	 * kept for one more instance lifetime would be safer, but the kernel makes that wait
-	 * return EBADF before it reads our entries */
+	if (ep->inner >= 0)
+		real.close(ep->inner);
+	/* a concurrent epoll_wait on a closing instance is the program's race; the kernel makes
+	 * that wait return EBADF before it reads our entries */
 	ep_free(ep);
 }
 
@@ -392,7 +415,7 @@ static struct reg *reg_new(struct ep *ep, uint32_t *idx)
 		i = ep->nregs;
 		if (!ep->chunk[i / REG_CHUNK] && !(ep->chunk[i / REG_CHUNK] = calloc(REG_CHUNK, sizeof(struct reg))))
 			return NULL;
-		ep->nregs++;
+		__atomic_store_n(&ep->nregs, ep->nregs + 1, __ATOMIC_RELEASE);
 	}
 	*idx = i;
 	return reg_at(ep, i);
@@ -406,13 +429,16 @@ static void pending_set(struct ep *ep, struct reg *r, bool on)
 	atomic_fetch_add(&ep->npending, on ? 1 : -1);
 }
 
+/* Frees r's slot (the kernel's registrations are the caller's business). Needs ep->lock. */
 static void reg_release(struct ep *ep, struct reg *r, uint32_t i)
 {
 	atomic_fetch_add(&r->gen, 1); /* even: free; stale kernel events no longer match */
+	atomic_fetch_sub(&ep->nlive, 1);
 	pending_set(ep, r, false);
 	if (r->s)
 		atomic_fetch_sub(&ep->ntaken, 1);
 	r->s = NULL;
+	r->ps = NULL;
 	if (ep->nfree == ep->free_cap) {
 		uint32_t nc = ep->free_cap ? ep->free_cap * 2 : 64;
 		uint32_t *nf = realloc(ep->free_idx, nc * sizeof *nf);
@@ -423,9 +449,38 @@ static void reg_release(struct ep *ep, struct reg *r, uint32_t i)
 	ep->free_idx[ep->nfree++] = i;
 }
 
+/* r removed from `inner` (its socket and CQ descriptors) and freed. Needs ep->lock. */
+static void reg_drop(struct ep *ep, struct reg *r, uint32_t i)
+{
+	real.epoll_ctl(ep->inner, EPOLL_CTL_DEL, r->fd, NULL);
+	if (r->cqfd >= 0)
+		real.epoll_ctl(ep->inner, EPOLL_CTL_DEL, r->cqfd, NULL);
+	reg_release(ep, r, i);
+}
+
 static inline uint64_t tag(struct reg *r, uint32_t i, bool cq)
 {
 	return (uint64_t)atomic_load(&r->gen) << 32 | (uint64_t)i << 1 | cq;
+}
+
+/* The shim's instance inside the program's, made on first use. Needs ep->lock. Returns 0 or
+ * -errno. */
+static int inner_get(struct ep *ep)
+{
+	if (ep->inner >= 0)
+		return 0;
+	int in = real.epoll_create1(EPOLL_CLOEXEC);
+	if (in < 0)
+		return -errno;
+	in = fd_to_high(in);
+	struct epoll_event ev = {.events = EPOLLIN, .data.u64 = EP_INNER_TAG};
+	if (real.epoll_ctl(ep->epfd, EPOLL_CTL_ADD, in, &ev) < 0) {
+		int e = errno;
+		real.close(in);
+		return -e;
+	}
+	ep->inner = in;
+	return 0;
 }
 
 /* Kernel events for a registration: the socket's own events; EPOLLIN of a taken socket is
@@ -467,13 +522,13 @@ static uint32_t shim_ready(struct reg *r, uint32_t asked, uint32_t *own, bool qu
 /* Makes r a taken socket's registration (its CQ's descriptor registered too) once the socket
  * has a queue pair: at ADD, or at its first event when it was added before bind. Needs
  * ep->lock. Returns true when r is (now) a taken socket's. */
-static bool reg_attach(struct ep *ep, int epfd, struct reg *r, uint32_t idx)
+static bool reg_attach(struct ep *ep, struct reg *r, uint32_t idx)
 {
 	if (r->s)
 		return true;
 	struct sock *s = fd_sock(r->fd);
 	int qfd, cqfd;
-	if (!s)
+	if (!s || s != r->ps || sock_id(s) != r->sid)
 		return false;
 	if (sock_poll_in(s, r->fd) < 0 || sock_wait_fds(s, &qfd, &cqfd)) {
 		pending_set(ep, r, sock_is_stream(s)); /* a stream may connect later */
@@ -481,84 +536,118 @@ static bool reg_attach(struct ep *ep, int epfd, struct reg *r, uint32_t idx)
 	}
 	pending_set(ep, r, false);
 	struct epoll_event cev = {.events = EPOLLIN | (r->events & EPOLLET), .data.u64 = tag(r, idx, true)};
-	if (real.epoll_ctl(epfd, EPOLL_CTL_ADD, cqfd, &cev) == 0)
+	if (real.epoll_ctl(ep->inner, EPOLL_CTL_ADD, cqfd, &cev) == 0)
 		r->cqfd = cqfd;
 	r->s = s;
 	atomic_fetch_add(&ep->ntaken, 1);
-	sock_ep_link(s, ep, 1);
 	if (sock_is_stream(s)) {
 		struct epoll_event kev = {.events = kernel_events(r), .data.u64 = tag(r, idx, false)};
-		real.epoll_ctl(epfd, EPOLL_CTL_MOD, r->fd, &kev);
+		real.epoll_ctl(ep->inner, EPOLL_CTL_MOD, r->fd, &kev);
 	}
 	return true;
+}
+
+/* Whether ep still has a registration of s. Needs ep->lock. */
+static bool ep_watches(struct ep *ep, struct sock *s)
+{
+	for (uint32_t i = 0; i < ep->nregs; i++) {
+		struct reg *r = reg_at(ep, i);
+		if (r && (atomic_load(&r->gen) & 1) && r->ps == s)
+			return true;
+	}
+	return false;
+}
+
+/* r still names the socket it was added for (not a closed one whose number came back). */
+static bool reg_current(const struct reg *r)
+{
+	struct sock *s = fd_sock(r->fd);
+	return s && s == r->ps && sock_id(s) == r->sid;
 }
 
 int ev_epoll_ctl(struct ep *ep, int epfd, int op, int fd, struct epoll_event *ev)
 {
 	if (op != EPOLL_CTL_DEL && !ev)
 		return -EFAULT;
-	if (fd == epfd)
-		return -EINVAL;
 	pthread_mutex_lock(&ep->lock);
 	int rc = 0;
 	uint32_t idx;
 	struct reg *r = reg_find(ep, fd, &idx);
+	if (r && !reg_current(r)) {
+		/* the socket went away behind the shim's back (a close it did not see) */
+		struct sock *old = r->ps;
+		reg_drop(ep, r, idx);
+		if (!ep_watches(ep, old))
+			sock_ep_link(old, ep, 0);
+		r = NULL;
+	}
+	struct sock *s = r ? r->ps : fd_sock(fd);
+	if (!r && (!s || op != EPOLL_CTL_ADD)) {
+		/* not a taken socket's registration: the kernel's alone, with the program's data */
+		pthread_mutex_unlock(&ep->lock);
+		return real.epoll_ctl(epfd, op, fd, ev) < 0 ? -errno : 0;
+	}
 	switch (op) {
 	case EPOLL_CTL_ADD: {
 		if (r) {
 			rc = -EEXIST;
 			break;
 		}
+		if (ev->events & EPOLLEXCLUSIVE) {
+			/* the kernel's rules for these (EINVAL for a taken socket's MOD later) */
+			pthread_mutex_unlock(&ep->lock);
+			return real.epoll_ctl(epfd, op, fd, ev) < 0 ? -errno : 0;
+		}
+		if ((rc = inner_get(ep)))
+			break;
+		if (!sock_ep_link(s, ep, 1)) {
+			/* watched by too many instances to be told when it goes: the kernel's
+			 * readiness serves it here */
+			pthread_mutex_unlock(&ep->lock);
+			return real.epoll_ctl(epfd, op, fd, ev) < 0 ? -errno : 0;
+		}
 		if (!(r = reg_new(ep, &idx))) {
+			sock_ep_link(s, ep, 0);
 			rc = -ENOMEM;
 			break;
 		}
 		r->fd = fd, r->events = ev->events, r->data = ev->data.u64, r->cqfd = -1, r->s = NULL;
+		r->ps = s, r->sid = sock_id(s);
 		r->round = 0;
 		r->armed = true;
 		r->pending = false;
 		atomic_fetch_add(&r->gen, 1); /* odd: in use */
+		atomic_fetch_add(&ep->nlive, 1);
 		struct epoll_event kev = {.events = kernel_events(r), .data.u64 = tag(r, idx, false)};
-		if (real.epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &kev) < 0) {
+		if (real.epoll_ctl(ep->inner, EPOLL_CTL_ADD, fd, &kev) < 0) {
 			rc = -errno;
-			r->s = NULL;
+			sock_ep_link(s, ep, 0);
 			reg_release(ep, r, idx);
 			break;
 		}
-		reg_attach(ep, epfd, r, idx);
+		reg_attach(ep, r, idx);
 		break;
 	}
 	case EPOLL_CTL_MOD: {
-		if (!r) {
-			rc = -ENOENT;
-			break;
-		}
 		r->events = ev->events, r->data = ev->data.u64;
 		r->armed = true;
 		struct epoll_event kev = {.events = kernel_events(r), .data.u64 = tag(r, idx, false)};
-		if (real.epoll_ctl(epfd, EPOLL_CTL_MOD, fd, &kev) < 0)
+		if (real.epoll_ctl(ep->inner, EPOLL_CTL_MOD, fd, &kev) < 0)
 			rc = -errno;
 		if (r->cqfd >= 0) {
 			struct epoll_event cev = {.events = EPOLLIN | (ev->events & EPOLLET),
 						  .data.u64 = tag(r, idx, true)};
-			real.epoll_ctl(epfd, EPOLL_CTL_MOD, r->cqfd, &cev);
+			real.epoll_ctl(ep->inner, EPOLL_CTL_MOD, r->cqfd, &cev);
 		}
 		break;
 	}
-	case EPOLL_CTL_DEL:
-		if (!r) {
-			/* maybe registered before the shim knew the epoll: the kernel decides */
-			rc = real.epoll_ctl(epfd, op, fd, ev) < 0 ? -errno : 0;
-			break;
-		}
-		if (real.epoll_ctl(epfd, EPOLL_CTL_DEL, fd, ev) < 0)
-			rc = -errno;
-		if (r->cqfd >= 0)
-			real.epoll_ctl(epfd, EPOLL_CTL_DEL, r->cqfd, NULL);
-		if (r->s)
-			sock_ep_link(r->s, ep, 0);
-		reg_release(ep, r, idx);
+	case EPOLL_CTL_DEL: {
+		struct sock *old = r->ps;
+		reg_drop(ep, r, idx);
+		if (!ep_watches(ep, old))
+			sock_ep_link(old, ep, 0);
 		break;
+	}
 	default:
 		rc = -EINVAL;
 	}
@@ -566,20 +655,48 @@ int ev_epoll_ctl(struct ep *ep, int epfd, int op, int fd, struct epoll_event *ev
 	return rc;
 }
 
+/* The registrations of descriptor fd (or every descriptor when fd < 0) of s, in the instances
+ * eps: dropped, or handed to the program's instance (keep: the socket lives on with the OS,
+ * and the program's registration with it). Call without s->lock. */
+static void regs_of(struct sock *s, int fd, struct ep **eps, int n, bool keep)
+{
+	for (int k = 0; k < n; k++) {
+		struct ep *ep = eps[k];
+		pthread_mutex_lock(&ep->lock);
+		bool any_left = false;
+		for (uint32_t i = 0; i < ep->nregs; i++) {
+			struct reg *r = reg_at(ep, i);
+			if (!r || !(atomic_load(&r->gen) & 1) || r->ps != s)
+				continue;
+			if (fd >= 0 && r->fd != fd) {
+				any_left = true;
+				continue;
+			}
+			if (keep) {
+				struct epoll_event pev = {.events = r->events, .data.u64 = r->data};
+				if (!(r->events & EPOLLONESHOT) || r->armed)
+					real.epoll_ctl(ep->epfd, EPOLL_CTL_ADD, r->fd, &pev);
+			}
+			reg_drop(ep, r, i);
+		}
+		pthread_mutex_unlock(&ep->lock);
+		if (fd >= 0 && !any_left)
+			sock_ep_link(s, ep, 0);
+	}
+}
+
 void ev_sock_gone(struct sock *s, struct ep **eps, int n)
 {
 	/* The kernel drops the socket from its epoll sets when the last descriptor closes (the
 	 * QP's duplicate goes with the socket); drop our registrations and the CQ's. */
-	for (int k = 0; k < n; k++) {
-		struct ep *ep = eps[k];
-		pthread_mutex_lock(&ep->lock);
-		for (uint32_t i = 0; i < ep->nregs; i++) {
-			struct reg *r = reg_at(ep, i);
-			if (r && (atomic_load(&r->gen) & 1) && r->s == s)
-				reg_release(ep, r, i);
-		}
-		pthread_mutex_unlock(&ep->lock);
-	}
+	regs_of(s, -1, eps, n, false);
+}
+
+void ev_fd_gone(struct sock *s, int fd, bool keep)
+{
+	struct ep *eps[SHIM_MAX_EPS];
+	int n = sock_eps(s, eps);
+	regs_of(s, fd, eps, n, keep);
 }
 
 void ev_after_fork(void) {}
@@ -595,9 +712,131 @@ static bool cheap_ready(struct sock *s)
 
 #define EV_STACK 256
 
-int ev_epoll_wait(struct ep *ep, int epfd, struct epoll_event *evs, int max, int timeout_ms,
-		  const sigset_t *mask)
+/* Level-triggered registrations of taken sockets with data the kernel no longer shows (queued
+ * from an earlier burst), and streams that connected since they were added, into evs. Returns
+ * the number of events written. */
+static int ep_rescan(struct ep *ep, struct epoll_event *evs, int max, uint32_t round)
 {
+	int out = 0;
+	uint32_t nr = __atomic_load_n(&ep->nregs, __ATOMIC_ACQUIRE);
+	for (uint32_t i = 0; i < nr && out < max; i++) {
+		struct reg *r = reg_at(ep, i);
+		if (!r || !(atomic_load(&r->gen) & 1))
+			continue;
+		if (r->pending && !r->s) {
+			/* a stream that connected since it was added: carried from now on */
+			shim_depth++;
+			pthread_mutex_lock(&ep->lock);
+			if ((atomic_load(&r->gen) & 1) && !r->s)
+				reg_attach(ep, r, i);
+			pthread_mutex_unlock(&ep->lock);
+			shim_depth--;
+		}
+		if (!r->s)
+			continue;
+		uint32_t e = r->events, got = EPOLLIN;
+		if ((e & EPOLLET) || ((e & EPOLLONESHOT) && !r->armed))
+			continue;
+		if (sock_is_stream(r->s)) {
+			uint32_t own;
+			shim_depth++;
+			got = shim_ready(r, e & (EPOLLIN | EPOLLOUT), &own, true);
+			shim_depth--;
+			if (!got)
+				continue;
+		} else if (!(e & EPOLLIN) || !cheap_ready(r->s)) {
+			continue;
+		}
+		r->round = round;
+		if (e & EPOLLONESHOT) {
+			r->armed = false;
+			/* the kernel must not report it again either until MOD */
+			struct epoll_event kev = {.events = 0, .data.u64 = tag(r, i, false)};
+			real.epoll_ctl(ep->inner, EPOLL_CTL_MOD, r->fd, &kev);
+		}
+		evs[out++] = (struct epoll_event){.events = got, .data.u64 = r->data};
+	}
+	return out;
+}
+
+/* Translates n events read from `inner` into evs[*out..max). */
+static void ep_translate(struct ep *ep, const struct epoll_event *k, int n, struct epoll_event *evs,
+			 int *outp, int max, uint32_t round)
+{
+	int out = *outp;
+	shim_depth++;
+	for (int j = 0; j < n && out < max; j++) {
+		uint64_t d = k[j].data.u64;
+		uint32_t i = (uint32_t)(d & 0xffffffffu) >> 1;
+		bool cq = d & 1;
+		struct reg *r = reg_at(ep, i);
+		if (!r || atomic_load(&r->gen) != (uint32_t)(d >> 32))
+			continue; /* a registration removed since */
+		uint32_t e = k[j].events;
+		if (!r->s) {
+			pthread_mutex_lock(&ep->lock);
+			if (atomic_load(&r->gen) == (uint32_t)(d >> 32))
+				reg_attach(ep, r, i);
+			pthread_mutex_unlock(&ep->lock);
+		}
+		if (r->s) {
+			bool strm = sock_is_stream(r->s);
+			if (cq && !strm)
+				sock_cq_ack(r->s);
+			if (strm) {
+				uint32_t own, rdy = shim_ready(r, r->events & (EPOLLIN | EPOLLOUT), &own, false);
+				e = (e & ~own) | rdy;
+				/* after shim_ready: the completions its progress made signalled the
+				 * CQ descriptor as well; consumed now, that edge is not reported
+				 * again (epoll looks at the descriptor before it reports), so an
+				 * edge-triggered program sees one event per arrival */
+				sock_cq_ack(r->s);
+			} else if ((e & EPOLLIN) || cq) {
+				int in = (r->events & EPOLLIN) ? sock_poll_in(r->s, r->fd) : 0;
+				if (in >= 0) /* < 0: the OS carries it, the kernel's word stands */
+					e = (e & ~EPOLLIN) | (in > 0 ? EPOLLIN : 0);
+			}
+			if (cq)
+				e &= EPOLLIN | EPOLLOUT | (strm ? STREAM_ENDS : 0);
+			e &= r->events | EPOLLERR | EPOLLHUP;
+			if (!e) {
+				if ((r->events & EPOLLONESHOT) && !cq) {
+					/* the kernel disarmed it for nothing: arm it again */
+					struct epoll_event kev = {.events = kernel_events(r), .data.u64 = d};
+					real.epoll_ctl(ep->inner, EPOLL_CTL_MOD, r->fd, &kev);
+				}
+				continue;
+			}
+			if (r->round == round) {
+				/* reported already this round: merge */
+				for (int q = 0; q < out; q++)
+					if (evs[q].data.u64 == r->data)
+						evs[q].events |= e;
+				continue;
+			}
+			r->round = round;
+		}
+		if (r->events & EPOLLONESHOT) {
+			if (!r->armed)
+				continue;
+			r->armed = false;
+		}
+		evs[out++] = (struct epoll_event){.events = e, .data.u64 = r->data};
+	}
+	shim_depth--;
+	*outp = out;
+}
+
+int ev_epoll_wait(struct ep *ep, int epfd, struct epoll_event *evs, int max, int timeout_ms,
+		  const sigset_t *mask, const struct timespec *ts2)
+{
+	if (!atomic_load(&ep->nlive)) {
+		/* no taken socket in it: the kernel's instance as it is */
+		if (ts2)
+			return (int)real.syscall(SYS_epoll_pwait2, epfd, evs, max, ts2, mask, _NSIG / 8);
+		return mask ? real.epoll_pwait(epfd, evs, max, timeout_ms, mask)
+			    : real.epoll_wait(epfd, evs, max, timeout_ms);
+	}
 	if (max <= 0 || max > INT32_MAX / (int)sizeof(struct epoll_event)) {
 		errno = EINVAL;
 		return -1;
@@ -613,48 +852,8 @@ int ev_epoll_wait(struct ep *ep, int epfd, struct epoll_event *evs, int max, int
 	for (;;) {
 		uint32_t round = atomic_fetch_add(&ep->round, 1) + 1;
 		out = 0;
-		if (atomic_load(&ep->ntaken) || atomic_load(&ep->npending)) {
-			/* level-triggered: data still queued from an earlier burst is readiness the
-			 * kernel no longer shows */
-			uint32_t nr = __atomic_load_n(&ep->nregs, __ATOMIC_ACQUIRE);
-			for (uint32_t i = 0; i < nr && out < max; i++) {
-				struct reg *r = reg_at(ep, i);
-				if (!r || !(atomic_load(&r->gen) & 1))
-					continue;
-				if (r->pending && !r->s) {
-					/* a stream that connected since it was added: carried from now on */
-					shim_depth++;
-					pthread_mutex_lock(&ep->lock);
-					if ((atomic_load(&r->gen) & 1) && !r->s)
-						reg_attach(ep, epfd, r, i);
-					pthread_mutex_unlock(&ep->lock);
-					shim_depth--;
-				}
-				if (!r->s)
-					continue;
-				uint32_t e = r->events, got = EPOLLIN;
-				if ((e & EPOLLET) || ((e & EPOLLONESHOT) && !r->armed))
-					continue;
-				if (sock_is_stream(r->s)) {
-					uint32_t own;
-					shim_depth++;
-					got = shim_ready(r, e & (EPOLLIN | EPOLLOUT), &own, true);
-					shim_depth--;
-					if (!got)
-						continue;
-				} else if (!(e & EPOLLIN) || !cheap_ready(r->s)) {
-					continue;
-				}
-				r->round = round;
-				if (e & EPOLLONESHOT) {
-					r->armed = false;
-					/* the kernel must not report it again either until MOD */
-					struct epoll_event kev = {.events = 0, .data.u64 = tag(r, i, false)};
-					real.epoll_ctl(epfd, EPOLL_CTL_MOD, r->fd, &kev);
-				}
-				evs[out++] = (struct epoll_event){.events = got, .data.u64 = r->data};
-			}
-		}
+		if (atomic_load(&ep->ntaken) || atomic_load(&ep->npending))
+			out = ep_rescan(ep, evs, max, round);
 		int wt = out ? 0 : t;
 		int kmax = max - out > 0 ? max - out : 1;
 		int n = mask ? real.epoll_pwait(epfd, k, kmax, wt, mask) : real.epoll_wait(epfd, k, kmax, wt);
@@ -665,66 +864,16 @@ int ev_epoll_wait(struct ep *ep, int epfd, struct epoll_event *evs, int max, int
 				free(k);
 			return -1;
 		}
-		shim_depth++;
-		for (int j = 0; j < n && out < max; j++) {
-			uint64_t d = k[j].data.u64;
-			uint32_t i = (uint32_t)(d & 0xffffffffu) >> 1;
-			bool cq = d & 1;
-			struct reg *r = reg_at(ep, i);
-			if (!r || atomic_load(&r->gen) != (uint32_t)(d >> 32))
-				continue; /* a registration removed since */
-			uint32_t e = k[j].events;
-			if (!r->s && fd_get(r->fd)) {
-				pthread_mutex_lock(&ep->lock);
-				if (atomic_load(&r->gen) == (uint32_t)(d >> 32))
-					reg_attach(ep, epfd, r, i);
-				pthread_mutex_unlock(&ep->lock);
-			}
-			if (r->s) {
-				bool strm = sock_is_stream(r->s);
-				if (cq && !strm)
-					sock_cq_ack(r->s);
-				if (strm) {
-					uint32_t own, rdy = shim_ready(r, r->events & (EPOLLIN | EPOLLOUT), &own, false);
-					e = (e & ~own) | rdy;
-					/* after shim_ready: the completions its progress made signalled the
-					 * CQ descriptor as well; consumed now, that edge is not reported
-					 * again (epoll looks at the descriptor before it reports), so an
-					 * edge-triggered program sees one event per arrival */
-					sock_cq_ack(r->s);
-				} else if ((e & EPOLLIN) || cq) {
-					int in = (r->events & EPOLLIN) ? sock_poll_in(r->s, r->fd) : 0;
-					if (in >= 0) /* < 0: the OS carries it, the kernel's word stands */
-						e = (e & ~EPOLLIN) | (in > 0 ? EPOLLIN : 0);
-				}
-				if (cq)
-					e &= EPOLLIN | EPOLLOUT | (strm ? STREAM_ENDS : 0);
-				e &= r->events | EPOLLERR | EPOLLHUP;
-				if (!e) {
-					if ((r->events & EPOLLONESHOT) && !cq) {
-						/* the kernel disarmed it for nothing: arm it again */
-						struct epoll_event kev = {.events = kernel_events(r), .data.u64 = d};
-						real.epoll_ctl(epfd, EPOLL_CTL_MOD, r->fd, &kev);
-					}
-					continue;
-				}
-				if (r->round == round) {
-					/* reported already this round: merge */
-					for (int q = 0; q < out; q++)
-						if (evs[q].data.u64 == r->data)
-							evs[q].events |= e;
-					continue;
-				}
-				r->round = round;
-			}
-			if (r->events & EPOLLONESHOT) {
-				if (!r->armed)
-					continue;
-				r->armed = false;
-			}
-			evs[out++] = (struct epoll_event){.events = e, .data.u64 = r->data};
+		bool inner = false;
+		for (int j = 0; j < n; j++) {
+			if (k[j].data.u64 == EP_INNER_TAG)
+				inner = true;
+			else if (out < max)
+				evs[out++] = k[j]; /* the program's own registration, as the kernel says */
 		}
-		shim_depth--;
+		int in = inner && out < max ? real.epoll_wait(ep->inner, k, max - out, 0) : 0;
+		if (in > 0)
+			ep_translate(ep, k, in, evs, &out, max, round);
 		t = remaining(deadline, timeout_ms);
 		if (out || t == 0)
 			break;

@@ -45,7 +45,7 @@ static void real_load(void)
 	LOAD(read), LOAD(write), LOAD(readv), LOAD(writev);
 	LOAD(poll), LOAD(ppoll), LOAD(select), LOAD(pselect);
 	LOAD(epoll_create), LOAD(epoll_create1), LOAD(epoll_ctl), LOAD(epoll_wait), LOAD(epoll_pwait);
-	LOAD(fork);
+	LOAD(fork), LOAD(syscall);
 }
 
 void shim_real_init(void)
@@ -186,7 +186,7 @@ SHIM_EXPORT int close_range(unsigned first, unsigned last, int flags)
 	if (!(flags & CLOSE_RANGE_CLOEXEC) && first <= last)
 		fd_forget_range(first, last);
 	if (!real.close_range)
-		return (int)syscall(SYS_close_range, first, last, flags);
+		return (int)real.syscall(SYS_close_range, first, last, flags);
 	return real.close_range(first, last, flags);
 }
 
@@ -199,7 +199,7 @@ SHIM_EXPORT void closefrom(int lowfd)
 	if (real.closefrom)
 		real.closefrom(lowfd);
 	else
-		syscall(SYS_close_range, (unsigned)lowfd, ~0u, 0); /* a libc older than closefrom */
+		real.syscall(SYS_close_range, (unsigned)lowfd, ~0u, 0); /* a libc older than closefrom */
 }
 
 static int dup_common(int fd, int fd2)
@@ -789,13 +789,16 @@ SHIM_EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 	return (int)ret(r);
 }
 
+int epoll_pwait2(int epfd, struct epoll_event *evs, int max, const struct timespec *ts,
+		 const sigset_t *mask);
+
 SHIM_EXPORT int epoll_wait(int epfd, struct epoll_event *evs, int max, int timeout)
 {
 	shim_real_init();
 	struct ep *ep;
 	if (shim_depth || !(ep = fd_ep(epfd)))
 		return real.epoll_wait(epfd, evs, max, timeout);
-	return ev_epoll_wait(ep, epfd, evs, max, timeout, NULL);
+	return ev_epoll_wait(ep, epfd, evs, max, timeout, NULL, NULL);
 }
 
 SHIM_EXPORT int epoll_pwait(int epfd, struct epoll_event *evs, int max, int timeout, const sigset_t *mask)
@@ -804,7 +807,22 @@ SHIM_EXPORT int epoll_pwait(int epfd, struct epoll_event *evs, int max, int time
 	struct ep *ep;
 	if (shim_depth || !(ep = fd_ep(epfd)))
 		return real.epoll_pwait(epfd, evs, max, timeout, mask);
-	return ev_epoll_wait(ep, epfd, evs, max, timeout, mask);
+	return ev_epoll_wait(ep, epfd, evs, max, timeout, mask, NULL);
+}
+
+/* glibc 2.35's call with a timespec; the kernel's own when the shim has nothing in the set
+ * (ev_epoll_wait), else the shim's wait with the timeout rounded up to milliseconds. */
+SHIM_EXPORT int epoll_pwait2(int epfd, struct epoll_event *evs, int max, const struct timespec *ts,
+			     const sigset_t *mask)
+{
+	shim_real_init();
+	struct ep *ep;
+	if (shim_depth || !(ep = fd_ep(epfd)))
+		return (int)real.syscall(SYS_epoll_pwait2, epfd, evs, max, ts, mask, _NSIG / 8);
+	int ms = ts_ms(ts);
+	if (ms == -2)
+		return (int)ret(-EINVAL);
+	return ev_epoll_wait(ep, epfd, evs, max, ms, mask, ts);
 }
 
 /* ------------------------------------------------------------------ process */
@@ -822,4 +840,106 @@ __attribute__((destructor)) static void shim_dtor(void)
 {
 	shim_depth++;
 	shim_fini();
+}
+
+/* ------------------------------------------------------------------ syscall() */
+
+static inline struct pollfd *p0_cast(long a) { return (struct pollfd *)a; }
+
+/*
+ * Programs that make socket calls through libc's syscall() (libuv's recvmmsg/sendmmsg, some
+ * runtimes' accept4): those on descriptors take the same path as the named call, so a taken
+ * socket is never read or written behind the shim, and a close through syscall() is seen.
+ * Everything else, and calls from inside the shim, go to the kernel unchanged. What bypasses
+ * libc altogether (Go's runtime, static binaries, inline `syscall` instructions) is not seen:
+ * docs/shim.md "Limits".
+ */
+SHIM_EXPORT long syscall(long nr, ...)
+{
+	va_list ap;
+	va_start(ap, nr);
+	long a0 = va_arg(ap, long), a1 = va_arg(ap, long), a2 = va_arg(ap, long);
+	long a3 = va_arg(ap, long), a4 = va_arg(ap, long), a5 = va_arg(ap, long);
+	va_end(ap);
+	shim_real_init();
+	if (shim_depth)
+		return real.syscall(nr, a0, a1, a2, a3, a4, a5);
+	int fd = (int)a0;
+	void *p1 = (void *)a1, *p4 = (void *)a4;
+	switch (nr) {
+	case SYS_socket:
+		return socket(fd, (int)a1, (int)a2);
+	case SYS_close:
+		return close(fd);
+	case SYS_close_range:
+		return close_range((unsigned)a0, (unsigned)a1, (int)a2);
+	case SYS_dup:
+		return dup(fd);
+	case SYS_dup2:
+		return dup2(fd, (int)a1);
+	case SYS_dup3:
+		return dup3(fd, (int)a1, (int)a2);
+	case SYS_fcntl:
+		return fcntl_common(fd, (int)a1, (void *)a2);
+	case SYS_bind:
+		return bind(fd, p1, (socklen_t)a2);
+	case SYS_connect:
+		return connect(fd, p1, (socklen_t)a2);
+	case SYS_listen:
+		return listen(fd, (int)a1);
+	case SYS_accept:
+		return accept(fd, p1, (socklen_t *)a2);
+	case SYS_accept4:
+		return accept4(fd, p1, (socklen_t *)a2, (int)a3);
+	case SYS_shutdown:
+		return shutdown(fd, (int)a1);
+	case SYS_setsockopt:
+		return setsockopt(fd, (int)a1, (int)a2, (const void *)a3, (socklen_t)a4);
+	case SYS_getsockopt:
+		return getsockopt(fd, (int)a1, (int)a2, (void *)a3, (socklen_t *)a4);
+	case SYS_getpeername:
+		return getpeername(fd, p1, (socklen_t *)a2);
+	case SYS_sendto:
+		return sendto(fd, p1, (size_t)a2, (int)a3, p4, (socklen_t)a5);
+	case SYS_recvfrom:
+		return recvfrom(fd, p1, (size_t)a2, (int)a3, p4, (socklen_t *)a5);
+	case SYS_sendmsg:
+		return sendmsg(fd, p1, (int)a2);
+	case SYS_recvmsg:
+		return recvmsg(fd, p1, (int)a2);
+	case SYS_sendmmsg:
+		return sendmmsg(fd, p1, (unsigned)a2, (int)a3);
+	case SYS_recvmmsg:
+		return recvmmsg(fd, p1, (unsigned)a2, (int)a3, p4);
+	case SYS_read:
+		return read(fd, p1, (size_t)a2);
+	case SYS_write:
+		return write(fd, p1, (size_t)a2);
+	case SYS_readv:
+		return readv(fd, p1, (int)a2);
+	case SYS_writev:
+		return writev(fd, p1, (int)a2);
+	case SYS_sendfile:
+		return sendfile(fd, (int)a1, (off_t *)a2, (size_t)a3);
+	case SYS_ioctl:
+		return ioctl(fd, (unsigned long)a1, (void *)a2);
+	case SYS_poll:
+		return poll(p0_cast(a0), (nfds_t)a1, (int)a2);
+	case SYS_ppoll:
+		/* the kernel's sigsetsize argument (a4) is implied by glibc's sigset_t */
+		return ppoll(p0_cast(a0), (nfds_t)a1, (const struct timespec *)a2, (const sigset_t *)a3);
+	case SYS_epoll_create1:
+		return epoll_create1(fd);
+	case SYS_epoll_ctl:
+		return epoll_ctl(fd, (int)a1, (int)a2, (struct epoll_event *)a3);
+	case SYS_epoll_wait:
+		return epoll_wait(fd, (struct epoll_event *)a1, (int)a2, (int)a3);
+	case SYS_epoll_pwait:
+		return epoll_pwait(fd, (struct epoll_event *)a1, (int)a2, (int)a3, (const sigset_t *)a4);
+	case SYS_epoll_pwait2:
+		return epoll_pwait2(fd, (struct epoll_event *)a1, (int)a2, (const struct timespec *)a3,
+				    (const sigset_t *)a4);
+	default:
+		return real.syscall(nr, a0, a1, a2, a3, a4, a5);
+	}
 }

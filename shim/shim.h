@@ -86,6 +86,7 @@ struct real_fns {
 	int (*epoll_wait)(int, struct epoll_event *, int, int);
 	int (*epoll_pwait)(int, struct epoll_event *, int, int, const sigset_t *);
 	pid_t (*fork)(void);
+	long (*syscall)(long, ...);
 };
 
 extern struct real_fns real;
@@ -185,11 +186,19 @@ int shim_spin_us(void);
 int sock_wait_fds(struct sock *s, int *qfd, int *cqfd);
 /* After the CQ fd polled readable. */
 void sock_cq_ack(struct sock *s);
-/* Registers/unregisters an epoll instance as watching s (for cleanup on close). */
-void sock_ep_link(struct sock *s, struct ep *ep, int on);
+/* Registers/unregisters an epoll instance as watching s (for cleanup on close). Returns false
+ * when s is watched by as many instances as it can remember (SHIM_MAX_EPS). */
+bool sock_ep_link(struct sock *s, struct ep *ep, int on);
+/* The epoll instances watching s, into eps (SHIM_MAX_EPS of room); returns how many. */
+int sock_eps(struct sock *s, struct ep **eps);
+/* A number that names s alone for the life of the process (a socket made again at the same
+ * address is another one). */
+uint64_t sock_id(const struct sock *s);
 
-/* Fork: the child starts over with fresh queue pairs on the same kernel sockets. */
+/* Fork: the child starts over with fresh queue pairs on the same kernel sockets; in both
+ * processes every UDP socket is shared from then on (sock.h `shared`). */
 void shim_atfork_child(void);
+void shim_atfork_parent(void);
 /* Called at process exit: summary line. */
 void shim_fini(void);
 
@@ -200,10 +209,15 @@ int ev_select(int nfds, fd_set *r, fd_set *w, fd_set *x, const struct timespec *
 	      const sigset_t *mask);
 void ev_epoll_created(int epfd);
 int ev_epoll_ctl(struct ep *ep, int epfd, int op, int fd, struct epoll_event *ev);
+/* ts2: epoll_pwait2's timeout (timeout_ms its value rounded up), else NULL. */
 int ev_epoll_wait(struct ep *ep, int epfd, struct epoll_event *evs, int max, int timeout_ms,
-		  const sigset_t *mask);
+		  const sigset_t *mask, const struct timespec *ts2);
 void ev_epoll_closing(int epfd);
 /* s is going away: drop it from every epoll watching it. */
 void ev_sock_gone(struct sock *s, struct ep **eps, int n);
+/* Descriptor fd of s is being closed (keep false: its registrations go) or left to the OS
+ * (keep true: they move to the program's own instances, as the program made them). Call
+ * without s->lock. */
+void ev_fd_gone(struct sock *s, int fd, bool keep);
 
 #endif

@@ -203,7 +203,7 @@ static void init_once_fn(void)
 		G.trust_all = true;
 	else if (d && *d && strcmp(d, "on"))
 		dg_log_always("DGSHIM_DISCOVERY=%s: use on or off; keeping on", d);
-	pthread_atfork(NULL, NULL, shim_atfork_child);
+	pthread_atfork(NULL, shim_atfork_parent, shim_atfork_child);
 	stats_init();
 	peer_init();
 	high_fd_reserve(); /* from the constructor: the process has one thread yet */
@@ -379,6 +379,8 @@ static struct sock *sock_new(int fd, int domain, int mode)
 	s->ent.kind = ENT_SOCK;
 	pthread_mutex_init(&s->lock, NULL);
 	atomic_store(&s->refs, 1);
+	static _Atomic uint64_t next_id;
+	s->id = atomic_fetch_add(&next_id, 1) + 1;
 	s->family = domain;
 	s->mode = mode;
 	s->qfd = -1;
@@ -463,6 +465,9 @@ static bool take_existing_udp(int fd)
 		return false;
 	int fl = real.fcntl(fd, F_GETFL);
 	sock_take(fd, dom, SOCK_DGRAM | (fl >= 0 && (fl & O_NONBLOCK) ? SOCK_NONBLOCK : 0), proto);
+	struct sock *s = fd_sock(fd);
+	if (s)
+		s->shared = true; /* the process that handed it over may still read it */
 	return true;
 }
 
@@ -530,6 +535,9 @@ void sock_duped(int fd, int fd2)
 
 void sock_closing(int fd)
 {
+	struct sock *s = fd_sock(fd);
+	if (s)
+		ev_fd_gone(s, fd, false);
 	struct ent *e = fd_set_ent(fd, NULL);
 	if (e && e->kind == ENT_SOCK)
 		sock_put((struct sock *)e);
@@ -665,6 +673,8 @@ retry:
 	if ((rc = dgv_create_qp(sock_pd(s), &a, &s->qp)))
 		goto dev_fail;
 	post_free_slots(s);
+	if (s->shared)
+		dgv_qp_set_rx_cap(s->qp, 1);
 	registry_set(s, fd);
 	stats_note_mode(s);
 	DG_DBG("fd %d: %s queue pair %s", fd, s->qp_type == DGV_QPT_RD ? "RD" : "UD",
@@ -766,7 +776,23 @@ void sock_reset_after_fork(struct sock *s)
 	s->regfd = -1; /* inherited close-on-exec descriptors: keep the numbers untouched */
 	s->broken = false;
 	s->dev = false; /* chosen again with the child's first QP */
+	s->shared = !s->strm; /* the parent reads the same kernel socket */
 	s->gen = G.gen;
+}
+
+/* In the parent after fork: every UDP socket is now read by two processes. */
+void shim_atfork_parent(void)
+{
+	for (int fd = 0, hi = fd_max(); fd <= hi; fd++) {
+		struct sock *s = fd_sock(fd);
+		if (!s || s->strm || s->shared)
+			continue;
+		pthread_mutex_lock(&s->lock);
+		s->shared = true;
+		if (s->qp && !s->dev)
+			dgv_qp_set_rx_cap(s->qp, 1);
+		pthread_mutex_unlock(&s->lock);
+	}
 }
 
 void shim_atfork_child(void)

@@ -66,6 +66,7 @@ struct sock {
 	struct ent ent;
 	pthread_mutex_t lock;         /* everything below */
 	atomic_int refs;              /* descriptors naming this socket */
+	uint64_t id;                  /* sock_id */
 	unsigned gen;
 	int family;
 	int mode;                     /* enum iwarp_mode */
@@ -74,6 +75,11 @@ struct sock {
 	bool broken;                  /* QP creation failed: the OS carries it */
 	bool dev;                     /* the QP is on the RDMA device (G.dctx), not soft */
 	bool armed;                   /* device: its CQ's channel is armed (an acked event is not) */
+	/* Another process may read the same kernel socket (forked, inherited, received): the
+	 * shim takes off the wire only what the program asks for, one datagram at a time, never
+	 * for a readiness check, and MSG_PEEK leaves the datagram in the kernel (docs/shim.md
+	 * "Fork and exec"). */
+	bool shared;
 	const union dgv_sockaddr *dest_hint; /* during sock_send: where the datagram goes */
 	bool connected;
 	bool shut_rd, shut_wr;

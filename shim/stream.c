@@ -742,6 +742,9 @@ static int decide(struct stream *t, int role, const union dgv_sockaddr *a, sockl
 static void go_plain(int fd)
 {
 	atomic_fetch_add(&T.plain, 1);
+	struct sock *s = fd_sock(fd);
+	if (s)
+		ev_fd_gone(s, fd, true); /* the program's epoll registrations stay, the kernel's */
 	sock_closing(fd);
 }
 

@@ -225,6 +225,20 @@ int dgv_qp_stats(struct dgv_qp *qp, struct dgv_qp_stats *out)
 	return qp->ctx->ops->qp_stats(qp, out);
 }
 
+int dgv_peek(struct dgv_qp *qp, void *buf, size_t len, struct dgv_peek *out)
+{
+	if (!qp || !out || (len && !buf))
+		return -EINVAL;
+	return qp->ctx->ops->peek ? qp->ctx->ops->peek(qp, buf, len, out) : -EOPNOTSUPP;
+}
+
+int dgv_qp_set_rx_cap(struct dgv_qp *qp, unsigned n)
+{
+	if (!qp)
+		return -EINVAL;
+	return qp->ctx->ops->set_rx_cap ? qp->ctx->ops->set_rx_cap(qp, n) : -EOPNOTSUPP;
+}
+
 /* ---------------------------------------------------------------- connections (RC) */
 
 #define CM_OP(ctx, op) ((ctx)->ops->op ? 0 : -EOPNOTSUPP)

@@ -524,6 +524,34 @@ struct dgv_qp_stats {
 
 int dgv_qp_stats(struct dgv_qp *qp, struct dgv_qp_stats *out);
 
+/* A message looked at without taking it (dgv_peek). */
+struct dgv_peek {
+	uint32_t msg_len;      /* the whole message's length */
+	uint32_t copied;       /* bytes of it copied into the caller's buffer */
+	int framed;            /* 1: a datagram-iWARP Send; 0: a plain datagram (pass_plain) */
+	union dgv_sockaddr src;
+	socklen_t src_len;
+};
+
+/*
+ * The next message waiting on a UD queue pair's socket, when one datagram holds it whole (a
+ * plain datagram on a pass_plain QP, or a single-segment Send), copied into buf (len bytes at
+ * most) without taking it off the wire: whoever receives next, in this process or another
+ * sharing the socket, gets it, as with the kernel's MSG_PEEK. Returns 0 and fills *out,
+ * -EAGAIN when nothing is waiting, -ENOMSG when the next datagram is not a whole message by
+ * itself (a segment, an acknowledgement, a damaged one: take it with a posted receive), and
+ * -EOPNOTSUPP where the provider cannot look (the caller then receives it).
+ */
+int dgv_peek(struct dgv_qp *qp, void *buf, size_t len, struct dgv_peek *out);
+
+/*
+ * At most n datagrams read from a UD queue pair's socket per progress round of an rx_hold QP
+ * (0: as many as there are posted receives, the default). A socket shared with other processes
+ * (after fork) sets 1, so that this process takes off the wire only what its program asked
+ * for. Returns 0, -EOPNOTSUPP where the provider has no such knob.
+ */
+int dgv_qp_set_rx_cap(struct dgv_qp *qp, unsigned n);
+
 #ifdef __cplusplus
 }
 #endif

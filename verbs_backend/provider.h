@@ -55,6 +55,10 @@ struct dgv_ops {
 	int (*post_recv)(struct dgv_qp *qp, struct dgv_recv_wr *wr, struct dgv_recv_wr **bad);
 	int (*poll_errq)(struct dgv_qp *qp, int n, struct dgv_async_err *out);
 	int (*qp_stats)(struct dgv_qp *qp, struct dgv_qp_stats *out);
+	/* optional (NULL: -EOPNOTSUPP): dgv_peek */
+	int (*peek)(struct dgv_qp *qp, void *buf, size_t len, struct dgv_peek *out);
+	/* optional (NULL: -EOPNOTSUPP): dgv_qp_set_rx_cap */
+	int (*set_rx_cap)(struct dgv_qp *qp, unsigned n);
 	/* connections (RC); NULL in a backend without them: the front end returns -EOPNOTSUPP */
 	int (*cm_create_channel)(struct dgv_context *ctx, struct dgv_cm_channel **out);
 	int (*cm_destroy_channel)(struct dgv_cm_channel *ch);

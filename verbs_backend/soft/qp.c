@@ -1249,7 +1249,7 @@ static int rx_drain(struct soft_qp *qp, int budget)
 		qp->rxmsg[0].msg_hdr.msg_namelen = al;
 		qp->rxmsg[0].msg_hdr.msg_flags = (size_t)r > qp->rxbuf_size ? MSG_TRUNC : 0;
 		rx_one(qp, 0);
-		if (++qp->rx_streak >= 2)
+		if (++qp->rx_streak >= 2 && qp->rx_cap != 1)
 			qp->rx_vlen = qp->rx_batch;
 		return 1;
 	}
@@ -1260,6 +1260,8 @@ static int rx_drain(struct soft_qp *qp, int budget)
 		uint32_t vlen = qp->rx_batch;
 		if (qp->rx_hold && qp->rq_count < vlen)
 			vlen = qp->rq_count;
+		if (qp->rx_cap && qp->rx_cap - (uint32_t)total < vlen)
+			vlen = qp->rx_cap - (uint32_t)total;
 		if (!vlen)
 			break;
 		int n = recvmmsg(qp->fd, qp->rxmsg, vlen, MSG_DONTWAIT, NULL);
@@ -1763,6 +1765,71 @@ int soft_qp_stats(struct dgv_qp *qpb, struct dgv_qp_stats *out)
 		out->rd_peer_failures = r.peer_failures;
 		out->dup_drops += r.dup_drops;
 	}
+	pthread_mutex_unlock(&qp->lock);
+	return 0;
+}
+
+/* dgv_peek on a UD QP: MSG_PEEK of the socket's next datagram into the receive buffer (under
+ * the QP's lock, as rx_drain uses it), then the same checks a receive makes. A Send behind a
+ * message still being reassembled, or one the fault layer would hold, is not looked at: its
+ * order against the others is the receive path's to decide. */
+int soft_peek(struct dgv_qp *qpb, void *buf, size_t len, struct dgv_peek *out)
+{
+	struct soft_qp *qp = to_sqp(qpb);
+	if (qp->rc || qp->base.type != DGV_QPT_UD)
+		return -EOPNOTSUPP;
+	pthread_mutex_lock(&qp->lock);
+	int rc = -ENOMSG;
+	if (qp->slots_active || qp->frx.active)
+		goto out;
+	union dgv_sockaddr from;
+	socklen_t al = sizeof from;
+	ssize_t r = recvfrom(qp->fd, qp->rxbuf, qp->rxbuf_size, MSG_PEEK | MSG_DONTWAIT | MSG_TRUNC,
+			     &from.sa, &al);
+	if (r < 0) {
+		rc = -errno;
+		goto out;
+	}
+	if ((size_t)r > qp->rxbuf_size)
+		goto out;
+	const uint8_t *p = qp->rxbuf;
+	size_t n = (size_t)r;
+	if (n < DG_CRC_LEN + 2 || !dg_crc_check(qp->rxbuf, n)) {
+		if (!qp->pass_plain || looks_framed(qp, qp->rxbuf, n))
+			goto out; /* damaged: the receive path counts and drops it */
+		out->framed = 0;
+	} else {
+		struct dg_seg g;
+		struct dg_reject why;
+		if (dg_seg_parse(p, n - DG_CRC_LEN, qp->max_msg, &g, &why) || g.tagged ||
+		    (g.opcode != RDMAP_SEND && g.opcode != RDMAP_SEND_SE && g.opcode != RDMAP_SEND_INV &&
+		     g.opcode != RDMAP_SEND_SE_INV) ||
+		    g.mo != 0 || g.plen != g.ml)
+			goto out;
+		p = g.payload, n = g.plen;
+		out->framed = 1;
+	}
+	out->msg_len = (uint32_t)n;
+	out->copied = (uint32_t)(n < len ? n : len);
+	if (out->copied)
+		memcpy(buf, p, out->copied);
+	out->src = from;
+	out->src_len = al;
+	rc = 0;
+out:
+	pthread_mutex_unlock(&qp->lock);
+	return rc;
+}
+
+int soft_set_rx_cap(struct dgv_qp *qpb, unsigned n)
+{
+	struct soft_qp *qp = to_sqp(qpb);
+	if (qp->rc)
+		return -EOPNOTSUPP;
+	pthread_mutex_lock(&qp->lock);
+	qp->rx_cap = n;
+	if (n == 1)
+		qp->rx_vlen = 1;
 	pthread_mutex_unlock(&qp->lock);
 	return 0;
 }

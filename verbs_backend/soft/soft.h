@@ -224,6 +224,7 @@ struct soft_qp {
 	/* receive buffers */
 	uint8_t *rxbuf;
 	uint32_t rxbuf_size, rx_batch;
+	uint32_t rx_cap;       /* dgv_qp_set_rx_cap: datagrams per progress round (0: no cap) */
 	uint32_t rx_vlen;      /* 1: one recvmsg per call; rx_batch: recvmmsg batches */
 	uint32_t rx_streak;    /* successful single reads in a row */
 	struct mmsghdr *rxmsg;
@@ -319,6 +320,8 @@ int soft_post_send(struct dgv_qp *qp, struct dgv_send_wr *wr, struct dgv_send_wr
 int soft_post_recv(struct dgv_qp *qp, struct dgv_recv_wr *wr, struct dgv_recv_wr **bad);
 int soft_poll_errq(struct dgv_qp *qp, int n, struct dgv_async_err *out);
 int soft_qp_stats(struct dgv_qp *qp, struct dgv_qp_stats *out);
+int soft_peek(struct dgv_qp *qp, void *buf, size_t len, struct dgv_peek *out);
+int soft_set_rx_cap(struct dgv_qp *qp, unsigned n);
 /* Receives, runs timers and transmits what is queued. from_app: called by an application
  * call (records app activity). Takes qp->lock (trylock when !block). Returns >0 when it did
  * something, 0 when not, -EBUSY when another thread holds the QP. */
