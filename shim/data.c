@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -53,7 +54,7 @@ int consume_cq(struct sock *s)
 				}
 				bool framed = w->opcode == DGV_WC_RECV;
 				struct pend *p = &s->pend[(s->pend_head + s->pend_n++) % SHIM_RX_SLOTS];
-				p->slot = idx, p->len = w->byte_len, p->framed = framed;
+				p->slot = idx, p->len = w->byte_len, p->framed = framed, p->peeked = false;
 				p->src = w->src, p->srclen = w->src_len;
 				if (framed)
 					s->st->rx_framed++, s->st->rx_framed_bytes += w->byte_len;
@@ -207,6 +208,33 @@ static ssize_t peek_shared(struct sock *s, int fd, const struct iovec *iov, int 
 	}
 }
 
+void sock_drop_peeked(struct sock *s)
+{
+	if (!s->pend_n || !s->pend[s->pend_head].peeked)
+		return;
+	s->rx_free[s->rx_free_n++] = (uint16_t)s->pend[s->pend_head].slot;
+	s->pend_head = (s->pend_head + 1) % SHIM_RX_SLOTS;
+	s->pend_n--;
+	repost(s);
+}
+
+/* The datagram carried over from the parent (sock.h `carry`). Needs s->lock. */
+static ssize_t recv_carry(struct sock *s, const struct iovec *iov, int iovcnt, int flags,
+			  struct sockaddr *src, socklen_t *srclen, int *mflags)
+{
+	ssize_t rc = deliver(s->carry, s->carry_len, s->carry_len, iov, iovcnt, flags, mflags);
+	if (src && srclen) {
+		socklen_t c = *srclen < s->carry_srclen ? *srclen : s->carry_srclen;
+		memcpy(src, &s->carry_src, c);
+		*srclen = s->carry_srclen;
+	}
+	if (!(flags & MSG_PEEK)) {
+		free(s->carry);
+		s->carry = NULL;
+	}
+	return rc;
+}
+
 ssize_t sock_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt, int flags,
 		  struct sockaddr *src, socklen_t *srclen, int *mflags)
 {
@@ -225,7 +253,13 @@ ssize_t sock_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt, i
 	bool nb = s->user_nonblock || (flags & MSG_DONTWAIT);
 	int timeout = nb ? 0 : s->rcvtimeo_ms > 0 ? s->rcvtimeo_ms : -1;
 	ssize_t rc;
-	if ((flags & MSG_PEEK) && s->shared && !s->pend_n && !s->dev) {
+	if (s->carry) {
+		rc = recv_carry(s, iov, iovcnt, flags, src, srclen, mflags);
+		goto out;
+	}
+	/* MSG_PEEK leaves a whole message in the kernel, where a forked child or another
+	 * process sharing the socket reads it next, as natively */
+	if ((flags & MSG_PEEK) && !s->pend_n && !s->dev) {
 		rc = peek_shared(s, fd, iov, iovcnt, flags, src, srclen, mflags, nb, &timeout);
 		if (rc != -ENOMSG)
 			goto out;
@@ -273,7 +307,10 @@ ssize_t sock_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt, i
 		memcpy(src, &p->src, c);
 		*srclen = p->srclen;
 	}
-	if (!(flags & MSG_PEEK)) {
+	if (flags & MSG_PEEK) {
+		p->peeked = true;
+	} else {
+		p->peeked = false;
 		s->rx_free[s->rx_free_n++] = (uint16_t)p->slot;
 		s->pend_head = (s->pend_head + 1) % SHIM_RX_SLOTS;
 		s->pend_n--;
@@ -300,7 +337,7 @@ int sock_fionread(struct sock *s, int *out)
 		pthread_mutex_unlock(&s->lock);
 		return -ENOSYS; /* a plain datagram in the kernel socket, or nothing: the kernel says */
 	}
-	*out = s->pend_n ? (int)s->pend[s->pend_head].len : 0;
+	*out = s->carry ? (int)s->carry_len : s->pend_n ? (int)s->pend[s->pend_head].len : 0;
 	pthread_mutex_unlock(&s->lock);
 	return 0;
 }
@@ -330,7 +367,7 @@ int sock_poll_in(struct sock *s, int fd)
 		r = -1; /* the kernel's readiness is the truth */
 	} else if (s->shared && !s->dev) {
 		/* reading here would take a datagram another process may be about to read */
-		r = s->pend_n || s->shut_rd ? POLLIN : -1;
+		r = s->pend_n || s->carry || s->shut_rd ? POLLIN : -1;
 	} else {
 		consume_cq(s);
 		/* a device: left armed, and looked at once more after that (one arming per

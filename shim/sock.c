@@ -564,6 +564,7 @@ void sock_put(struct sock *s)
 	if (s->gen == G.gen)
 		qp_teardown(s, true);
 	stats_release(s);
+	free(s->carry);
 	pthread_mutex_unlock(&s->lock);
 	pthread_mutex_destroy(&s->lock);
 	free(s);
@@ -763,6 +764,18 @@ void qp_teardown(struct sock *s, bool all)
 void sock_reset_after_fork(struct sock *s)
 {
 	stream_after_fork(s);
+	/* natively a datagram the program peeked is still in the kernel for whoever reads next,
+	 * which after fork is most often the child (socat's UDP-RECVFROM fork); the parent drops
+	 * its copy (shim_atfork_parent) */
+	if (!s->strm && s->pend_n && s->pend[s->pend_head].peeked && s->rx_area && !s->carry) {
+		struct pend *p = &s->pend[s->pend_head];
+		if ((s->carry = malloc(p->len ? p->len : 1))) {
+			memcpy(s->carry, s->rx_area + (size_t)p->slot * SHIM_SLOT, p->len);
+			s->carry_len = p->len;
+			s->carry_src = p->src;
+			s->carry_srclen = p->srclen;
+		}
+	}
 	s->qp = NULL, s->cq = NULL, s->armed = false, s->rx_mr = NULL, s->tx_mr = NULL;
 	s->pend_head = s->pend_n = 0;
 	s->rx_free_n = 0, s->tx_free_n = 0; /* qp_setup fills them with the new areas */
@@ -791,6 +804,7 @@ void shim_atfork_parent(void)
 		s->shared = true;
 		if (s->qp && !s->dev)
 			dgv_qp_set_rx_cap(s->qp, 1);
+		sock_drop_peeked(s); /* the child has it (sock_reset_after_fork) */
 		pthread_mutex_unlock(&s->lock);
 	}
 }

@@ -52,6 +52,7 @@ struct pend {
 	uint32_t slot;
 	uint32_t len;
 	bool framed;
+	bool peeked;                  /* the program saw it with MSG_PEEK: a forked child gets it */
 	socklen_t srclen;
 	union dgv_sockaddr src;
 };
@@ -80,6 +81,12 @@ struct sock {
 	 * for a readiness check, and MSG_PEEK leaves the datagram in the kernel (docs/shim.md
 	 * "Fork and exec"). */
 	bool shared;
+	/* A datagram the parent had peeked but not received when this process was forked from
+	 * it: the next receive here gets it first (malloc'd, NULL: none). */
+	uint8_t *carry;
+	uint32_t carry_len;
+	socklen_t carry_srclen;
+	union dgv_sockaddr carry_src;
 	const union dgv_sockaddr *dest_hint; /* during sock_send: where the datagram goes */
 	bool connected;
 	bool shut_rd, shut_wr;
@@ -152,6 +159,8 @@ int ctx_get(void);
  * NULL), as DGSHIM_PROVIDER asks (sock.c). Returns 0 (G.dctx, G.dpd usable) or -errno. */
 int dev_get(const union dgv_sockaddr *local, socklen_t ll, const union dgv_sockaddr *dest);
 void zc_cache_clear(struct sock *s);
+/* Drops the queued datagram the program had peeked (a forked child got it). Needs s->lock. */
+void sock_drop_peeked(struct sock *s);
 /* Moves finished work from the CQ to the pending and free lists. Needs s->lock. Returns the
  * number of completions taken. */
 int consume_cq(struct sock *s);
