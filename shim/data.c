@@ -323,10 +323,10 @@ out:
 	return rc;
 }
 
-int sock_fionread(struct sock *s, int *out)
+int sock_fionread(struct sock *s, int fd, int *out)
 {
 	if (s->strm)
-		return stream_fionread(s, out);
+		return stream_fionread(s, fd, out);
 	pthread_mutex_lock(&s->lock);
 	if (!s->qp) {
 		pthread_mutex_unlock(&s->lock);
@@ -356,7 +356,7 @@ int sock_is_bound(int fd)
 int sock_poll_in(struct sock *s, int fd)
 {
 	if (s->strm)
-		return stream_poll_in(s);
+		return stream_poll_in(s, fd);
 	pthread_mutex_lock(&s->lock);
 	if (unlikely(s->gen != G.gen))
 		sock_reset_after_fork(s);
@@ -389,7 +389,7 @@ int sock_poll_in(struct sock *s, int fd)
 int sock_poll_in_queued(struct sock *s, int fd)
 {
 	if (s->strm)
-		return stream_poll_in_queued(s);
+		return stream_poll_in_queued(s, fd);
 	/* a device's channel must be armed before the last look (sock_poll_in does both) */
 	if (s->dev)
 		return sock_poll_in(s, fd);
@@ -407,12 +407,12 @@ int sock_poll_in_queued(struct sock *s, int fd)
 
 int sock_poll_out(struct sock *s, int fd)
 {
-	return s->strm ? stream_poll_out(s) : -1; /* datagrams: the kernel's send buffer decides */
+	return s->strm ? stream_poll_out(s, fd) : -1; /* datagrams: the kernel's send buffer decides */
 }
 
 int sock_poll_out_queued(struct sock *s, int fd)
 {
-	return s->strm ? stream_poll_out_queued(s) : -1;
+	return s->strm ? stream_poll_out_queued(s, fd) : -1;
 }
 
 int sock_wait_fds(struct sock *s, int *qfd, int *cqfd)

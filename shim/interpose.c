@@ -308,7 +308,7 @@ SHIM_EXPORT int ioctl(int fd, unsigned long req, ...)
 		ENTER();
 		/* the provider never relies on the file's O_NONBLOCK (it passes MSG_DONTWAIT), so
 		 * blocking is emulated entirely from the program's setting */
-		int r = req == FIONREAD ? sock_fionread(s, arg) : sock_fionbio(s, *(int *)arg);
+		int r = req == FIONREAD ? sock_fionread(s, fd, arg) : sock_fionbio(s, *(int *)arg);
 		LEAVE();
 		if (r == -ENOSYS || (r == 0 && req == FIONBIO))
 			return real.ioctl(fd, req, arg); /* FIONBIO: the file's flag stays the program's */

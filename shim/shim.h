@@ -151,7 +151,7 @@ int shim_iwarp_opt_untaken(int fd, int set, int name, void *v, socklen_t *l);
 int sock_fcntl_setfl(struct sock *s, int fd, int flags);
 int sock_getfl(struct sock *s, int fd);
 int sock_fionbio(struct sock *s, int on);
-int sock_fionread(struct sock *s, int *out);
+int sock_fionread(struct sock *s, int fd, int *out);
 
 /* The data path. dest NULL: the connected peer. Returns bytes or -errno. */
 ssize_t sock_send(struct sock *s, int fd, const struct iovec *iov, int iovcnt, int flags,

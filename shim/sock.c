@@ -796,6 +796,7 @@ void sock_reset_after_fork(struct sock *s)
 /* In the parent after fork: every UDP socket is now read by two processes. */
 void shim_atfork_parent(void)
 {
+	stream_fork(false);
 	for (int fd = 0, hi = fd_max(); fd <= hi; fd++) {
 		struct sock *s = fd_sock(fd);
 		if (!s || s->strm || s->shared)
@@ -813,6 +814,7 @@ void shim_atfork_child(void)
 {
 	/* single-threaded here: locks held by the parent's other threads are void */
 	G.gen++;
+	stream_fork(true);
 	peer_after_fork();
 	stats_after_fork();
 	for (int fd = 0, hi = fd_max(); fd <= hi; fd++) {
@@ -986,7 +988,7 @@ static int set_mode(struct sock *s, int fd, int mode)
 	return 0;
 }
 
-static int iwarp_get(struct sock *s, int name, void *v, socklen_t *l)
+static int iwarp_get(struct sock *s, int fd, int name, void *v, socklen_t *l)
 {
 	if (!v || !l)
 		return -EFAULT;
@@ -998,7 +1000,7 @@ static int iwarp_get(struct sock *s, int name, void *v, socklen_t *l)
 			return -EINVAL;
 		int x = 0;
 		if (s && s->strm && name == IWARP_TAKEN) {
-			x = stream_carried(s); /* takes the lock itself */
+			x = stream_taken(s, fd); /* takes the lock itself */
 		} else if (s) {
 			lock_sock(s);
 			x = name == IWARP_MODE ? s->mode : name == IWARP_ZCOPY_THRESHOLD ? s->zcopy
@@ -1038,7 +1040,7 @@ int shim_iwarp_opt_untaken(int fd, int set, int name, void *v, socklen_t *l)
 	if (real.getsockopt(fd, SOL_SOCKET, SO_TYPE, &probe, &pl))
 		return -errno; /* EBADF, ENOTSOCK as the kernel says */
 	if (!set)
-		return iwarp_get(NULL, name, v, l);
+		return iwarp_get(NULL, fd, name, v, l);
 	if (name != IWARP_MODE && name != IWARP_ZCOPY_THRESHOLD)
 		return -ENOPROTOOPT;
 	if (!v || *l < sizeof(int))
@@ -1122,7 +1124,7 @@ int sock_setsockopt(struct sock *s, int fd, int level, int name, const void *v, 
 int sock_getsockopt(struct sock *s, int fd, int level, int name, void *v, socklen_t *l)
 {
 	if (level == SOL_IWARP)
-		return iwarp_get(s, name, v, l);
+		return iwarp_get(s, fd, name, v, l);
 	if (s->strm && level == IPPROTO_TCP && name == TCP_NODELAY && l) {
 		int r = stream_nodelay(s, fd, 0, v, l);
 		if (r != -ENOSYS)

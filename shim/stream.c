@@ -38,6 +38,7 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -56,6 +57,9 @@
 #define CHUNK (64u << 10)      /* one Write-Record at most: the reader sees data as it streams */
 #define CONNECT_WAIT_MS 15000  /* MPA exchange of a blocking connect, at most */
 #define ACCEPT_WAIT_MS 5000    /* the MPA Request of a connection found to be ours */
+/* An accepted connection of ours that the program has not used this long is answered by the
+ * shim's answering thread, unless the process forked meanwhile (the child answers it). */
+#define ANSWER_AFTER_MS 100
 
 enum { WR_DATA = 1, WR_CTL = 2, WR_SENTINEL = 3 };
 /* A data or control Write-Record's wr_id: WR_SEND | (data records posted so far) << 8 | kind.
@@ -885,6 +889,7 @@ int stream_connect(struct sock *s, int fd, const struct sockaddr *a, socklen_t l
 		return rc;
 	case SS_LISTEN:
 	case SS_DEAD:
+	case SS_ANSWER: /* an accepted connection: the kernel says EISCONN */
 		sock_unlock(s);
 		return real.connect(fd, a, l) < 0 ? -errno : 0; /* the kernel's answer */
 	case SS_NEW:
@@ -1177,6 +1182,177 @@ static int accept_rc(struct sock *ns, int nfd)
 	return accept_hello(ns, t, ev.req, ev.pdata, ev.pdata_len);
 }
 
+/* A connection accepted from a preloaded client (SS_ANSWER) answered now, at the program's
+ * first use of it, on descriptor fd (any of the program's for this socket): reads the MPA
+ * Request the client sent after its TCP connect and answers. A failure leaves the stream dead
+ * as after a reset (the client's connect fails). Needs s->lock. */
+static void late_forget(struct sock *s);
+
+static void answer(struct sock *s, struct stream *t, int fd)
+{
+	if (likely(t->state != SS_ANSWER))
+		return;
+	late_forget(s); /* its reference must not outlive the program's last close */
+	t->state = SS_NEW; /* accept_rc makes it SS_ESTAB */
+	int rc = accept_rc(s, fd);
+	if (rc || t->state != SS_ESTAB) {
+		DG_WARN("fd %d: iWARP accept failed (%s): the connection reads as reset", fd,
+			strerror(rc ? -rc : EPROTO));
+		t->state = SS_DEAD;
+		t->err = ECONNRESET;
+		t->tcp_down = true;
+	}
+}
+
+/*
+ * Answering late. A forking server (accept, fork, the child serves, the parent closes its copy:
+ * qperf, PostgreSQL, socat, inetd) must have the connection answered in the child, so an
+ * accepted connection of ours is answered at the program's first use of it (answer()). A
+ * program that accepts and then waits for something else before it uses the connection would
+ * keep the client in connect() meanwhile; the answering thread answers what has waited
+ * ANSWER_AFTER_MS, except what a fork since has handed to a child. The list holds a reference
+ * to each socket; the descriptor is checked (same socket inode) before it is used.
+ */
+struct late {
+	struct sock *s;
+	int fd;
+	ino_t ino;
+	uint64_t due_us;
+};
+static struct {
+	pthread_mutex_t lock;
+	pthread_cond_t cv;
+	bool running;
+	struct late *v;
+	int n, cap;
+} L = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, NULL, 0, 0};
+
+static ino_t fd_ino(int fd)
+{
+	struct stat st;
+	return fstat(fd, &st) == 0 ? st.st_ino : 0;
+}
+
+static void *late_thread(void *arg)
+{
+	(void)arg;
+	shim_depth++; /* everything here is the shim's own */
+	pthread_mutex_lock(&L.lock);
+	for (;;) {
+		uint64_t now = shim_now_us(), next = 0;
+		for (int i = 0; i < L.n;) {
+			if (L.v[i].due_us > now) {
+				if (!next || L.v[i].due_us < next)
+					next = L.v[i].due_us;
+				i++;
+				continue;
+			}
+			struct late e = L.v[i];
+			L.v[i] = L.v[--L.n];
+			pthread_mutex_unlock(&L.lock);
+			sock_lock(e.s);
+			if (e.s->strm && e.s->strm->state == SS_ANSWER && fd_sock(e.fd) == e.s && fd_ino(e.fd) == e.ino)
+				answer(e.s, e.s->strm, e.fd);
+			sock_unlock(e.s);
+			sock_put(e.s);
+			pthread_mutex_lock(&L.lock);
+			now = shim_now_us();
+			i = 0, next = 0;
+		}
+		if (!next) {
+			pthread_cond_wait(&L.cv, &L.lock);
+		} else {
+			struct timespec ts;
+			clock_gettime(CLOCK_MONOTONIC, &ts);
+			uint64_t ns = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec + (next - now) * 1000u;
+			ts.tv_sec = (time_t)(ns / 1000000000u), ts.tv_nsec = (long)(ns % 1000000000u);
+			pthread_cond_timedwait(&L.cv, &L.lock, &ts);
+		}
+	}
+	return NULL;
+}
+
+/* Queues s (accepted at fd, SS_ANSWER) for the answering thread, started on first use. */
+static void late_add(struct sock *s, int fd)
+{
+	pthread_mutex_lock(&L.lock);
+	if (!L.running) {
+		pthread_condattr_t ca;
+		pthread_condattr_init(&ca);
+		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+		pthread_cond_init(&L.cv, &ca);
+		pthread_condattr_destroy(&ca);
+		pthread_attr_t at;
+		pthread_attr_init(&at);
+		pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+		sigset_t all, old;
+		sigfillset(&all);
+		pthread_sigmask(SIG_SETMASK, &all, &old); /* the program's signals are not ours */
+		pthread_t th;
+		L.running = pthread_create(&th, &at, late_thread, NULL) == 0;
+		pthread_sigmask(SIG_SETMASK, &old, NULL);
+		pthread_attr_destroy(&at);
+	}
+	if (L.running && L.n == L.cap) {
+		int nc = L.cap ? L.cap * 2 : 16;
+		struct late *nv = realloc(L.v, (size_t)nc * sizeof *nv);
+		if (nv)
+			L.v = nv, L.cap = nc;
+	}
+	if (L.running && L.n < L.cap) {
+		atomic_fetch_add(&s->refs, 1);
+		L.v[L.n++] = (struct late){s, fd, fd_ino(fd), shim_now_us() + ANSWER_AFTER_MS * 1000u};
+		pthread_cond_signal(&L.cv);
+	}
+	pthread_mutex_unlock(&L.lock);
+}
+
+/* s answered (or gone): out of the list, its reference dropped. The caller holds a reference
+ * of its own (a descriptor's, or the thread's), so the count does not reach 0 here. */
+static void late_forget(struct sock *s)
+{
+	pthread_mutex_lock(&L.lock);
+	bool found = false;
+	for (int i = 0; i < L.n; i++)
+		if (L.v[i].s == s) {
+			L.v[i] = L.v[--L.n];
+			found = true;
+			break;
+		}
+	pthread_mutex_unlock(&L.lock);
+	if (found)
+		atomic_fetch_sub(&s->refs, 1);
+}
+
+/* Fork: what waits to be answered is the child's to answer (at its first use); in the parent
+ * only its own use answers it. Parent: the list is emptied (references dropped); child: the
+ * thread is gone, the list and its references too (the child's descriptors hold their own). */
+static void late_fork(bool child)
+{
+	if (child) {
+		pthread_mutex_init(&L.lock, NULL);
+		L.running = false;
+		L.n = 0; /* the copied references were the parent's thread's */
+		return;
+	}
+	pthread_mutex_lock(&L.lock);
+	int n = L.n;
+	struct late v[64];
+	int k = 0;
+	while (L.n && k < 64)
+		v[k++] = L.v[--L.n];
+	pthread_mutex_unlock(&L.lock);
+	for (int i = 0; i < k; i++)
+		sock_put(v[i].s);
+	if (n > 64)
+		late_fork(false); /* the rest */
+}
+
+void stream_fork(bool child)
+{
+	late_fork(child);
+}
+
 /* The device connection request that carries cookie, from the listener's stash or its
  * channel (others are stashed for their own accept), waiting up to RV_WAIT_MS. Takes ls->lock
  * (held while waiting on the channel: the listener cannot go away meanwhile). Returns 0 with
@@ -1322,8 +1498,18 @@ int stream_accept(int fd, struct sockaddr *a, socklen_t *l, int flags)
 	ns->connected = true;
 	nodelay_take(ns->strm, nfd);
 	lowat_take(ns->strm, nfd); /* inherited from the listener, as the kernel's */
-	int rc = dev ? accept_dev(ns, nfd, ls, &dlis) : accept_rc(ns, nfd);
+	int rc = 0;
+	if (dev) {
+		rc = accept_dev(ns, nfd, ls, &dlis);
+	} else {
+		/* the MPA Request waits in the kernel until the program first uses the connection:
+		 * a forking server's child answers it in its own process (answer()) */
+		ns->strm->state = SS_ANSWER;
+		DG_DBG("fd %d: accepted TCP from port %u: ours, answered at first use", nfd, port_of(&pa));
+	}
 	sock_unlock(ns);
+	if (!rc && !dev)
+		late_add(ns, nfd);
 	if (rc) {
 		DG_WARN("fd %d: iWARP accept failed (%s): connection closed", nfd, strerror(-rc));
 		sock_closing(nfd);
@@ -1430,6 +1616,7 @@ ssize_t stream_send(struct sock *s, int fd, const struct iovec *iov, int iovcnt,
 {
 	sock_lock(s);
 	struct stream *t = s->strm;
+	answer(s, t, fd);
 	bool nb = s->user_nonblock || (flags & MSG_DONTWAIT);
 	if (t->state == SS_NEW || t->state == SS_LISTEN) {
 		sock_unlock(s);
@@ -1528,6 +1715,7 @@ ssize_t stream_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt,
 {
 	sock_lock(s);
 	struct stream *t = s->strm;
+	answer(s, t, fd);
 	bool nb = s->user_nonblock || (flags & MSG_DONTWAIT);
 	if (t->state == SS_NEW || t->state == SS_LISTEN) {
 		sock_unlock(s);
@@ -1629,6 +1817,7 @@ int stream_shutdown(struct sock *s, int fd, int how)
 		return -EINVAL;
 	sock_lock(s);
 	struct stream *t = s->strm;
+	answer(s, t, fd);
 	int rc = 0;
 	if (t->state == SS_ESTAB && (progress(s, t), closed_like(t))) {
 		rc = -ENOTCONN; /* the kernel's socket would be closed */
@@ -1682,10 +1871,11 @@ static void progress_for_check(struct sock *s, struct stream *t, bool queued)
 		progress(s, t);
 }
 
-static int poll_in(struct sock *s, bool queued)
+static int poll_in(struct sock *s, int fd, bool queued)
 {
 	sock_lock(s);
 	struct stream *t = s->strm;
+	answer(s, t, fd);
 	int r;
 	if (t->state == SS_NEW || t->state == SS_LISTEN) {
 		r = -1;
@@ -1701,13 +1891,14 @@ static int poll_in(struct sock *s, bool queued)
 	return r;
 }
 
-int stream_poll_in(struct sock *s) { return poll_in(s, false); }
-int stream_poll_in_queued(struct sock *s) { return poll_in(s, true); }
+int stream_poll_in(struct sock *s, int fd) { return poll_in(s, fd, false); }
+int stream_poll_in_queued(struct sock *s, int fd) { return poll_in(s, fd, true); }
 
-static int poll_out(struct sock *s, bool queued)
+static int poll_out(struct sock *s, int fd, bool queued)
 {
 	sock_lock(s);
 	struct stream *t = s->strm;
+	answer(s, t, fd);
 	int r;
 	if (t->state == SS_NEW || t->state == SS_LISTEN) {
 		r = -1;
@@ -1724,8 +1915,8 @@ static int poll_out(struct sock *s, bool queued)
 	return r;
 }
 
-int stream_poll_out(struct sock *s) { return poll_out(s, false); }
-int stream_poll_out_queued(struct sock *s) { return poll_out(s, true); }
+int stream_poll_out(struct sock *s, int fd) { return poll_out(s, fd, false); }
+int stream_poll_out_queued(struct sock *s, int fd) { return poll_out(s, fd, true); }
 
 int stream_wait_fd(struct sock *s)
 {
@@ -1752,10 +1943,11 @@ int stream_tcp_fd(struct sock *s)
 	return fd;
 }
 
-int stream_fionread(struct sock *s, int *out)
+int stream_fionread(struct sock *s, int fd, int *out)
 {
 	sock_lock(s);
 	struct stream *t = s->strm;
+	answer(s, t, fd);
 	int rc = 0;
 	if (t->state == SS_ESTAB || t->state == SS_DEAD) {
 		progress(s, t);
@@ -1810,7 +2002,9 @@ int stream_getpeername(struct sock *s, struct sockaddr *a, socklen_t *l)
 	sock_lock(s);
 	struct stream *t = s->strm;
 	int r = -ENOSYS;
-	if (t && t->state != SS_NEW && t->state != SS_LISTEN && t->state != SS_CONNECTING) {
+	if (t && t->state == SS_ANSWER) {
+		r = -ENOSYS; /* not answered yet: the kernel's TCP connection is as good */
+	} else if (t && t->state != SS_NEW && t->state != SS_LISTEN && t->state != SS_CONNECTING) {
 		progress(s, t);
 		if (closed_like(t)) {
 			r = -ENOTCONN;
@@ -1828,6 +2022,16 @@ int stream_getpeername(struct sock *s, struct sockaddr *a, socklen_t *l)
 int stream_carried(struct sock *s)
 {
 	sock_lock(s);
+	int r = s->strm && (s->strm->state == SS_CONNECTING || s->strm->state == SS_ESTAB ||
+			    s->strm->state == SS_ANSWER);
+	sock_unlock(s);
+	return r;
+}
+
+int stream_taken(struct sock *s, int fd)
+{
+	sock_lock(s);
+	answer(s, s->strm, fd);
 	int r = s->strm && (s->strm->state == SS_CONNECTING || s->strm->state == SS_ESTAB);
 	sock_unlock(s);
 	return r;
@@ -1920,7 +2124,7 @@ void stream_after_fork(struct sock *s)
 		t->dlis = NULL, t->lch = NULL;
 		memset(t->stash, 0, sizeof t->stash);
 	}
-	if (t->state != SS_NEW && t->state != SS_LISTEN) {
+	if (t->state != SS_NEW && t->state != SS_LISTEN && t->state != SS_ANSWER) {
 		shim_abandon(t->qp), shim_abandon(t->cq), shim_abandon(t->ch);
 		t->qp = NULL, t->cq = NULL, t->ch = NULL, t->mr_in = NULL, t->mr_out = NULL;
 		t->state = SS_DEAD;

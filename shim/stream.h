@@ -68,6 +68,9 @@ enum stream_state {
 	SS_CONNECTING, /* TCP and MPA in progress */
 	SS_ESTAB,      /* carried over RC */
 	SS_DEAD,       /* connection over (error or both sides closed); err says how */
+	/* accepted from a preloaded client: the MPA exchange runs with the program's first use of
+	 * the connection, in whichever process makes it (a forking server's child) */
+	SS_ANSWER,
 };
 
 /* Creates the stream part of a taken TCP socket. Returns 0 or -ENOMEM. */
@@ -75,6 +78,9 @@ int stream_attach(struct sock *s);
 /* Last reference gone: sends what is owed (FIN), tears down. Needs s->lock. */
 void stream_teardown(struct sock *s);
 void stream_after_fork(struct sock *s);
+/* Fork, once per process: in the parent (child false) after it, in the child before the
+ * sockets are reset. */
+void stream_fork(bool child);
 
 int stream_connect(struct sock *s, int fd, const struct sockaddr *a, socklen_t l);
 int stream_listen(struct sock *s, int fd, int backlog);
@@ -86,18 +92,18 @@ ssize_t stream_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt,
 /* POLLIN / POLLOUT readiness: > 0 ready (a mask: POLLIN or POLLOUT, with POLLRDHUP, POLLHUP and
  * POLLERR as the kernel's tcp_poll would give them), 0 not (wait on stream_wait_fd), -1 the OS
  * decides. */
-int stream_poll_in(struct sock *s);
-int stream_poll_out(struct sock *s);
+int stream_poll_in(struct sock *s, int fd);
+int stream_poll_out(struct sock *s, int fd);
 /* The same without I/O of their own (stream.c progress_for_check): for the checks a poll or
  * epoll_wait makes of every registration on every round. */
-int stream_poll_in_queued(struct sock *s);
-int stream_poll_out_queued(struct sock *s);
+int stream_poll_in_queued(struct sock *s, int fd);
+int stream_poll_out_queued(struct sock *s, int fd);
 /* The descriptor that becomes readable when the stream has news (CQ), armed. -1: none. */
 int stream_wait_fd(struct sock *s);
 /* The TCP socket to watch too while TCP still carries data (-1 once it ended: it would stay
  * readable). */
 int stream_tcp_fd(struct sock *s);
-int stream_fionread(struct sock *s, int *out);
+int stream_fionread(struct sock *s, int fd, int *out);
 /* SO_ERROR of a stream socket the shim carries (pending error, consumed), or -ENOSYS. */
 int stream_so_error(struct sock *s, int *out);
 int stream_setmode(struct sock *s, int mode);
@@ -112,6 +118,9 @@ void stream_lowat(struct sock *s, int fd);
 int stream_getpeername(struct sock *s, struct sockaddr *a, socklen_t *l);
 /* 1 when the stream is (being) carried over RC. */
 int stream_carried(struct sock *s);
+/* IWARP_TAKEN: stream_carried, after answering an accepted connection not answered yet (the
+ * question is whether it is carried, which the exchange decides). */
+int stream_taken(struct sock *s, int fd);
 void stream_cq_ack(struct sock *s);
 
 /* Process-wide counters for the exit summary. */

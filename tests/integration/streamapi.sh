@@ -11,7 +11,8 @@
 #            DGSHIM_CONF=/dev/null, the ASan runtime first in a sanitizer build), ports
 #            BASE_PORT+4..+7: the same checks, each connection carried (IWARP_TAKEN), and the
 #            exit summaries must show it, as dg_check_rc does but summed over the client and the
-#            server it forks: rc_conns >= 56 (28 connections, counted on both ends), RC payload
+#            server it forks: rc_conns >= 55 (28 connections, counted on both ends, less the
+#            server end the forked child of the fork case carries and counts), RC payload
 #            both ways, and rc_plain exactly 2 (the two connects to a port nobody listens on,
 #            which the shim leaves to the OS: the kernel refuses them)
 # "KNOWN name: ..." lines are differences the shim documents (docs/shim.md, "Limits"); they
@@ -62,8 +63,10 @@ else
 	plain=$(dg_sum "$DG_TMP/shim.log" rc_plain)
 	tx=$(dg_sum "$DG_TMP/shim.log" rc_tx_bytes)
 	rx=$(dg_sum "$DG_TMP/shim.log" rc_rx_bytes)
-	if [ "$conns" -lt 56 ] || [ "$tx" -le 0 ] || [ "$rx" -le 0 ] || [ "$plain" -ne 2 ]; then
-		failed+=("shim: rc_conns=$conns (want >= 56: 28 connections on both ends) rc_plain=$plain (want 2: the refused connects) rc_tx_bytes=$tx rc_rx_bytes=$rx")
+	# 28 connections counted on both ends, less the one the forked child answers and carries
+	# (the child leaves with _exit: no summary)
+	if [ "$conns" -lt 55 ] || [ "$tx" -le 0 ] || [ "$rx" -le 0 ] || [ "$plain" -ne 2 ]; then
+		failed+=("shim: rc_conns=$conns (want >= 55: 28 connections on both ends, one server end in a child) rc_plain=$plain (want 2: the refused connects) rc_tx_bytes=$tx rc_rx_bytes=$rx")
 	else
 		dg_log "shim: rc_conns=$conns rc_plain=$plain (the refused connects) rc_tx_bytes=$tx rc_rx_bytes=$rx: OK"
 	fi
