@@ -36,7 +36,9 @@ soname=$(readelf -d "$libdir/libdgshim.so.0" | sed -n 's/.*(SONAME).*\[\(.*\)\]/
 [ "$soname" = libdgshim.so.0 ] || fail "soname is '$soname', not libdgshim.so.0"
 pcdir=$(dirname "$(find "$prefix" -name dgshim.pc | head -1)")
 [ -n "$pcdir" ] || fail "no dgshim.pc installed"
-say "installed: bin/{dgshim,dgshim-stat,dgperf,udpbench}, $(basename "$libdir")/libdgshim.so.0 (soname $soname), dgshim.h, dgshim.pc, man pages, example"
+lua=$libdir/wireshark/plugins/dgshim.lua
+[ -f "$lua" ] || fail "no Wireshark dissector at $lua"
+say "installed: bin/{dgshim,dgshim-stat,dgperf,udpbench}, $(basename "$libdir")/libdgshim.so.0 (soname $soname), dgshim.h, dgshim.pc, man pages, example, wireshark/plugins/dgshim.lua"
 
 # The installed launcher names the installed library, nothing of the build directory.
 "$prefix/bin/dgshim" --version >"$tmp/version" || fail "dgshim --version"
