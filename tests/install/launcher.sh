@@ -4,6 +4,11 @@
 # checked (exit 2, a message naming the value, the program not run); each option sets its
 # variable in the program's environment; profiles and their precedence; dgshim stat reached.
 set -uo pipefail
+# A sanitized build: its runtime first in every preload; leak checks off, since the programs
+# run here (python, coreutils, tshark) are not ours (the integration suite checks the shim's).
+if [ -n "${DG_ASAN_RT:-}" ]; then
+	export LD_PRELOAD=$DG_ASAN_RT ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0
+fi
 L=$1
 name=launcher
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/dgshim-launcher.XXXXXX")

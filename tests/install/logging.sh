@@ -4,6 +4,11 @@
 # program that closes our descriptor and reuses its number gets none of our lines; a path that
 # cannot be opened says so once on stderr and the lines go there.
 set -uo pipefail
+# A sanitized build: its runtime first in every preload; leak checks off, since the programs
+# run here (python, coreutils, tshark) are not ours (the integration suite checks the shim's).
+if [ -n "${DG_ASAN_RT:-}" ]; then
+	export LD_PRELOAD=$DG_ASAN_RT ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0
+fi
 lib=$1
 name=logging
 py=/usr/bin/python3 # not a wrapper script: one process, one program

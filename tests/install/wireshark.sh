@@ -6,6 +6,11 @@
 # under the shim over UD and over RD with 5 % loss at the receiver (data, acks with SACK). tshark
 # decodes the capture with the dissector and the fields are checked against the document.
 set -uo pipefail
+# A sanitized build: its runtime first in every preload; leak checks off, since the programs
+# run here (python, coreutils, tshark) are not ours (the integration suite checks the shim's).
+if [ -n "${DG_ASAN_RT:-}" ]; then
+	export LD_PRELOAD=$DG_ASAN_RT ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0
+fi
 src=$1 build=$2 port=${3:-24300}
 name=wireshark
 lua=$src/tools/wireshark/dgshim.lua
@@ -28,7 +33,7 @@ fi
 [ "$(id -u)" = 0 ] || { echo "$name: SKIP: capturing on loopback needs root"; exit 77; }
 pre=${LD_PRELOAD:+$LD_PRELOAD:}$lib
 
-tcpdump -i lo -U -n -w "$tmp/cap.pcap" "udp and (portrange $port-$((port + 9)) or port 18515)" 2>"$tmp/tcpdump.err" &
+env -u LD_PRELOAD tcpdump -i lo -U -n -w "$tmp/cap.pcap" "udp and (portrange $port-$((port + 9)) or port 18515)" 2>"$tmp/tcpdump.err" &
 tdp=$!; pids+=($tdp)
 for _ in $(seq 50); do grep -qs listening "$tmp/tcpdump.err" && break; sleep 0.1; done
 grep -q listening "$tmp/tcpdump.err" || { cat "$tmp/tcpdump.err"; fail "tcpdump did not start"; }
@@ -84,7 +89,7 @@ run_pair $((port + 3)) rd "loss=5,seed=3"
 sleep 0.3
 kill -INT "$tdp"; wait "$tdp" 2>/dev/null
 
-tshark -X lua_script:"$lua" -r "$tmp/cap.pcap" -T fields -E separator='|' -E occurrence=f \
+env -u LD_PRELOAD tshark -X lua_script:"$lua" -r "$tmp/cap.pcap" -T fields -E separator='|' -E occurrence=f \
 	-e frame.number -e udp.dstport -e dgiwarp.kind -e dgiwarp.opcode -e dgiwarp.t -e dgiwarp.l \
 	-e dgiwarp.stag -e dgiwarp.to -e dgiwarp.qn -e dgiwarp.msn -e dgiwarp.mo -e dgiwarp.ml \
 	-e dgiwarp.segsz -e dgiwarp.payload_len -e dgiwarp.crc -e dgiwarp.crc.good -e dgiwarp.payload \
