@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# launcher.sh LAUNCHER LIB: the dgshim launcher as a user meets it. --help on stdout with exit 0
+# launcher.sh LAUNCHER SOURCE_DIR: the dgshim launcher as a user meets it. --help on stdout with exit 0
 # and no script text; --version; every mode accepted with its protocol; every option value
 # checked (exit 2, a message naming the value, the program not run); each option sets its
 # variable in the program's environment; profiles and their precedence; dgshim stat reached.
@@ -9,7 +9,7 @@ set -uo pipefail
 if [ -n "${DG_ASAN_RT:-}" ]; then
 	export LD_PRELOAD=$DG_ASAN_RT ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0
 fi
-L=$1
+L=$1 src=$2
 name=launcher
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/dgshim-launcher.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
@@ -21,11 +21,12 @@ out=$("$L" --help 2>"$tmp/err"); rc=$?
 [ ! -s "$tmp/err" ] || fail "--help wrote to stderr: $(cat "$tmp/err")"
 grep -q '^usage: dgshim' <<<"$out" || fail "--help has no usage line"
 if grep -Eq 'LIB=|HERE=|\$\{|exec ' <<<"$out"; then fail "--help shows script text"; fi
-for v in DGSHIM_MODE DGSHIM_CONF DGSHIM_RULES DGSHIM_DISCOVERY DGSHIM_PROVIDER DGSHIM_IBV_DEVICE \
-	DGSHIM_ZCOPY_THRESHOLD DGSHIM_PROGRESS DGSHIM_SPIN_US DGSHIM_STREAM_BUF DGSHIM_MPA_CRC DGSHIM_STATS \
-	DGSHIM_LOG DGSHIM_LOG_FILE DGSHIM_FAULT_TX DGSHIM_FAULT_RX DGSHIM_IBV_LIB DGSHIM_RDMACM_LIB DGSHIM_LIB; do
-	grep -q "$v" <<<"$out" || fail "--help does not mention $v"
-	# and the library or the launcher really reads it (no flag for a variable nobody reads)
+# every variable the library reads (found in its sources) has a flag, and DGSHIM_LIB too
+vars=$(grep -rhoE 'getenv\("DGSHIM_[A-Z_]+"\)' "$src/shim" "$src/verbs_backend" "$src/config" |
+	sed 's/.*"\(.*\)".*/\1/' | sort -u)
+[ "$(wc -w <<<"$vars")" -ge 10 ] || fail "found only these variables in the sources: $(echo $vars)"
+for v in $vars DGSHIM_LIB; do
+	grep -q "$v" <<<"$out" || fail "--help has no flag for $v"
 done
 n=$((n + 1))
 ver=$("$L" --version) || fail "--version exits $?"
