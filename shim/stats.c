@@ -44,7 +44,14 @@ static void open_file(void)
 	file->version = DGSHIM_STAT_VERSION;
 	file->pid = (uint32_t)getpid();
 	file->nslots = DGSHIM_STAT_SLOTS;
-	ssize_t n = readlink("/proc/self/exe", file->program, sizeof file->program - 1);
+	/* argv[0], not /proc/self/exe: one executable can be several programs (redis-server is a
+	 * link to redis-check-rdb) and the user knows the name they ran */
+	int cfd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
+	ssize_t n = cfd >= 0 ? read(cfd, file->program, sizeof file->program - 1) : -1;
+	if (cfd >= 0)
+		close(cfd);
+	if (n <= 0)
+		n = readlink("/proc/self/exe", file->program, sizeof file->program - 1);
 	if (n > 0)
 		file->program[n] = 0;
 }
@@ -93,6 +100,9 @@ struct iwarp_stats *stats_slot(struct sock *s, int fd)
 				file->slot[i].in_use = 1;
 				file->slot[i].fd = fd;
 				file->slot[i].family = (uint16_t)s->family;
+				/* what the socket starts as (a TCP socket's stays: the stream code does
+				 * not report it), so a listener reads auto or off, as the rules said */
+				file->slot[i].mode = (uint8_t)s->mode;
 				s->stat_slot = i;
 				if ((uint32_t)i >= file->used)
 					file->used = (uint32_t)i + 1;

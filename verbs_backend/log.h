@@ -1,5 +1,6 @@
 /*
- * log.h - diagnostics on stderr, only when asked for (DGSHIM_LOG=error|warn|info|debug or 0-4).
+ * log.h - diagnostics on stderr (or in DGSHIM_LOG_FILE, %p the pid), only when asked for
+ * (DGSHIM_LOG=error|warn|info|debug or 0-4; anything else warns once and means warn).
  * Never on stdout: the host program owns it. Not for hot paths except behind dg_log_on().
  */
 #ifndef DG_LOG_H

@@ -241,7 +241,8 @@ static const char *pollstr(int ev)
 static void say(const char *tag)
 {
 	char b[16] = {0};
-	strncpy(b, tag, sizeof b - 1);
+	size_t n = strnlen(tag, sizeof b - 1);
+	memcpy(b, tag, n);
 	if (write(ctl, b, sizeof b) != (ssize_t)sizeof b)
 		die("control socket write (%s): %s", tag, strerror(errno));
 }
