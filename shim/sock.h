@@ -165,6 +165,8 @@ void sock_drop_peeked(struct sock *s);
  * number of completions taken. */
 int consume_cq(struct sock *s);
 void stats_note_mode(struct sock *s);
+/* A stream is carried over RC now (dev: on the RDMA device): `dgshim stat` says rc / rc-dev. */
+void stats_note_stream(struct sock *s, bool dev);
 
 /* peer.c: what a destination speaks. */
 void peer_init(void);

@@ -149,6 +149,14 @@ void stats_note_mode(struct sock *s)
 		memcpy(file->provider, G.dev_why, sizeof file->provider);
 }
 
+void stats_note_stream(struct sock *s, bool dev)
+{
+	if (s->stat_slot >= 0 && file) {
+		file->slot[s->stat_slot].mode = IWARP_MODE_RC;
+		file->slot[s->stat_slot].provider = dev ? 1 : 0;
+	}
+}
+
 void shim_fini(void)
 {
 	if (dg_log_on(DG_LOG_INFO) && G.gen) {

@@ -549,6 +549,7 @@ static void progress(struct sock *s, struct stream *t)
 					t->counted = true, atomic_fetch_add(&T.conns, 1);
 					if (t->dev)
 						atomic_fetch_add(&T.dev, 1);
+					stats_note_stream(s, t->dev);
 				}
 				DG_DBG("stream: connected over RC (MPA rev %u, crc %s)", ev.info.mpa_rev,
 				       ev.info.crc ? "on" : "off");
@@ -1144,6 +1145,7 @@ static int accept_hello(struct sock *ns, struct stream *t, struct dgv_conn_req *
 	atomic_fetch_add(&T.conns, 1);
 	if (t->dev)
 		atomic_fetch_add(&T.dev, 1);
+	stats_note_stream(ns, t->dev);
 	/* the first control message wakes the connecting side's CQ */
 	ctl_send(t, CTL_HELLO);
 	return 0;
