@@ -127,6 +127,10 @@ struct stream {
 	/* receiving */
 	uint64_t arrived, consumed, recs_polled, adv_consumed, adv_recs;
 	bool peer_fin, peer_close, tcp_down, shut_rd;
+	/* the receives flushed (the connection went down) while connection events were still
+	 * queued: an orderly TCP end among them (a peer that exited: its kernel's FIN) is the
+	 * end of stream, as natively; progress() decides after reading them */
+	bool flush_seen;
 	bool reset;              /* ended as by a TCP reset (readiness: both directions over) */
 	uint64_t fin_total;
 };
@@ -483,8 +487,14 @@ static int drain_cq(struct sock *s, struct stream *t)
 			if (w->status != DGV_WC_SUCCESS) {
 				t->cm_due = true;
 				/* the sentinel flushed, or a send failed: the connection is over */
-				if ((w->wr_id == WR_SENTINEL || w->wr_id >= WR_DREC) && w->status == DGV_WC_WR_FLUSH_ERR)
-					fail(t, ECONNRESET, "connection closed without an end of stream");
+				if ((w->wr_id == WR_SENTINEL || w->wr_id >= WR_DREC) && w->status == DGV_WC_WR_FLUSH_ERR) {
+					if (t->ch && dgv_cm_pending(t->ch) != 0) {
+						t->flush_seen = true;
+						t->tcp_down = true;
+					} else {
+						fail(t, ECONNRESET, "connection closed without an end of stream");
+					}
+				}
 				else
 					fail(t, ECONNRESET, "work request failed");
 			}
@@ -589,6 +599,8 @@ static void progress(struct sock *s, struct stream *t)
 			t->fin_total = t->arrived;
 		}
 	}
+	if (t->flush_seen && !t->peer_fin)
+		fail(t, ECONNRESET, "connection closed without an end of stream");
 	if (t->ctl_owed)
 		credit_maybe(t);
 }
