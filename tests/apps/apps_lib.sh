@@ -86,10 +86,35 @@ apps_ratio() {
 	fi
 }
 
-# apps_check_rc LABEL FILE [MIN]: dg_check_rc (TCP between preloaded programs carried over RC:
-# rc_conns >= MIN, RC payload > 0, rc_plain = 0); records a failure.
+# apps_check_rc LABEL FILE [MIN]: the process(es) logging to FILE carried their TCP connections
+# over iWARP RC: rc_conns >= MIN (default 1, summed over the processes: a forking server writes
+# a summary per process), RC payload bytes > 0 and rc_plain = 0 (between preloaded programs no
+# connection may fall back to plain TCP). Records a failure.
 apps_check_rc() {
-	dg_check_rc "$@" || apps_bad "$1: TCP not carried over RC (summary in ${2#"$DG_TMP"/})"
+	local label=$1 f=$2 min=${3:-1} conns plain bytes
+	if [ "$(dg_summaries "$f" | wc -l)" -eq 0 ]; then
+		grep -a 'dgshim\[[0-9]*\]' "$f" 2>/dev/null | tail -n 5 | cut -c1-300 | sed 's/^/    | /'
+		apps_bad "$label: no 'dgshim[PID]: info: summary:' line in ${f#"$DG_TMP"/} (shim not loaded, no socket taken, or the process killed)"
+		return 1
+	fi
+	apps_show_summaries "$label" "$f"
+	conns=$(dg_sum "$f" rc_conns)
+	plain=$(dg_sum "$f" rc_plain)
+	bytes=$(($(dg_sum "$f" rc_tx_bytes) + $(dg_sum "$f" rc_rx_bytes)))
+	if [ "$conns" -lt "$min" ] || [ "$bytes" -le 0 ] || [ "$plain" -ne 0 ]; then
+		apps_bad "$label: rc_conns=$conns (expected >= $min) rc_plain=$plain rc bytes=$bytes: TCP not carried over RC"
+		return 1
+	fi
+	dg_log "$label: rc_conns=$conns rc_plain=0 rc bytes=$bytes: OK"
+}
+
+# apps_show_summaries LABEL FILE: the first 3 summary lines of FILE (a forking server writes one
+# per process) and how many more there are.
+apps_show_summaries() {
+	local n
+	dg_summaries "$2" | head -n 3 | cut -c1-400 | sed "s/^/$DG_NAME: $1: /"
+	n=$(dg_summaries "$2" | wc -l)
+	[ "$n" -le 3 ] || dg_log "$1: ... and $((n - 3)) more summary lines"
 }
 
 # apps_check_udp LABEL FILE DIR...: the process(es) logging to FILE wrote a summary and, for each
@@ -103,7 +128,7 @@ apps_check_udp() {
 		apps_bad "$label: no 'dgshim[PID]: info: summary:' line in ${f#"$DG_TMP"/} (shim not loaded, or the process killed)"
 		return 1
 	fi
-	dg_summaries "$f" | cut -c1-400 | sed "s/^/$DG_NAME: $label: /"
+	apps_show_summaries "$label" "$f"
 	for dir in "$@"; do
 		framed=$(dg_sum "$f" "${dir}_framed")
 		plain=$(dg_sum "$f" "${dir}_plain")
