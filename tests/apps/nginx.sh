@@ -146,7 +146,7 @@ done
 off_env=("${DG_SHIM_ENV[@]/DGSHIM_MODE=*/DGSHIM_MODE=off}")
 run_case "mode-off-sendfile-on-w1" on 1 "${off_env[@]}"
 for f in nginx curl wrk; do
-	c=$(dg_sum "$DG_TMP/mode-off-sendfile-on-w1/$f.log" rc_conns)
+	c=$(apps_sum "$DG_TMP/mode-off-sendfile-on-w1/$f.log" rc_conns)
 	[ "$c" -eq 0 ] || apps_bad "mode-off $f: rc_conns=$c with DGSHIM_MODE=off"
 done
 apps_finish
