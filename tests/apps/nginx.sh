@@ -84,7 +84,7 @@ run_case() {
 		apps_bad "$tag: nginx did not listen on $port"
 		return
 	fi
-	if env "$@" curl -sS --max-time 60 -o "$d/big.out" -w '%{speed_download}\n' \
+	if env "$@" curl -sS --max-time 30 -o "$d/big.out" -w '%{speed_download}\n' \
 		"http://127.0.0.1:$port/big.bin" >"$d/curl.out" 2>"$d/curl.log"; then
 		speed=$(tail -n 1 "$d/curl.out")
 		[ "$(apps_sha "$d/big.out")" = "$big_sha" ] ||
@@ -93,14 +93,14 @@ run_case() {
 		dg_tail "$d/curl.log"
 		apps_bad "$tag: curl of the 50 MB file failed"
 	fi
-	if env "$@" curl -sS --max-time 20 -o "$d/index.out" "http://127.0.0.1:$port/index.html" \
+	if env "$@" curl -sS --max-time 10 -o "$d/index.out" "http://127.0.0.1:$port/index.html" \
 		2>"$d/curl2.log"; then
 		cmp -s "$d/index.out" "$www/index.html" || apps_bad "$tag: small page fetched by curl differs"
 	else
 		dg_tail "$d/curl2.log"
 		apps_bad "$tag: curl of the small page failed"
 	fi
-	if env "$@" timeout -k 5 30 wrk -t1 -c4 -d2s "http://127.0.0.1:$port/index.html" >"$d/wrk.log" 2>&1; then
+	if env "$@" timeout -k 5 20 wrk -t1 -c4 -d2s "http://127.0.0.1:$port/index.html" >"$d/wrk.log" 2>&1; then
 		rps=$(awk '/^Requests\/sec:/ { print $2 }' "$d/wrk.log")
 		if grep -qE 'Socket errors|Non-2xx' "$d/wrk.log"; then
 			dg_tail "$d/wrk.log" 12
