@@ -37,6 +37,22 @@ apps_init() {
 	fi
 }
 
+# apps_asan_starts CMD...: in a sanitizer build, CMD (a quick one: --version) must finish within
+# 10 s with only the ASan runtime preloaded, without the shim; else the program cannot run
+# preloaded in this build at all (curl 7.88 deadlocks at start in setlocale under libasan alone)
+# and the test is skipped (exit 77), as the VLC tests do. Nothing to do in a normal build.
+apps_asan_starts() {
+	[ -n "$DG_ASAN_RT" ] || return 0
+	local rc
+	timeout -k 2 10 env ASAN_OPTIONS=detect_leaks=0:verify_asan_link_order=0 LD_PRELOAD="$DG_ASAN_RT" "$@" \
+		>/dev/null 2>&1 </dev/null
+	rc=$?
+	if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+		dg_log "SKIP: '$*' does not finish under the ASan runtime alone (without the shim): $1 cannot run preloaded in a sanitizer build"
+		exit 77
+	fi
+}
+
 # apps_need PROGRAM PACKAGE...: PROGRAM must be runnable. When it is missing, PACKAGE(s) are
 # installed from Debian (root, apt-get, no recommends); if a package has no install candidate
 # the program cannot exist here and the test is skipped (exit 77); an install that fails, or

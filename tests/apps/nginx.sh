@@ -23,6 +23,7 @@ apps_init nginx "$@"
 apps_need nginx nginx-light
 apps_need curl curl
 apps_need wrk wrk
+apps_asan_starts curl --version
 port=$DG_PORT
 
 www=$DG_TMP/www
