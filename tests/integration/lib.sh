@@ -184,7 +184,7 @@ dg_summaries() {
 dg_sum() {
 	dg_summaries "$1" | awk -v k="$2" '
 		{ for (i = 1; i <= NF; i++) { n = split($i, kv, "="); if (n == 2 && kv[1] == k) s += kv[2] } }
-		END { print s + 0 }'
+		END { printf "%.0f\n", s + 0 }'
 }
 
 # dg_check_framed LABEL FILE DIR: asserts the process(es) logging to FILE wrote a summary and

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# node.sh BUILD_DIR BASE_PORT: Node.js (libuv) echo servers and clients written for this test
+# (node_echo.js), both ends node: dgram over UDP on 127.0.0.1:BASE_PORT and net over TCP on
+# BASE_PORT+1; natively, then with both ends preloaded. A run passes when
+#   - UDP: 500 ping-pongs of random datagrams (1-1400 B) come back byte-exact, then a burst of
+#     100 datagrams sent at once comes back whole (100 of 100), and both ends exit 0;
+#   - TCP: 1000 ping-pongs of 64 B come back exact, then 32 MiB of random bytes streamed in
+#     64 KiB writes come back byte for byte (sha256), and both ends exit 0;
+#   - preloaded: UDP both ends' summaries show every datagram framed (tx/rx_framed > 0,
+#     tx/rx_plain = 0); TCP both ends' show the connection carried over RC (rc_conns > 0,
+#     rc_plain = 0).
+# Prints the ratios preloaded/native of the ping-pong rates and of the TCP echo throughput.
+# Exit 0 pass, 1 fail, 77 only if Node.js cannot be installed.
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=apps_lib.sh
+. "$here/apps_lib.sh"
+apps_init node "$@"
+apps_need node nodejs
+js=$here/node_echo.js
+declare -A R
+
+# pair TAG PROTO PORT CLIENT_ARG ENV...: node server and client with ENV; fills R[TAG:NAME].
+pair() {
+	local tag=$1 proto=$2 p=$3 arg=$4 d spid rc
+	shift 4
+	d=$DG_TMP/$tag
+	mkdir -p "$d"
+	apps_check_port_free "$proto" "$p"
+	dg_bg "$d/$proto-server.log" env "$@" timeout -k 5 90 node "$js" "$proto-server" "$p"
+	spid=$DG_LAST_PID
+	if ! dg_wait_port "$proto" "$p" 15 "$spid"; then
+		dg_tail "$d/$proto-server.log"
+		apps_bad "$tag: node $proto server did not bind $p"
+		return
+	fi
+	if env "$@" timeout -k 5 90 node "$js" "$proto-client" "$p" "$arg" >"$d/$proto-client.log" 2>&1; then
+		while read -r _ k v; do R[$tag:$k]=$v; done < <(grep '^rate ' "$d/$proto-client.log")
+		grep '^node_echo' "$d/$proto-client.log" | sed "s/^/$DG_NAME: $tag: /"
+	else
+		dg_tail "$d/$proto-client.log" 10
+		apps_bad "$tag: node $proto client failed"
+	fi
+	if ! apps_wait_gone "$spid" 10; then
+		apps_bad "$tag: node $proto server still running 10 s after its client finished"
+		dg_kill_tree "$spid"
+	fi
+	wait "$spid"
+	rc=$?
+	[ "$rc" -eq 0 ] || { dg_tail "$d/$proto-server.log" 10; apps_bad "$tag: node $proto server exited $rc"; }
+}
+
+dg_log "shim: ${DG_SHIM_ENV[*]}"
+port=$DG_PORT
+for tag in native shim; do
+	env_words=()
+	[ "$tag" = shim ] && env_words=("${DG_SHIM_ENV[@]}")
+	pair "$tag" udp "$port" 500 "${env_words[@]}"
+	pair "$tag" tcp $((port + 1)) 32 "${env_words[@]}"
+done
+for f in udp-server udp-client tcp-server tcp-client; do apps_native_clean "$DG_TMP/native/$f.log"; done
+d=$DG_TMP/shim
+apps_check_udp "dgram server" "$d/udp-server.log" tx rx
+apps_check_udp "dgram client" "$d/udp-client.log" tx rx
+apps_check_rc "net server" "$d/tcp-server.log"
+apps_check_rc "net client" "$d/tcp-client.log"
+apps_ratio "dgram ping-pong" "/s" "${R[native:udp_pingpong_per_s]:--}" "${R[shim:udp_pingpong_per_s]:--}"
+apps_ratio "net ping-pong" "/s" "${R[native:tcp_pingpong_per_s]:--}" "${R[shim:tcp_pingpong_per_s]:--}"
+apps_ratio "net echo 32 MiB" MiB/s "${R[native:tcp_bulk_MiB_per_s]:--}" "${R[shim:tcp_bulk_MiB_per_s]:--}"
+apps_finish
