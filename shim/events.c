@@ -327,6 +327,10 @@ struct reg {
 	uint32_t round;       /* last epoll_wait that reported it (dedupe) */
 	bool armed;           /* EPOLLONESHOT: not reported since the last ADD/MOD */
 	bool pending;         /* a stream not carried yet: attach once it connects */
+	/* ADD, MOD or attaching looked at the kernel socket when the shim may already hold its
+	 * data (a stream's exchange read the first records): the next wait reports what is
+	 * ready once, as the kernel's ADD/MOD of a ready file does, also for EPOLLET */
+	bool kick;
 };
 
 struct ep {
@@ -539,6 +543,7 @@ static bool reg_attach(struct ep *ep, struct reg *r, uint32_t idx)
 	if (real.epoll_ctl(ep->inner, EPOLL_CTL_ADD, cqfd, &cev) == 0)
 		r->cqfd = cqfd;
 	r->s = s;
+	r->kick = true;
 	atomic_fetch_add(&ep->ntaken, 1);
 	if (sock_is_stream(s)) {
 		struct epoll_event kev = {.events = kernel_events(r), .data.u64 = tag(r, idx, false)};
@@ -616,6 +621,7 @@ int ev_epoll_ctl(struct ep *ep, int epfd, int op, int fd, struct epoll_event *ev
 		r->round = 0;
 		r->armed = true;
 		r->pending = false;
+		r->kick = false;
 		atomic_fetch_add(&r->gen, 1); /* odd: in use */
 		atomic_fetch_add(&ep->nlive, 1);
 		struct epoll_event kev = {.events = kernel_events(r), .data.u64 = tag(r, idx, false)};
@@ -631,6 +637,7 @@ int ev_epoll_ctl(struct ep *ep, int epfd, int op, int fd, struct epoll_event *ev
 	case EPOLL_CTL_MOD: {
 		r->events = ev->events, r->data = ev->data.u64;
 		r->armed = true;
+		r->kick = true;
 		struct epoll_event kev = {.events = kernel_events(r), .data.u64 = tag(r, idx, false)};
 		if (real.epoll_ctl(ep->inner, EPOLL_CTL_MOD, fd, &kev) < 0)
 			rc = -errno;
@@ -735,7 +742,9 @@ static int ep_rescan(struct ep *ep, struct epoll_event *evs, int max, uint32_t r
 		if (!r->s)
 			continue;
 		uint32_t e = r->events, got = EPOLLIN;
-		if ((e & EPOLLET) || ((e & EPOLLONESHOT) && !r->armed))
+		bool kick = r->kick;
+		r->kick = false;
+		if (((e & EPOLLET) && !kick) || ((e & EPOLLONESHOT) && !r->armed))
 			continue;
 		if (sock_is_stream(r->s)) {
 			uint32_t own;
@@ -784,13 +793,23 @@ static void ep_translate(struct ep *ep, const struct epoll_event *k, int n, stru
 			if (cq && !strm)
 				sock_cq_ack(r->s);
 			if (strm) {
-				uint32_t own, rdy = shim_ready(r, r->events & (EPOLLIN | EPOLLOUT), &own, false);
-				e = (e & ~own) | rdy;
+				uint32_t own, own2, rdy = shim_ready(r, r->events & (EPOLLIN | EPOLLOUT), &own, false);
 				/* after shim_ready: the completions its progress made signalled the
 				 * CQ descriptor as well; consumed now, that edge is not reported
 				 * again (epoll looks at the descriptor before it reports), so an
 				 * edge-triggered program sees one event per arrival */
 				sock_cq_ack(r->s);
+				/* Armed again, then looked at once more without I/O: what the
+				 * provider's thread completes from now on (it may have held the QP
+				 * while this thread looked, taking the TCP edge's data) raises the CQ
+				 * descriptor, and what it completed meanwhile, or what one half's
+				 * progress brought for the other (a record while looking at send
+				 * room), is reported now: else an edge-triggered program (nginx)
+				 * waits for an edge that already went. */
+				int qfd_, cqfd_;
+				sock_wait_fds(r->s, &qfd_, &cqfd_);
+				rdy |= shim_ready(r, r->events & (EPOLLIN | EPOLLOUT), &own2, true);
+				e = (e & ~own) | rdy;
 			} else if ((e & EPOLLIN) || cq) {
 				int in = (r->events & EPOLLIN) ? sock_poll_in(r->s, r->fd) : 0;
 				if (in >= 0) /* < 0: the OS carries it, the kernel's word stands */
