@@ -436,7 +436,7 @@ static int iv_cq_wait(struct dgv_cq *cb, int timeout_ms)
 		int left = deadline == UINT64_MAX ? -1 : (int)(deadline - now);
 		/* bounded so a deferred accept (iv_run_accepts) is not held up by a long wait */
 		if (left < 0 || left > 100)
-			left = __atomic_load_n(&to_ictx(cb->ctx)->naccepts, __ATOMIC_RELAXED) ? 10 : left;
+			left = atomic_load_explicit(&to_ictx(cb->ctx)->naccepts, memory_order_relaxed) ? 10 : left;
 		r = poll(&p, 1, left);
 		if (r < 0 && errno == EINTR)
 			return -EINTR;
