@@ -102,16 +102,16 @@ def frame_seeds():
 
 # --- fuzz_qp.c input: [config] then ops (see the harness) ---------------------------------
 OP_DGRAM, OP_RECV, OP_POLL, OP_SEND = 0, 1, 2, 3
-DG_CRC, DG_PEER1, DG_EPOCH = 1, 2, 4
+DG_CRC, DG_PEER1, DG_EPOCH, DG_PATCH = 1, 2, 4, 8
 
 
-def qp_dgram(payload, flags=DG_CRC):
+def qp_dgram(payload, flags=DG_CRC | DG_PATCH):
     return bytes([OP_DGRAM]) + struct.pack(">H", len(payload)) + bytes([flags]) + payload
 
 
 def qp_seeds():
     segs = one_segment_messages()
-    recv = bytes([OP_RECV, 4, 0])
+    recv = bytes([OP_RECV, 4, 3])
     poll = bytes([OP_POLL])
     for name, seg in segs.items():
         # UD: the segment as one datagram; RD: behind an RD header, the first of an epoch
