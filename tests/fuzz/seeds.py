@@ -174,35 +174,44 @@ def mpa_seeds():
     write("mpa", "roundtrip_send", b"\x03" + struct.pack(">H", 0) + b"\x01" + send[2:25])
 
 
-# --- fuzz_rc.c input: [config] [MPA Reply] then FPDUs (see the harness) --------------------
+# --- fuzz_rc.c input: [config] [len16 MPA Reply] then records [flags][len16][bytes] ------
 def rc_seeds():
     rep = b"MPA ID Rep Frame" + bytes([0x50, 2, 0, 4, 0x80, 0x40, 0x80, 0x10])
     send = wire_hex("001741430000000000000000000000010000000068656c6c6f000000b990b10c")
     rtr = wire_hex("000ec140000000010000000000000000ebd34c5f")
-    # config byte: bit0 CRC, bit1 markers we ask for, bit2 rev 1; then u16 reply length + reply
     rr = lambda r: struct.pack(">H", len(r)) + r
-    write("rc", "crc_send", b"\x01" + rr(rep) + send)
-    write("rc", "crc_rtr_send", b"\x01" + rr(rep) + rtr + send)
+    raw = lambda b: bytes([4]) + struct.pack(">H", len(b)) + b      # sent as it is
+    ulp = lambda u, fl=1: bytes([fl]) + struct.pack(">H", len(u)) + u  # framed by the harness
+    # config: bit0 CRC, bit1 markers, bit2 rev 1, bit3 framed records
+    write("rc", "wire_ex3_send_raw", b"\x01" + rr(rep) + raw(send))
+    write("rc", "wire_ex2_rtr_then_send_raw", b"\x01" + rr(rep) + raw(rtr) + raw(send))
     rep_nop2p = b"MPA ID Rep Frame" + bytes([0x50, 2, 0, 4, 0x00, 0x40, 0x00, 0x10])
-    write("rc", "crc_no_p2p_send", b"\x01" + rr(rep_nop2p) + send)
+    write("rc", "no_p2p_send_raw", b"\x01" + rr(rep_nop2p) + raw(send))
     rep1 = b"MPA ID Rep Frame" + bytes([0x40, 1, 0, 0])
-    write("rc", "rev1_send", b"\x05" + rr(rep1) + send)
-    # a Write to the harness's region (STag named by the harness: 0 is replaced by it)
-    def fpdu(ulpdu, pos=None):
-        n = len(ulpdu)
-        pad = (4 - ((n + 2) & 3)) & 3
-        body = struct.pack(">H", n) + ulpdu + bytes(pad)
-        return body + struct.pack("<I", crc32c(body))
-    wr = fpdu(struct.pack(">HIQ", ctrl(True, True, WRITE), 0, 0) + b"data")
-    write("rc", "crc_write", b"\x01" + rr(rep) + wr)
-    rd = fpdu(struct.pack(">HIIII", ctrl(False, True, READ_REQ), 0, 1, 1, 0) + read_req(0x77, 0x1000, 4, 0, 0))
-    write("rc", "crc_read_req", b"\x01" + rr(rep) + rd)
-    term = fpdu(struct.pack(">HIIII", ctrl(False, True, TERMINATE), 0, 2, 1, 0) + terminate(2, 0, 2))
-    write("rc", "crc_terminate", b"\x01" + rr(rep) + term)
-    wrec = fpdu(struct.pack(">HIQ", ctrl(True, True, WRITE_RECORD), 0, 0) + b"record")
-    write("rc", "crc_write_record", b"\x01" + rr(rep) + wrec)
-    # markers: the harness asks for them (bit1), so a marker precedes every 512th octet
-    write("rc", "markers_send", b"\x03" + rr(rep) + bytes(4) + send)
+    write("rc", "rev1_send_raw", b"\x05" + rr(rep1) + raw(send))
+    write("rc", "reject", b"\x01" + rr(b"MPA ID Rep Frame" + bytes([0x60, 2, 0, 6, 0x80, 0x40, 0x80, 0x10]) + b"no"))
+    s5 = untagged(SEND, True, 0, 1, 0, 0, 0)[:18] + b"hello"
+    def rc_untagged(op, last, qn, msn, mo, inv=0):
+        return struct.pack(">HIIII", ctrl(False, last, op), inv, qn, msn, mo)
+    def rc_tagged(op, last, stag, to):
+        return struct.pack(">HIQ", ctrl(True, last, op), stag, to)
+    frames = {
+        "send": [rc_untagged(SEND, True, 0, 1, 0) + b"hello"],
+        "send_two_segments": [rc_untagged(SEND, False, 0, 1, 0) + b"abcd", rc_untagged(SEND, True, 0, 1, 4) + b"efgh"],
+        "send_se_inv": [rc_untagged(SEND_SE_INV, True, 0, 1, 0, inv=0x55) + b"x"],
+        "write": [rc_tagged(WRITE, True, 0, 64) + b"data"],
+        "write_record": [rc_tagged(WRITE_RECORD, False, 0, 0) + b"rec", rc_tagged(WRITE_RECORD, True, 0, 3) + b"ord"],
+        "read_req": [rc_untagged(READ_REQ, True, 1, 1, 0) + read_req(0x77, 0x1000, 16, 0, 0)],
+        "read_resp": [rc_tagged(READ_RESP, True, 0, 0) + b"resp"],
+        "terminate": [rc_untagged(TERMINATE, True, 2, 1, 0) + terminate(0, 2, 6, 0x4000, rc_untagged(SEND, True, 0, 9, 0))],
+    }
+    rtr_u = rtr[2:-4]
+    for name, us in frames.items():
+        body = b"".join(ulp(u) for u in us)
+        write("rc", "framed_crc_" + name, b"\x09" + rr(rep) + ulp(rtr_u, 0) + body)
+        write("rc", "framed_markers_" + name, b"\x0b" + rr(rep) + ulp(rtr_u, 0) + body)
+    write("rc", "framed_bad_crc", b"\x09" + rr(rep) + ulp(rtr_u, 0) + ulp(frames["send"][0], 2))
+    write("rc", "framed_rev1_nocrc", b"\x0c" + rr(b"MPA ID Rep Frame" + bytes([0, 1, 0, 0])) + ulp(frames["send"][0]))
 
 
 # --- fuzz_rules.c input -------------------------------------------------------------------
