@@ -232,14 +232,22 @@ def stream_seeds():
     hello = struct.pack(">IIIIQQII", 0x44475331, 512 << 10, 0x1234, 64, 0x7f0000000000, 0x7f0000080000, 256, 0)
     write("stream", "hello", b"\x00" + hello)
     write("stream", "dhello", b"\x00" + hello + struct.pack(">Q", 0xC00C1E))
+    # sent, recs (u64 as two u32), base offset, length, then slot bytes
     ctl = struct.pack(">QQQII", 100, 2, 0, 0, 0)
-    write("stream", "ctl", b"\x01" + struct.pack(">QQ", 1000, 10) + struct.pack(">H", 0) + ctl)
+    write("stream", "ctl", b"\x01" + struct.pack(">QQiI", 1000, 10, 0, 32) + ctl)
     fin = struct.pack(">QQQII", 1000, 10, 500, 2 | 4, 7)
-    write("stream", "ctl_fin_close", b"\x01" + struct.pack(">QQ", 1000, 10) + struct.pack(">H", 7 * 64) + fin)
-    rv = struct.pack(">IHH16sQ", 0x64675256, 4, 18515, bytes([127, 0, 0, 1]) + bytes(12), 42)
-    write("stream", "rv4", b"\x02" + rv)
+    write("stream", "ctl_fin_close_slot7", b"\x01" + struct.pack(">QQiI", 1000, 10, 7 * 64, 32) + bytes(7 * 64) + fin)
+    rv4 = struct.pack(">IHH16sQ", 0x64675256, 4, 18515, bytes([127, 0, 0, 1]) + bytes(12), 42)
+    write("stream", "rv4", b"\x02" + rv4)
     rv6 = struct.pack(">IHH16sQ", 0x64675256, 6, 18515, bytes(15) + b"\x01", 42)
     write("stream", "rv6", b"\x02" + rv6)
+    # records [kind][length][extra]: in order, consume, wrap at the ring end, FIN
+    rec = lambda kind, length, extra=0: struct.pack(">BII", kind, length, extra)
+    write("stream", "data_in_order", b"\x03\x00" + rec(1, 4096) + rec(3, 8192, 4096) + rec(1, 4096))
+    write("stream", "data_fin", b"\x03\x00" + rec(1, 100) + rec(5, 50, 80) + rec(1, 30))
+    # regression: 12 KiB in a 16 KiB ring, all consumed, then a record of 8 KiB where the stream
+    # stands: it would cross the ring's end (stream.c take_data accepts it; stream_data_check not)
+    write("stream", "data_cross_ring_end", b"\x03\x00" + rec(1, 12288) + rec(3, 8192, 12288))
 
 
 def main():
