@@ -208,6 +208,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	FUZZ_CHECK(st >= DGV_QPS_CONNECTING && st <= DGV_QPS_ERROR);
 	FUZZ_CHECK(dgv_destroy_qp(r.qp) == 0);
 	poll_cq(&r);
+	close(sv[0]); /* adopted: the provider never closes it */
 	close(r.peer);
 	FUZZ_CHECK(dgv_dereg_mr(r.mr) == 0);
 	FUZZ_CHECK(dgv_destroy_cq(r.cq) == 0);
