@@ -1382,6 +1382,26 @@ int soft_qp_progress(struct soft_qp *qp, bool from_app, bool block)
 	return n;
 }
 
+/* Test hook, declared by tests/fuzz/fuzz_qp.c (not part of soft.h): one datagram as UDP would
+ * have delivered it, without the socket, followed by what a progress pass does after reading
+ * (RD redelivery, the pump for Read Responses). Lets the fuzzer reach the receive path at
+ * hundreds of thousands of datagrams a second. */
+void soft_qp_test_rx(struct dgv_qp *qpb, uint8_t *buf, size_t len, const union dgv_sockaddr *from,
+		     socklen_t fromlen);
+void soft_qp_test_rx(struct dgv_qp *qpb, uint8_t *buf, size_t len, const union dgv_sockaddr *from,
+		     socklen_t fromlen)
+{
+	struct soft_qp *qp = to_sqp(qpb);
+	pthread_mutex_lock(&qp->lock);
+	qp->now_us = 0;
+	rx_datagram(qp, buf, len, from, fromlen);
+	if (qp->rd)
+		rd_kick(qp->rd);
+	if (qp->sq_pump != qp->sq_tail || qp->ird_count)
+		pump(qp);
+	pthread_mutex_unlock(&qp->lock);
+}
+
 /* ------------------------------------------------------------------ verbs */
 
 static int set_nonblock(int fd)
