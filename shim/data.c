@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "rules.h"
 #include "sock.h"
 
 #define WR_TX (1ull << 32)
@@ -581,6 +582,14 @@ ssize_t sock_send(struct sock *s, int fd, const struct iovec *iov, int iovcnt, i
 	if (to && tolen >= sizeof(struct sockaddr_in) && total <= SHIM_MAX_DGRAM && !s->shut_wr &&
 	    s->mode != IWARP_MODE_OFF && !s->broken && !is_group(to) && to->sa.sa_family == s->family) {
 		if (!s->qp) {
+			/* a rules line for this destination chooses the service of a socket that
+			 * neither the program nor a receiver rule has (the peer's receiver rule
+			 * chose the same, or the datagram would be dropped there) */
+			if (!s->explicit_mode && s->mode == IWARP_MODE_AUTO && G.rules) {
+				int m = dg_rules_match(G.rules, IPPROTO_UDP, DG_ROLE_SENDER, &to->sa, tolen);
+				if (m == IWARP_MODE_UD || m == IWARP_MODE_RD)
+					s->mode = m;
+			}
 			s->dest_hint = to; /* may choose the device (sock.c dev_get) */
 			qp_setup(s, fd);
 			s->dest_hint = NULL;

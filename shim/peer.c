@@ -39,6 +39,7 @@ struct peer {
 	uint8_t used;
 	uint8_t caps;     /* CAP_* known to be spoken */
 	uint8_t rule;     /* RULE_* */
+	uint8_t rule_caps; /* RULE_TRUST: the services the rules line names (CAP_*) */
 	uint8_t local;    /* on this host (registry applies) */
 	socklen_t alen;
 	union dgv_sockaddr a;
@@ -175,10 +176,14 @@ static struct peer *find(const union dgv_sockaddr *a, socklen_t alen, uint32_t h
 					: IWARP_MODE_AUTO;
 			if (m == IWARP_MODE_OFF)
 				p->rule = RULE_OFF;
-			else if (where && strcmp(where, "default mode") && m != IWARP_MODE_AUTO)
-				p->rule = RULE_TRUST; /* a rules line names this destination */
-			if (G.trust_all && p->rule != RULE_OFF)
+			else if (where && strcmp(where, "default mode") && m != IWARP_MODE_AUTO) {
+				/* a rules line names this destination and its service: a socket of
+				 * another service sends it plain (framed, the receiver would drop it) */
 				p->rule = RULE_TRUST;
+				p->rule_caps = m == IWARP_MODE_RD ? CAP_RD : (uint8_t)(CAP_UD | CAP_UDV);
+			}
+			if (G.trust_all && p->rule != RULE_OFF)
+				p->rule = RULE_TRUST, p->rule_caps = 0xff;
 			return p;
 		}
 		if (dgv_addr_eq(&p->a, a))
@@ -231,7 +236,9 @@ struct dgv_ah *peer_route(const union dgv_sockaddr *to, socklen_t tolen, int svc
 		goto out;
 	uint8_t want = cap_of(svc);
 	bool dev = svc == SVC_UDV;
-	if (p->rule != RULE_TRUST) {
+	if (p->rule == RULE_TRUST && !(p->rule_caps & want)) {
+		goto out;
+	} else if (p->rule != RULE_TRUST) {
 		if (p->local) {
 			uint64_t now = shim_now_us();
 			if (now - p->checked_us > (p->caps & want ? LEASE_LOCAL_US : RECHECK_NO_US)) {

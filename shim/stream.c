@@ -45,6 +45,7 @@
 #include "log.h"
 #include "rules.h"
 #include "sock.h"
+#include "stream_wire.h"
 
 #define RING_DEFAULT (512u << 10)
 #define RING_MIN (16u << 10)
@@ -60,6 +61,10 @@
 /* An accepted connection of ours that the program has not used this long is answered by the
  * shim's answering thread, unless the process forked meanwhile (the child answers it). */
 #define ANSWER_AFTER_MS 100
+/* A remote client's first bytes: how long the shim waits for them when the program's first
+ * use of the connection comes before they did (a server that speaks first); a preloaded
+ * client sends its MPA Request as soon as TCP is up, so the wait is about one round trip. */
+#define PROBE_WAIT_MS 20
 
 enum { WR_DATA = 1, WR_CTL = 2, WR_SENTINEL = 3 };
 /* A data or control Write-Record's wr_id: WR_SEND | (data records posted so far) << 8 | kind.
@@ -87,6 +92,9 @@ struct stream {
 	int nodelay;             /* TCP_NODELAY as the program set it (the provider sets it on TCP) */
 	int lowat;               /* SO_RCVLOWAT (the kernel's value; 0 or 1: any byte) */
 	bool counted;            /* in the conns total */
+	/* SS_ANSWER from a client on another host: no registry says whether it speaks, so its
+	 * first bytes do (an MPA Request, or anything else: plain) */
+	bool probe;
 	int mode;                /* IWARP_MODE_AUTO, _RC or _OFF */
 	struct dgv_cm_channel *ch;
 	struct dgv_qp *qp;
@@ -434,10 +442,11 @@ static void take_ctl(struct stream *t, const struct dgv_record *rec)
 
 static void take_data(struct sock *s, struct stream *t, const struct dgv_record *rec)
 {
-	uint64_t want = (uint64_t)(uintptr_t)t->rx + (t->arrived & (t->ring - 1));
-	if (rec->base != want || rec->length > t->ring - (t->arrived - t->consumed) ||
-	    (t->peer_fin && t->arrived + rec->length > t->fin_total)) {
-		fail(t, EPROTO, "data record out of stream order or beyond the credit given");
+	/* the one decoder the fuzz harness checks (tests/fuzz/fuzz_stream.c), which also refuses
+	 * a record crossing the ring's end (placed beyond the ring, into the control slots) */
+	if (stream_data_check(rec->base, rec->length, (uint64_t)(uintptr_t)t->rx, (uint32_t)t->ring, t->arrived,
+			      t->consumed, t->peer_fin, t->fin_total)) {
+		fail(t, EPROTO, "data record out of stream order, beyond the credit given or across the ring's end");
 		return;
 	}
 	t->arrived += rec->length;
@@ -1202,11 +1211,48 @@ static int accept_rc(struct sock *ns, int nfd)
  * as after a reset (the client's connect fails). Needs s->lock. */
 static void late_forget(struct sock *s);
 
+/* Whether the connection at fd starts with an MPA Request (RFC 5044 7.1: its 16-byte key),
+ * waiting up to wait_ms for the first bytes. Never consumes a byte. Returns 1 (it does), 0 (it
+ * does not, or nothing came in time, or the connection ended). */
+static int mpa_request_first(int fd, int wait_ms)
+{
+	static const char key[16] = "MPA ID Req Frame";
+	uint64_t until = shim_now_us() + (uint64_t)wait_ms * 1000;
+	for (;;) {
+		char b[16];
+		ssize_t n = real.recv(fd, b, sizeof b, MSG_PEEK | MSG_DONTWAIT);
+		if (n == (ssize_t)sizeof b)
+			return !memcmp(b, key, sizeof b);
+		if (n > 0 && memcmp(b, key, (size_t)n))
+			return 0;
+		if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+			return 0;
+		uint64_t now = shim_now_us();
+		if (now >= until)
+			return 0;
+		struct pollfd p = {.fd = fd, .events = POLLIN};
+		real.poll(&p, 1, (int)((until - now + 999) / 1000));
+		if (n > 0)
+			usleep(100); /* part of the key: the rest is on its way */
+	}
+}
+
 static void answer(struct sock *s, struct stream *t, int fd)
 {
 	if (likely(t->state != SS_ANSWER))
 		return;
 	late_forget(s); /* its reference must not outlive the program's last close */
+	if (t->probe && !mpa_request_first(fd, PROBE_WAIT_MS)) {
+		/* an unmodified client on another host: the OS carries it from here (the
+		 * descriptor stays known, answered by the kernel as before a connect) */
+		t->state = SS_NEW;
+		t->probe = false;
+		t->mode = IWARP_MODE_OFF;
+		atomic_fetch_add(&T.plain, 1);
+		DG_DBG("fd %d: a client on another host that does not speak iWARP: plain TCP", fd);
+		return;
+	}
+	t->probe = false;
 	t->state = SS_NEW; /* accept_rc makes it SS_ESTAB */
 	int rc = accept_rc(s, fd);
 	if (rc || t->state != SS_ESTAB) {
@@ -1495,7 +1541,13 @@ int stream_accept(int fd, struct sockaddr *a, socklen_t *l, int flags)
 	}
 	if (!dev)
 		name_client(&un, &unl, port_of(&pa), lport > 0 ? (unsigned)lport : 0, false);
-	if (!ip_local(&pa) || !registry_exists(&un, unl)) {
+	/* a client on this host said by its registry name whether it speaks; one on another
+	 * host says it with its first bytes (answer(): an MPA Request or not), unless the rules
+	 * keep its address plain */
+	bool remote = !ip_local(&pa);
+	if (remote && decide(lt, DG_ROLE_RECEIVER, &pa, pl) == IWARP_MODE_OFF)
+		remote = false;
+	if (!remote && (!ip_local(&pa) || !registry_exists(&un, unl))) {
 		atomic_fetch_add(&T.plain, 1);
 		DG_DBG("fd %d: accepted TCP from port %u: not ours, plain TCP", nfd, port_of(&pa));
 		return nfd;
@@ -1519,7 +1571,9 @@ int stream_accept(int fd, struct sockaddr *a, socklen_t *l, int flags)
 		/* the MPA Request waits in the kernel until the program first uses the connection:
 		 * a forking server's child answers it in its own process (answer()) */
 		ns->strm->state = SS_ANSWER;
-		DG_DBG("fd %d: accepted TCP from port %u: ours, answered at first use", nfd, port_of(&pa));
+		ns->strm->probe = remote;
+		DG_DBG("fd %d: accepted TCP from port %u: %s, answered at first use", nfd, port_of(&pa),
+		       remote ? "another host's, its first bytes decide" : "ours");
 	}
 	sock_unlock(ns);
 	if (!rc && !dev)
