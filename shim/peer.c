@@ -25,13 +25,20 @@
 #include "log.h"
 #include "rules.h"
 #include "sock.h"
+#include "wire.h"
 
 #define PEER_SLOTS (1u << 16)
 #define PEER_STRIPES 64
 #define LEASE_LOCAL_US 100000u /* a "yes" is asked again after this */
 #define RECHECK_NO_US 1000u     /* a "no" for the wanted service: after this */
 
-enum { CAP_UD = 1, CAP_RD = 2, CAP_UDV = 4 };
+enum { CAP_UD = 1, CAP_RD = 2, CAP_UDV = 4, CAP_RC = 8 };
+/* Discovery across hosts (disco.c): a remote "yes" is believed for its lease and asked again
+ * halfway through it while the destination is used; a question unanswered after ASK_WAIT_US
+ * (no shim there, or it was lost) counts as "no", asked again after RETRY_NO_REMOTE_US. */
+#define ASK_WAIT_US 200000u
+#define RETRY_NO_REMOTE_US 1000000u
+static _Atomic int asked; /* questions outstanding, so a sender reads answers only then */
 #define RETRY_DEV_US 1000000u   /* a device peer that refused SIDR: asked again after this */
 enum { RULE_AUTO = 0, RULE_OFF = 1, RULE_TRUST = 2 };
 
@@ -49,6 +56,9 @@ struct peer {
 	unsigned dah_gen;
 	uint64_t checked_us;
 	uint64_t dah_fail_us;    /* when SIDR last failed */
+	/* another host's (!local, no rules line): what its discovery port said */
+	uint64_t nonce;          /* the question outstanding (0: none) */
+	uint64_t asked_us, next_ask_us, lease_until_us;
 };
 
 static struct peer *tab;
@@ -225,8 +235,76 @@ static uint8_t cap_of(int svc)
 	return svc == IWARP_MODE_RD ? CAP_RD : svc == SVC_UDV ? CAP_UDV : CAP_UD;
 }
 
+static uint8_t caps_of_disco(uint8_t c)
+{
+	return (uint8_t)(((c & DG_DISCO_UD) ? CAP_UD : 0) | ((c & DG_DISCO_RD) ? CAP_RD : 0) |
+			 ((c & DG_DISCO_UDV) ? CAP_UDV : 0) | ((c & DG_DISCO_RC) ? CAP_RC : 0));
+}
+
+/* An answer from a discovery port (disco_read): believed when it is the one asked of that
+ * host about that port. Takes the peer's stripe lock. */
+static void on_answer(const union dgv_sockaddr *from, unsigned port, uint64_t nonce, uint8_t caps,
+		      uint32_t lease_ms)
+{
+	union dgv_sockaddr a = *from;
+	socklen_t al;
+	if (a.sa.sa_family == AF_INET)
+		a.sin.sin_port = htons((uint16_t)port), al = sizeof a.sin;
+	else
+		a.sin6.sin6_port = htons((uint16_t)port), a.sin6.sin6_flowinfo = 0, al = sizeof a.sin6;
+	uint32_t h = hash_addr(&a);
+	pthread_mutex_t *m = &stripes[h % PEER_STRIPES];
+	pthread_mutex_lock(m);
+	struct peer *p = find(&a, al, h, false);
+	if (p && p->nonce && p->nonce == nonce) {
+		uint64_t now = shim_now_us();
+		uint8_t had = p->caps;
+		p->caps = caps_of_disco(caps);
+		p->nonce = 0;
+		atomic_fetch_sub(&asked, 1);
+		if (lease_ms > 60000)
+			lease_ms = 60000;
+		p->lease_until_us = now + (uint64_t)lease_ms * 1000;
+		p->next_ask_us = p->caps ? now + (uint64_t)lease_ms * 500 : now + RETRY_NO_REMOTE_US;
+		if (had != p->caps)
+			DG_DBG("port %u on another host speaks:%s%s%s%s", port, p->caps & CAP_UD ? " ud" : "",
+			       p->caps & CAP_RD ? " rd" : "", p->caps & CAP_UDV ? " ud-on-device" : "",
+			       p->caps & CAP_RC ? " rc" : "");
+	} else {
+		DG_DBG("discovery: an answer about port %u that was not asked (or asked again since): ignored", port);
+	}
+	pthread_mutex_unlock(m);
+}
+
+/* Another host's destination with no rules line: asks its discovery port when due, expires
+ * what was said. Needs p's stripe lock. */
+static void remote_check(struct peer *p, const union dgv_sockaddr *to)
+{
+	uint64_t now = shim_now_us();
+	if (p->nonce && now - p->asked_us > ASK_WAIT_US) {
+		p->nonce = 0; /* no answer: nobody there speaks it (or it was lost) */
+		atomic_fetch_sub(&asked, 1);
+		p->caps = 0;
+		p->next_ask_us = now + RETRY_NO_REMOTE_US;
+	}
+	if (p->caps && now >= p->lease_until_us)
+		p->caps = 0; /* not confirmed in time: plain until it is */
+	if (!p->nonce && now >= p->next_ask_us) {
+		p->nonce = disco_nonce();
+		p->asked_us = now;
+		if (disco_ask(to, p->nonce) == 0) {
+			atomic_fetch_add(&asked, 1);
+		} else {
+			p->nonce = 0;
+			p->next_ask_us = now + RETRY_NO_REMOTE_US;
+		}
+	}
+}
+
 struct dgv_ah *peer_route(const union dgv_sockaddr *to, socklen_t tolen, int svc)
 {
+	if (atomic_load_explicit(&asked, memory_order_relaxed) > 0)
+		disco_read(on_answer);
 	uint32_t h = hash_addr(to);
 	pthread_mutex_t *m = &stripes[h % PEER_STRIPES];
 	pthread_mutex_lock(m);
@@ -252,6 +330,8 @@ struct dgv_ah *peer_route(const union dgv_sockaddr *to, socklen_t tolen, int svc
 					       p->caps & CAP_RD ? " rd" : "", p->caps & CAP_UDV ? " ud-on-device" : "");
 			}
 		}
+		else if (!p->local)
+			remote_check(p, to);
 		if (!(p->caps & want))
 			goto out;
 	}
@@ -297,8 +377,12 @@ void peer_heard(const union dgv_sockaddr *from, socklen_t fromlen, bool framed, 
 		if (framed) {
 			p->caps |= cap_of(svc);
 			p->checked_us = shim_now_us();
+			if (!p->local)
+				p->lease_until_us = p->checked_us + (uint64_t)DISCO_LEASE_MS * 1000;
 		} else if (p->caps) {
 			p->checked_us = 0; /* it may have stopped speaking: ask before the next send */
+			if (!p->local)
+				p->caps = 0, p->next_ask_us = 0; /* another host: plain until it answers again */
 		}
 	}
 	pthread_mutex_unlock(m);
@@ -317,4 +401,34 @@ void peer_failed(const union dgv_sockaddr *to, socklen_t tolen)
 			p->rule = RULE_AUTO;
 	}
 	pthread_mutex_unlock(m);
+}
+
+int peer_remote_rc(const union dgv_sockaddr *to, socklen_t tolen, int wait_ms)
+{
+	if (to->sa.sa_family != AF_INET && to->sa.sa_family != AF_INET6)
+		return 0;
+	uint64_t until = shim_now_us() + (uint64_t)wait_ms * 1000;
+	uint32_t h = hash_addr(to);
+	pthread_mutex_t *m = &stripes[h % PEER_STRIPES];
+	for (;;) {
+		if (atomic_load_explicit(&asked, memory_order_relaxed) > 0)
+			disco_read(on_answer);
+		pthread_mutex_lock(m);
+		struct peer *p = find(to, tolen, h, true);
+		int r = -1;
+		if (!p) {
+			r = 0;
+		} else {
+			remote_check(p, to);
+			if (p->caps & CAP_RC)
+				r = 1;
+			else if (!p->nonce)
+				r = 0; /* answered "no", or could not ask */
+		}
+		pthread_mutex_unlock(m);
+		uint64_t now = shim_now_us();
+		if (r >= 0 || now >= until)
+			return r > 0;
+		disco_wait(to->sa.sa_family, (int)((until - now + 999) / 1000));
+	}
 }

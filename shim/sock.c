@@ -206,6 +206,7 @@ static void init_once_fn(void)
 	pthread_atfork(NULL, shim_atfork_parent, shim_atfork_child);
 	stats_init();
 	peer_init();
+	disco_init();
 	high_fd_reserve(); /* from the constructor: the process has one thread yet */
 	if (!G.disabled)
 		scan_inherited();
@@ -815,6 +816,7 @@ void shim_atfork_child(void)
 	/* single-threaded here: locks held by the parent's other threads are void */
 	G.gen++;
 	stream_fork(true);
+	disco_after_fork();
 	peer_after_fork();
 	stats_after_fork();
 	for (int fd = 0, hi = fd_max(); fd <= hi; fd++) {
@@ -891,6 +893,7 @@ static void registry_set(struct sock *s, int fd)
 		return;
 	}
 	s->regfd = u;
+	disco_serve(); /* other hosts may ask whether this port speaks */
 }
 
 /* ------------------------------------------------------------------ options */

@@ -200,6 +200,32 @@ void peer_heard(const union dgv_sockaddr *from, socklen_t fromlen, bool framed, 
 /* An RD peer failed: stop sending it framed until discovery says otherwise. */
 void peer_failed(const union dgv_sockaddr *to, socklen_t tolen);
 
+/* A TCP destination on another host: whether a carried listener answers there (its discovery
+ * port said so, within wait_ms for a first question). Returns 1 or 0. Takes a stripe lock. */
+int peer_remote_rc(const union dgv_sockaddr *to, socklen_t tolen, int wait_ms);
+
+/* disco.c: discovery between hosts (wire.h struct dg_disco). */
+#define DISCO_LEASE_MS 100     /* how long an answer may be believed (and asked again halfway) */
+typedef void (*disco_answer_fn)(const union dgv_sockaddr *from, unsigned port, uint64_t nonce, uint8_t caps,
+				uint32_t lease_ms);
+/* DGSHIM_DISCOVERY_PORT (default 18517; 0: no discovery between hosts). */
+void disco_init(void);
+void disco_after_fork(void);
+unsigned disco_port(void);
+/* This process answers questions on the host's discovery port from now on (idempotent). */
+void disco_serve(void);
+uint64_t disco_nonce(void);
+/* Asks to's host whether to's port speaks. Returns 0 or -errno. Never blocks. */
+int disco_ask(const union dgv_sockaddr *to, uint64_t nonce);
+/* Reads the answers waiting, each to fn. Returns how many. */
+int disco_read(disco_answer_fn fn);
+/* Waits up to ms for an answer on the asking socket of family. */
+int disco_wait(int family, int ms);
+/* Parses a discovery message of type (DG_DISCO_PROBE/ANSWER): 0, or -1 when it is not one. */
+int disco_parse(const void *buf, size_t len, int type, unsigned *port, uint64_t *nonce, uint8_t *caps,
+		uint32_t *lease_ms);
+uint64_t disco_drops(void);
+
 /* stats.c: counters readable from outside (/dev/shm/dgshim.<pid>). */
 void stats_init(void);
 void stats_after_fork(void);

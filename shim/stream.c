@@ -65,6 +65,9 @@
  * use of the connection comes before they did (a server that speaks first); a preloaded
  * client sends its MPA Request as soon as TCP is up, so the wait is about one round trip. */
 #define PROBE_WAIT_MS 20
+/* A connect to another host waits this long at most for its discovery port's first answer
+ * (one round trip; later connects find it cached). */
+#define DISCO_CONNECT_WAIT_MS 10
 
 enum { WR_DATA = 1, WR_CTL = 2, WR_SENTINEL = 3 };
 /* A data or control Write-Record's wr_id: WR_SEND | (data records posted so far) << 8 | kind.
@@ -930,7 +933,8 @@ int stream_connect(struct sock *s, int fd, const struct sockaddr *a, socklen_t l
 	socklen_t unl;
 	if (m == IWARP_MODE_AUTO) {
 		name_listen(&un, &unl, dport, false);
-		if (!ip_local(&dst) || !registry_exists(&un, unl))
+		if (ip_local(&dst) ? !registry_exists(&un, unl)
+				   : !peer_remote_rc(&dst, l, DISCO_CONNECT_WAIT_MS))
 			m = IWARP_MODE_OFF;
 	}
 	if (m == IWARP_MODE_OFF) {
@@ -1102,6 +1106,7 @@ static void stream_name_listener(struct stream *t, int fd, const union dgv_socka
 		t->regfd = -1;
 		return;
 	}
+	disco_serve(); /* clients on other hosts may ask whether this port speaks */
 	dev_listen(t, fd, la, ll, port);
 }
 

@@ -320,4 +320,33 @@ _Static_assert(sizeof(struct ddp_tagged_hdr) == DDP_TAGGED_HLEN, "RC tagged head
 _Static_assert(sizeof(struct ddp_untagged_hdr) == DDP_UNTAGGED_HLEN, "RC untagged header size");
 _Static_assert(sizeof(struct rdmap_rc_terminate) == RC_TERM_LEN, "RC terminate size");
 
+/* ------------------------------------------------------------------------------------------
+ * Discovery between hosts (docs/wire.md section 13, docs/shim.md "Discovery"): a sender asks
+ * the destination host's well-known discovery port (DGSHIM_DISCOVERY_PORT, default 18517) which
+ * services the program on a port speaks; a preloaded process there answers from the host's
+ * registry. Both are one UDP datagram of exactly 24 bytes to and from that port.
+ */
+#define DG_DISCO_MAGIC "DGDS"
+enum {
+	DG_DISCO_VERSION = 1,
+	DG_DISCO_PROBE = 1,  /* type: a question */
+	DG_DISCO_ANSWER = 2, /* type: its answer */
+	DG_DISCO_UD = 1,     /* caps: a UD queue pair on the soft provider ("dgshim/ud/<port>") */
+	DG_DISCO_RD = 2,     /*       an RD queue pair ("dgshim/rd/<port>") */
+	DG_DISCO_UDV = 4,    /*       UD on an RDMA device ("dgshim/udv/<port>") */
+	DG_DISCO_RC = 8,     /*       a TCP listener carried over RC ("dgshim/rc/<port>") */
+	DG_DISCO_LEN = 24,
+};
+struct dg_disco {
+	uint8_t magic[4];   /* "DGDS" */
+	uint8_t version;    /* 1 */
+	uint8_t type;       /* DG_DISCO_PROBE or DG_DISCO_ANSWER */
+	be16 port;          /* the UDP or TCP port asked about */
+	be64 nonce;         /* the prober's random number, echoed: an answer must carry it */
+	uint8_t caps;       /* answer: DG_DISCO_* of what listens on port (probe: 0) */
+	uint8_t rsvd[3];    /* 0 */
+	be32 lease_ms;      /* answer: how long the prober may believe it (probe: 0) */
+} __attribute__((packed));
+_Static_assert(sizeof(struct dg_disco) == DG_DISCO_LEN, "discovery message size");
+
 #endif /* DG_WIRE_H */

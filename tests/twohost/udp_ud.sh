@@ -5,9 +5,16 @@
 #   ud       both preloaded, a rules line naming the other host (mode=ud) on both: every
 #            datagram framed both ways (tx_plain=0 on both)
 #   rd       the same with mode=rd
-#   norule   both preloaded, no rules: plain (discovery does not cross hosts yet)
+#   auto     both preloaded, no rules: discovery between hosts (each side asks the other host's
+#            discovery port once, then every 50 ms): framed but for the first datagrams of
+#            each side, sent before the answer came (at most 5)
 #   native   the client unmodified against the preloaded server: plain, the client never
 #            receives a framed datagram (udpbench checks every echo's bytes)
+#   hostile  host a's discovery port: malformed questions (wrong size, magic, version, type,
+#            reserved bits) get no answer and the answerer keeps answering good ones; an
+#            unmodified server on host b whose discovery port is held by a forger answering
+#            every question with a wrong nonce (or from another port) receives only plain
+#            datagrams from a preloaded client
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=../integration/lib.sh
@@ -50,6 +57,8 @@ run_case() {
 	# the retries it is resent plain (docs/shim.md, "Discovery"): at most one per client run
 	framed) [ "$ctf" -ge 3000 ] && [ "$ctp" -eq 0 ] && [ "$stf" -ge 3000 ] && [ "$stp" -le "$plain_ok" ] ||
 		failed+=("$tag: want every datagram framed both ways") ;;
+	auto) [ "$ctf" -ge 3000 ] && [ "$ctp" -le 5 ] && [ "$stf" -ge 3000 ] && [ "$stp" -le 5 ] ||
+		failed+=("$tag: want framed after discovery (at most 5 plain datagrams a side)") ;;
 	plain) [ "$stf" -eq 0 ] && [ "$stp" -ge 3000 ] && [ "$ctf" -eq 0 ] ||
 		failed+=("$tag: want every datagram plain") ;;
 	esac
@@ -64,9 +73,95 @@ C_ENV=("${DG_SHIM_ENV[@]}" "DGSHIM_RULES=mode=rd addr=10.77.0.0/24")
 run_case rd framed
 S_ENV=("${DG_SHIM_ENV[@]}")
 C_ENV=("${DG_SHIM_ENV[@]}")
-run_case norule plain
+run_case auto auto
 C_ENV=(-u LD_PRELOAD)
 run_case native plain
+# hostile: the answerer is the preloaded udpbench server of host a
+d=$DG_TMP/hostile
+mkdir -p "$d"
+th_bg a "$d/server.log" env "${DG_SHIM_ENV[@]}" "$ub" server "$port" -b "$TH_A_IP"
+for i in $(seq 50); do th_run a ss -Huln | grep -q ":$port " && break; sleep 0.1; done
+for i in $(seq 50); do th_run a ss -Huln | grep -q ":18517 " && break; sleep 0.1; done
+cat >"$DG_TMP/hostile.py" <<'PY'
+import os, socket, struct, sys
+host, port = sys.argv[1], int(sys.argv[2])
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(0.5)
+def q(magic=b"DGDS", ver=1, typ=1, p=port, nonce=12345, caps=0, rsvd=b"\0\0\0", lease=0):
+    return magic + bytes([ver, typ]) + struct.pack(">HQ", p, nonce) + bytes([caps]) + rsvd + struct.pack(">I", lease)
+bad = [b"", b"x", b"DGDS", q()[:23], q() + b"!", b"\xff" * 24, q(magic=b"DGDX"), q(ver=2), q(typ=2),
+       q(typ=3), q(rsvd=b"\0\1\0"), q(caps=1), q(lease=5), q(p=0), os.urandom(24), os.urandom(1400)]
+answered = 0
+for m in bad:
+    s.sendto(m, (host, 18517))
+    try:
+        s.recvfrom(100); answered += 1
+    except socket.timeout:
+        pass
+s.sendto(q(nonce=0x1122334455667788), (host, 18517))
+d, a = s.recvfrom(100)
+ok = len(d) == 24 and d[:6] == b"DGDS\x01\x02" and struct.unpack(">HQ", d[6:16]) == (port, 0x1122334455667788) \
+     and d[16] & 1 and a[1] == 18517
+print("malformed answered:", answered, "good answered:", "yes" if ok else "NO", d.hex())
+sys.exit(0 if answered == 0 and ok else 1)
+PY
+th_run b python3 "$DG_TMP/hostile.py" "$TH_A_IP" "$port" >"$d/probe.out" 2>&1 || failed+=("hostile: $(cat "$d/probe.out")")
+dg_log "hostile: $(cat "$d/probe.out")"
+kill -TERM "$TH_LAST_PID" 2>/dev/null
+# a forger holds host b's discovery port: every answer carries a wrong nonce, or comes from
+# another port with the right one
+cat >"$DG_TMP/forger.py" <<'PY'
+import socket, struct, sys
+d = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); d.bind(("0.0.0.0", 18517)); d.settimeout(2)
+o = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+n = 0
+try:
+    while True:
+        m, a = d.recvfrom(100)
+        port, nonce = struct.unpack(">HQ", m[6:16])
+        ans = lambda non: b"DGDS\x01\x02" + struct.pack(">HQ", port, non) + b"\x0f\0\0\0" + struct.pack(">I", 60000)
+        d.sendto(ans(nonce ^ 1), a)     # from the discovery port, a wrong nonce
+        o.sendto(ans(nonce), a)         # the right nonce from another port
+        n += 1
+except socket.timeout:
+    pass
+print("questions seen:", n)
+PY
+cat >"$DG_TMP/sink.py" <<'PY'
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind((sys.argv[1], int(sys.argv[2]))); s.settimeout(3)
+n = bad = 0
+try:
+    while True:
+        m, a = s.recvfrom(70000)
+        n += 1
+        if m != b"plain-%d" % n and not m.startswith(b"plain-"):
+            bad += 1
+        s.sendto(m, a)
+except socket.timeout:
+    pass
+print("received", n, "not plain", bad)
+sys.exit(0 if n >= 50 and bad == 0 else 1)
+PY
+cat >"$DG_TMP/src.py" <<'PY'
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(1)
+for i in range(1, 201):
+    s.sendto(b"plain-%d" % i, (sys.argv[1], int(sys.argv[2])))
+    try: s.recvfrom(100)
+    except socket.timeout: pass
+    time.sleep(0.002)
+PY
+th_bg b "$d/forger.out" python3 "$DG_TMP/forger.py"
+forger=$TH_LAST_PID
+th_bg b "$d/sink.out" python3 "$DG_TMP/sink.py" "$TH_B_IP" "$((port + 1))"
+sleep 0.5
+th_run a env "${DG_SHIM_ENV[@]}" python3 "$DG_TMP/src.py" "$TH_B_IP" "$((port + 1))" 2>"$d/src.log"
+for i in $(seq 60); do kill -0 "$forger" 2>/dev/null || break; sleep 0.1; done
+sleep 1.5
+dg_log "hostile: forger $(cat "$d/forger.out"), sink $(cat "$d/sink.out"), preloaded client tx_framed=$(dg_sum "$d/src.log" tx_framed) tx_plain=$(dg_sum "$d/src.log" tx_plain)"
+grep -q "not plain 0" "$d/sink.out" && [ "$(dg_sum "$d/src.log" tx_framed)" -eq 0 ] &&
+	[ "$(dg_sum "$d/src.log" tx_plain)" -ge 200 ] && grep -q "questions seen: [1-9]" "$d/forger.out" ||
+	failed+=("hostile: forged answers made the client frame (or the forger saw no question)")
 if [ ${#failed[@]} -gt 0 ]; then
 	for f in "${failed[@]}"; do dg_log "FAIL: $f"; done
 	exit 1
