@@ -331,6 +331,10 @@ struct reg {
 	 * data (a stream's exchange read the first records): the next wait reports what is
 	 * ready once, as the kernel's ADD/MOD of a ready file does, also for EPOLLET */
 	bool kick;
+	/* EPOLLET on a carried stream: stream_news() when EPOLLIN was last reported; an event with
+	 * nothing new for the reader (a control record, credit) does not report it again, as the
+	 * kernel reports an edge-triggered read once per arrival */
+	uint64_t last_in;
 };
 
 struct ep {
@@ -622,6 +626,7 @@ int ev_epoll_ctl(struct ep *ep, int epfd, int op, int fd, struct epoll_event *ev
 		r->armed = true;
 		r->pending = false;
 		r->kick = false;
+		r->last_in = 0;
 		atomic_fetch_add(&r->gen, 1); /* odd: in use */
 		atomic_fetch_add(&ep->nlive, 1);
 		struct epoll_event kev = {.events = kernel_events(r), .data.u64 = tag(r, idx, false)};
@@ -750,6 +755,8 @@ static int ep_rescan(struct ep *ep, struct epoll_event *evs, int max, uint32_t r
 			uint32_t own;
 			shim_depth++;
 			got = shim_ready(r, e & (EPOLLIN | EPOLLOUT), &own, true);
+			if ((e & EPOLLET) && (got & EPOLLIN))
+				r->last_in = stream_news(r->s);
 			shim_depth--;
 			if (!got)
 				continue;
@@ -809,6 +816,12 @@ static void ep_translate(struct ep *ep, const struct epoll_event *k, int n, stru
 				int qfd_, cqfd_;
 				sock_wait_fds(r->s, &qfd_, &cqfd_);
 				rdy |= shim_ready(r, r->events & (EPOLLIN | EPOLLOUT), &own2, true);
+				if ((r->events & EPOLLET) && (rdy & EPOLLIN)) {
+					uint64_t nw = stream_news(r->s);
+					if (nw == r->last_in)
+						rdy &= ~(uint32_t)(EPOLLIN | EPOLLRDHUP);
+					r->last_in = nw;
+				}
 				e = (e & ~own) | rdy;
 			} else if ((e & EPOLLIN) || cq) {
 				int in = (r->events & EPOLLIN) ? sock_poll_in(r->s, r->fd) : 0;

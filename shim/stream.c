@@ -1395,9 +1395,15 @@ static void late_forget(struct sock *s)
 static void late_fork(bool child)
 {
 	if (child) {
+		/* single-threaded here: the list's references go with the thread that is not
+		 * here (a socket only the list still held is left alone: its descriptor was
+		 * closed before the fork) */
 		pthread_mutex_init(&L.lock, NULL);
 		L.running = false;
-		L.n = 0; /* the copied references were the parent's thread's */
+		for (int i = 0; i < L.n; i++)
+			if (atomic_fetch_sub(&L.v[i].s->refs, 1) == 1)
+				shim_abandon(L.v[i].s);
+		L.n = 0;
 		return;
 	}
 	pthread_mutex_lock(&L.lock);
@@ -2099,6 +2105,14 @@ int stream_carried(struct sock *s)
 			    s->strm->state == SS_ANSWER);
 	sock_unlock(s);
 	return r;
+}
+
+uint64_t stream_news(struct sock *s)
+{
+	struct stream *t = __atomic_load_n(&s->strm, __ATOMIC_ACQUIRE);
+	if (!t)
+		return 0;
+	return t->arrived * 4 + (t->peer_fin ? 1 : 0) + (t->err || t->tcp_down || t->state == SS_DEAD ? 2 : 0);
 }
 
 int stream_taken(struct sock *s, int fd)

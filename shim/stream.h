@@ -122,6 +122,9 @@ int stream_carried(struct sock *s);
  * question is whether it is carried, which the exchange decides). */
 int stream_taken(struct sock *s, int fd);
 void stream_cq_ack(struct sock *s);
+/* What a reader could have news of: the bytes arrived, the peer's end, an error (a number
+ * that changes with each); edge-triggered epoll reports EPOLLIN once per change. */
+uint64_t stream_news(struct sock *s);
 
 /* Process-wide counters for the exit summary. */
 struct stream_totals {

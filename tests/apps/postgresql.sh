@@ -24,6 +24,7 @@ apps_need psql postgresql-client
 pgbin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
 [ -n "$pgbin" ] && [ -x "$pgbin/postgres" ] || { apps_need /usr/lib/postgresql postgresql; pgbin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1); }
 [ -x "$pgbin/pgbench" ] || dg_fail "$pgbin/pgbench missing (postgresql-contrib / postgresql)"
+apps_asan_starts "$pgbin/postgres" --version
 id postgres >/dev/null 2>&1 || dg_fail "user postgres does not exist (the postgresql package makes it)"
 port=$DG_PORT
 aspg=(setpriv --reuid=postgres --regid=postgres --clear-groups env "HOME=$DG_TMP")
