@@ -33,7 +33,7 @@ fi
 [ "$(id -u)" = 0 ] || { echo "$name: SKIP: capturing on loopback needs root"; exit 77; }
 pre=${LD_PRELOAD:+$LD_PRELOAD:}$lib
 
-env -u LD_PRELOAD tcpdump -i lo -U -n -w "$tmp/cap.pcap" "udp and (portrange $port-$((port + 9)) or port 18515)" 2>"$tmp/tcpdump.err" &
+env -u LD_PRELOAD tcpdump -i lo -U -n -w "$tmp/cap.pcap" "udp and (portrange $port-$((port + 9)) or port 18515 or port 18517)" 2>"$tmp/tcpdump.err" &
 tdp=$!; pids+=($tdp)
 for _ in $(seq 50); do grep -qs listening "$tmp/tcpdump.err" && break; sleep 0.1; done
 grep -q listening "$tmp/tcpdump.err" || { cat "$tmp/tcpdump.err"; fail "tcpdump did not start"; }
@@ -73,6 +73,15 @@ bad = ex1[:-1] + bytes([ex1[-1] ^ 0xff])
 tx.sendto(bad, ("127.0.0.1", 18515))   # the registered port: decoded, CRC flagged
 tx.sendto(bad, dst)                      # elsewhere: the heuristic leaves it alone
 tx.sendto(b"plain datagram, not datagram-iWARP at all....", dst)
+# section 13: the worked question and answer, from a socket bound to the discovery port
+q, a = re.findall(r"^(?:question|answer): +((?:[0-9a-f]{2} ){23}[0-9a-f]{2})$", doc, re.M)
+dq = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+try:
+    dq.bind(("127.0.0.1", 18517))
+except OSError:
+    dq = tx
+dq.sendto(bytes.fromhex(q), ("127.0.0.1", 18517))
+dq.sendto(bytes.fromhex(a), ("127.0.0.1", 18517))
 PY
 
 # real traffic: UD, then RD with loss at the server (its acks carry SACK)
@@ -95,13 +104,14 @@ env -u LD_PRELOAD tshark -X lua_script:"$lua" -r "$tmp/cap.pcap" -T fields -E se
 	-e dgiwarp.segsz -e dgiwarp.payload_len -e dgiwarp.crc -e dgiwarp.crc.good -e dgiwarp.payload \
 	-e dgiwarp.rd.flags -e dgiwarp.rd.ack -e dgiwarp.rd.sack -e dgiwarp.rd.sacked -e dgiwarp.rd.seq \
 	-e dgiwarp.segment -e dgiwarp.nsegs -e dgiwarp.base -e _ws.col.Info \
+	-e dgdisco.type -e dgdisco.port -e dgdisco.nonce -e dgdisco.caps -e dgdisco.lease_ms \
 	>"$tmp/fields.txt" 2>"$tmp/tshark.err" || { cat "$tmp/tshark.err"; fail "tshark"; }
 if grep -qi "lua.*error\|error.*lua" "$tmp/tshark.err"; then cat "$tmp/tshark.err"; fail "the dissector raised an error"; fi
 $py - "$tmp/fields.txt" "$port" <<'PY' || { head -20 "$tmp/fields.txt" | cut -c1-400; fail "decoded fields"; }
 import sys
 port = int(sys.argv[2])
 keys = ("no dport kind op t l stag to qn msn mo ml segsz plen crc good payload rdflags ack sack "
-        "sacked seq segment nsegs base info").split()
+        "sacked seq segment nsegs base info dtype dport2 dnonce dcaps dlease").split()
 rows = [dict(zip(keys, l.rstrip("\n").split("|"))) for l in open(sys.argv[1])]
 def at(p): return [r for r in rows if r["dport"] == str(p)]
 ex = at(port + 1)
@@ -153,6 +163,13 @@ assert sacked, "no ack with SACK bits"
 s = sacked[0]
 ack = int(s["ack"]); bits = int(s["sack"], 16)
 assert s["sacked"].split() == [str(ack + 1 + i) for i in range(32) if bits >> i & 1], s
+# section 13: the discovery question and answer
+dd = [r for r in rows if r["dport"] == "18517"]
+assert len(dd) >= 2, dd
+dq_, da_ = dd[0], dd[1]
+assert (dq_["dtype"], dq_["dport2"], num(dq_["dnonce"]), num(dq_["dcaps"] or "0")) == ("1", "23610", 0x1122334455667788, 0), dq_
+assert (da_["dtype"], da_["dport2"], num(da_["dnonce"]), num(da_["dcaps"]), da_["dlease"]) == ("2", "23610", 0x1122334455667788, 1, "100"), da_
+assert "port 23610 speaks: ud (lease 100 ms)" in da_["info"], da_["info"]
 print("wireshark: example 1 (Write-Record, stag 0x12345678, ml 5, CRC 0x0fbfc6d1) and example 2 "
       "(3 segments, mo 0/1442/2884) decoded as docs/wire.md says; %d UD and %d RD data datagrams, "
       "%d RD acks (%d with SACK, e.g. ack %d sack %s -> %s), CRC good on all; bad CRC flagged on "

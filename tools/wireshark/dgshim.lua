@@ -275,3 +275,56 @@ p:register_heuristic("udp", function(tvb, pinfo, tree)
 	p.dissector(tvb, pinfo, tree)
 	return true
 end)
+
+-- Discovery between hosts (docs/wire.md section 13): 24-byte questions and answers on UDP 18517
+local d = Proto("dgdisco", "dgshim discovery")
+local df = {
+	magic = ProtoField.string("dgdisco.magic", "Magic"),
+	version = ProtoField.uint8("dgdisco.version", "Version", base.DEC),
+	type = ProtoField.uint8("dgdisco.type", "Type", base.DEC, {[1] = "question", [2] = "answer"}),
+	port = ProtoField.uint16("dgdisco.port", "Port asked about", base.DEC),
+	nonce = ProtoField.uint64("dgdisco.nonce", "Nonce", base.HEX),
+	caps = ProtoField.uint8("dgdisco.caps", "Speaks", base.HEX),
+	ud = ProtoField.bool("dgdisco.caps.ud", "UD (soft)", 8, nil, 0x01),
+	rd = ProtoField.bool("dgdisco.caps.rd", "RD", 8, nil, 0x02),
+	udv = ProtoField.bool("dgdisco.caps.udv", "UD on an RDMA device", 8, nil, 0x04),
+	rc = ProtoField.bool("dgdisco.caps.rc", "TCP carried over RC", 8, nil, 0x08),
+	lease = ProtoField.uint32("dgdisco.lease_ms", "Lease (ms)", base.DEC),
+}
+d.fields = df
+local e_disco = ProtoExpert.new("dgdisco.invalid", "Not a valid discovery message: it gets no answer",
+	expert.group.MALFORMED, expert.severity.WARN)
+d.experts = { e_disco }
+
+function d.dissector(tvb, pinfo, tree)
+	local n = tvb:len()
+	pinfo.cols.protocol = "DGDISCO"
+	local t = tree:add(d, tvb())
+	if n ~= 24 or tvb(0, 4):string() ~= "DGDS" then
+		t:add_proto_expert_info(e_disco)
+		pinfo.cols.info = "not a discovery message (" .. n .. " bytes)"
+		return n
+	end
+	t:add(df.magic, tvb(0, 4))
+	t:add(df.version, tvb(4, 1))
+	t:add(df.type, tvb(5, 1))
+	t:add(df.port, tvb(6, 2))
+	t:add(df.nonce, tvb(8, 8))
+	local c = t:add(df.caps, tvb(16, 1))
+	c:add(df.ud, tvb(16, 1)); c:add(df.rd, tvb(16, 1)); c:add(df.udv, tvb(16, 1)); c:add(df.rc, tvb(16, 1))
+	t:add(df.lease, tvb(20, 4))
+	local typ, port, caps = tvb(5, 1):uint(), tvb(6, 2):uint(), tvb(16, 1):uint()
+	if typ == 1 then
+		pinfo.cols.info = string.format("does port %d speak datagram-iWARP? (nonce %s)", port, tvb(8, 8):uint64():tohex())
+	else
+		local s = {}
+		if bit32.band(caps, 1) ~= 0 then s[#s + 1] = "ud" end
+		if bit32.band(caps, 2) ~= 0 then s[#s + 1] = "rd" end
+		if bit32.band(caps, 4) ~= 0 then s[#s + 1] = "ud-on-device" end
+		if bit32.band(caps, 8) ~= 0 then s[#s + 1] = "rc" end
+		pinfo.cols.info = string.format("port %d speaks: %s (lease %d ms)", port,
+			#s > 0 and table.concat(s, " ") or "nothing", tvb(20, 4):uint())
+	end
+	return n
+end
+udp_table:add(18517, d)
