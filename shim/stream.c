@@ -2212,6 +2212,10 @@ void stream_after_fork(struct sock *s)
 		memset(t->stash, 0, sizeof t->stash);
 	}
 	if (t->state != SS_NEW && t->state != SS_LISTEN && t->state != SS_ANSWER) {
+		if (t->state == SS_ESTAB || t->state == SS_CONNECTING)
+			DG_WARN("%s: fork: a TCP connection carried before the fork (port %u) stays the "
+				"parent's; in this process it reads as a broken connection (docs/shim.md "
+				"\"Forking servers\")", program_invocation_short_name, port_of(&s->peer));
 		shim_abandon(t->qp), shim_abandon(t->cq), shim_abandon(t->ch);
 		t->qp = NULL, t->cq = NULL, t->ch = NULL, t->mr_in = NULL, t->mr_out = NULL;
 		t->state = SS_DEAD;
