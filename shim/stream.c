@@ -142,6 +142,7 @@ struct stream {
 	 * queued: an orderly TCP end among them (a peer that exited: its kernel's FIN) is the
 	 * end of stream, as natively; progress() decides after reading them */
 	bool flush_seen;
+	bool peer_abort;         /* the peer announced an abortive close (CTL_ABORT) */
 	bool reset;              /* ended as by a TCP reset (readiness: both directions over) */
 	uint64_t fin_total;
 };
@@ -441,6 +442,8 @@ static void take_ctl(struct stream *t, const struct dgv_record *rec)
 	}
 	if (flags & CTL_CLOSE)
 		t->peer_close = true;
+	if (flags & CTL_ABORT)
+		t->peer_abort = true;
 }
 
 static void take_data(struct sock *s, struct stream *t, const struct dgv_record *rec)
@@ -591,8 +594,17 @@ static void progress(struct sock *s, struct stream *t)
 			tcp_eof = true;
 			break;
 		case DGV_CM_DISCONNECTED:
-			if (ev.status < 0)
+			if (ev.status == -ECONNRESET && !ev.term_layer && !ev.term_etype && !t->peer_abort && !t->dev &&
+			    t->state == SS_ESTAB) {
+				/* a reset after whole records, with no abort announced: a writer that
+				 * died (exit, _exit, a signal) with our control bytes unread, whose
+				 * kernel would otherwise have sent FIN: what it wrote has arrived (the
+				 * writer's send returned once TCP had it), so it is the end of stream */
+				tcp_eof = true;
+				DG_DBG("stream: the peer's TCP reset without an abort: its process ended; end of stream");
+			} else if (ev.status < 0) {
 				fail(t, -ev.status, ev.term_layer || ev.term_etype ? "Terminate" : "TCP error");
+			}
 			else if (t->dev)
 				tcp_eof = true; /* the device's orderly end: what came before it has arrived */
 			t->tcp_down = true;
@@ -1755,6 +1767,17 @@ ssize_t stream_send(struct sock *s, int fd, const struct iovec *iov, int iovcnt,
 			break;
 		}
 	}
+	/* A blocking write returns once TCP has what it accepted, as the kernel's: then a writer
+	 * that dies next (exit, _exit, a signal) loses nothing, and its reader sees the end.
+	 * The soft provider hands records to TCP as they are posted; this waits only while TCP's
+	 * buffer is full (a device's records are with the device once posted). */
+	while (done && !nb && !t->dev && t->tx_out && !t->err && !t->tcp_down) {
+		progress(s, t);
+		if (!t->tx_out || t->err || t->tcp_down)
+			break;
+		if (stream_wait(s, t, &timeout))
+			break;
+	}
 	if (done) {
 		atomic_fetch_add(&T.tx_bytes, done);
 		rc = (ssize_t)done;
@@ -2169,6 +2192,8 @@ void stream_teardown(struct sock *s)
 		}
 		if (!t->tcp_down && !abort && !t->peer_close)
 			ctl_send(t, CTL_FIN | CTL_CLOSE);
+		else if (!t->tcp_down && abort && !t->dev)
+			ctl_send(t, CTL_ABORT); /* handed to TCP before the program's close resets it */
 		else if (t->dev && !t->tcp_down && !abort && t->tx_out && !t->ctl_out_n)
 			ctl_send(t, 0); /* a signaled record: it retires the unsignaled data before it */
 		/* queued data goes out before the QP: wait for our sends, bounded */

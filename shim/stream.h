@@ -53,7 +53,10 @@ struct stream_dhello {
 } __attribute__((packed));
 
 /* One control message (a Write-Record into the peer's control slot seq % ctl_slots). */
-enum { CTL_HELLO = 1, CTL_FIN = 2, CTL_CLOSE = 4 };
+/* CTL_ABORT: the sender's close is abortive (SO_LINGER {1, 0}, unread data): the reset of its
+ * TCP connection that follows is a reset for the reader. A reset without it is the end of
+ * a writer that died (its kernel would have sent FIN but for our control bytes unread). */
+enum { CTL_HELLO = 1, CTL_FIN = 2, CTL_CLOSE = 4, CTL_ABORT = 8 };
 struct stream_ctl {
 	uint64_t consumed;   /* bytes of the peer's stream the program has read */
 	uint64_t recs;       /* data records of the peer's polled from the CQ */
