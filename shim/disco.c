@@ -41,16 +41,7 @@ unsigned disco_port(void) { return D.port; }
 
 void disco_init(void)
 {
-	D.port = 18517;
-	const char *e = getenv("DGSHIM_DISCOVERY_PORT");
-	if (e && *e) {
-		char *end;
-		long v = strtol(e, &end, 10);
-		if (*end || v < 0 || v > 65535)
-			dg_log_always("DGSHIM_DISCOVERY_PORT=%s: expected 0 (off) or 1..65535; using 18517", e);
-		else
-			D.port = (unsigned)v;
-	}
+	D.port = (unsigned)shim_env_long("DGSHIM_DISCOVERY_PORT", 0, 65535, 18517, "0 (off) or 1..65535");
 }
 
 void disco_after_fork(void)
@@ -195,19 +186,8 @@ void disco_serve(void)
 	if (!D.port || __atomic_load_n(&D.serving, __ATOMIC_ACQUIRE))
 		return;
 	pthread_mutex_lock(&D.lock);
-	if (!D.serving) {
-		pthread_attr_t at;
-		pthread_attr_init(&at);
-		pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-		sigset_t all, old;
-		sigfillset(&all);
-		pthread_sigmask(SIG_SETMASK, &all, &old); /* the program's signals are not ours */
-		pthread_t th;
-		if (pthread_create(&th, &at, serve_thread, NULL) == 0)
-			__atomic_store_n(&D.serving, true, __ATOMIC_RELEASE);
-		pthread_sigmask(SIG_SETMASK, &old, NULL);
-		pthread_attr_destroy(&at);
-	}
+	if (!D.serving && shim_thread(serve_thread, NULL) == 0)
+		__atomic_store_n(&D.serving, true, __ATOMIC_RELEASE);
 	pthread_mutex_unlock(&D.lock);
 }
 

@@ -99,22 +99,42 @@ int high_fd(int fd)
 	return n;
 }
 
+long shim_env_long(const char *name, long lo, long hi, long dflt, const char *what)
+{
+	const char *e = getenv(name);
+	if (!e || !*e)
+		return dflt;
+	char *end;
+	long l = strtol(e, &end, 10);
+	if (*end || l < lo || l > hi) {
+		dg_log_always("%s=%s: expected %s; using %ld", name, e, what, dflt);
+		return dflt;
+	}
+	return l;
+}
+
+int shim_thread(void *(*fn)(void *), void *arg)
+{
+	pthread_attr_t at;
+	pthread_attr_init(&at);
+	pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old); /* the program's signals are not ours */
+	pthread_t th;
+	int r = pthread_create(&th, &at, fn, arg);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	pthread_attr_destroy(&at);
+	return -r;
+}
+
 int shim_spin_us(void)
 {
 	static int v = -1;
 	int x = __atomic_load_n(&v, __ATOMIC_RELAXED);
 	if (x >= 0)
 		return x;
-	x = 20;
-	const char *e = getenv("DGSHIM_SPIN_US");
-	if (e && *e) {
-		char *end;
-		long l = strtol(e, &end, 10);
-		if (*end || l < 0 || l > 100000)
-			dg_log_always("DGSHIM_SPIN_US=%s: expected 0..100000 microseconds; using 20", e);
-		else
-			x = (int)l;
-	}
+	x = (int)shim_env_long("DGSHIM_SPIN_US", 0, 100000, 20, "0..100000 microseconds");
 	__atomic_store_n(&v, x, __ATOMIC_RELAXED);
 	return x;
 }

@@ -125,6 +125,12 @@ struct sock {
 };
 
 uint64_t shim_now_us(void);
+/* An integer environment variable in lo..hi, dflt when unset; a bad value says what was
+ * expected (`what`) on stderr once and gives dflt. */
+long shim_env_long(const char *name, long lo, long hi, long dflt, const char *what);
+/* A detached thread of the shim's, with every signal blocked (the program's are not ours).
+ * Returns 0 or -errno. */
+int shim_thread(void *(*fn)(void *), void *arg);
 /* One nap of a blocking socket call: poll(p, n) for at most 200 ms of *timeout_ms (< 0:
  * forever; bounded so a sleeper looks again now and then), as a cancellation point when the
  * program's thread allows it. Call without locks. Returns 0 (woken or napped; *timeout_ms

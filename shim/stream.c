@@ -1359,16 +1359,7 @@ static void late_add(struct sock *s, int fd)
 		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 		pthread_cond_init(&L.cv, &ca);
 		pthread_condattr_destroy(&ca);
-		pthread_attr_t at;
-		pthread_attr_init(&at);
-		pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-		sigset_t all, old;
-		sigfillset(&all);
-		pthread_sigmask(SIG_SETMASK, &all, &old); /* the program's signals are not ours */
-		pthread_t th;
-		L.running = pthread_create(&th, &at, late_thread, NULL) == 0;
-		pthread_sigmask(SIG_SETMASK, &old, NULL);
-		pthread_attr_destroy(&at);
+		L.running = shim_thread(late_thread, NULL) == 0;
 	}
 	if (L.running && L.n == L.cap) {
 		int nc = L.cap ? L.cap * 2 : 16;
