@@ -262,8 +262,7 @@ int ev_select(int nfds, fd_set *r, fd_set *w, fd_set *x, const struct timespec *
 	}
 	int ms = -1;
 	if (ts) {
-		long long v = (long long)ts->tv_sec * 1000 + (ts->tv_nsec + 999999) / 1000000;
-		ms = v > INT32_MAX ? INT32_MAX : (int)v;
+		ms = shim_timeout_ms(ts->tv_sec, (ts->tv_nsec + 999999) / 1000000);
 	}
 	int rc = ev_poll(p, (nfds_t)n, ms, mask);
 	if (rc < 0)

@@ -707,8 +707,7 @@ static int ts_ms(const struct timespec *ts)
 		return -1;
 	if (ts->tv_sec < 0 || ts->tv_nsec < 0 || ts->tv_nsec >= 1000000000)
 		return -2;
-	long long ms = (long long)ts->tv_sec * 1000 + (ts->tv_nsec + 999999) / 1000000;
-	return ms > INT32_MAX ? INT32_MAX : (int)ms;
+	return shim_timeout_ms(ts->tv_sec, (ts->tv_nsec + 999999) / 1000000);
 }
 
 SHIM_EXPORT int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *ts, const sigset_t *mask)

@@ -99,6 +99,18 @@ extern __thread int shim_depth __attribute__((tls_model("initial-exec")));
 /* The program's cancel state on entry to a data call (see DENTER in interpose.c). */
 extern __thread int shim_cancel_prev __attribute__((tls_model("initial-exec")));
 
+/* sec seconds plus extra_ms milliseconds as a poll timeout in milliseconds, at most INT32_MAX
+ * for any sec (a program's "forever" may be LLONG_MAX seconds), 0 for a negative sec. */
+static inline int shim_timeout_ms(long long sec, long long extra_ms)
+{
+	if (sec < 0)
+		return 0;
+	if (sec > INT32_MAX / 1000)
+		return INT32_MAX;
+	long long ms = sec * 1000 + extra_ms;
+	return ms > INT32_MAX ? INT32_MAX : (int)ms;
+}
+
 /* ------------------------------------------------------------------ descriptor table */
 
 enum ent_kind { ENT_SOCK = 1, ENT_EPOLL = 2 };

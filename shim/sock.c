@@ -1131,9 +1131,7 @@ int sock_setsockopt(struct sock *s, int fd, int level, int name, const void *v, 
 	if (level == SOL_SOCKET && (name == SO_RCVTIMEO || name == SO_SNDTIMEO) && v &&
 	    l >= sizeof(struct timeval)) {
 		const struct timeval *tv = v;
-		int64_t ms = (int64_t)tv->tv_sec * 1000 + (tv->tv_usec + 999) / 1000;
-		if (ms > INT_MAX)
-			ms = INT_MAX;
+		int ms = shim_timeout_ms(tv->tv_sec, (tv->tv_usec + 999) / 1000);
 		lock_sock(s);
 		if (name == SO_RCVTIMEO)
 			s->rcvtimeo_ms = (int)ms;
