@@ -2193,6 +2193,17 @@ void stream_teardown(struct sock *s)
 			dgv_cq_wait(t->cq, 10);
 			progress(s, t);
 		}
+		if (abort && !t->dev) {
+			/* the reset the program's close sends drops what TCP has not sent yet: the
+			 * announcement must have left first, or the peer reads the reset as the end
+			 * of a writer that died (bounded by the same 2 s: a peer that does not read
+			 * gets the reset without it) */
+			int outq = 0;
+			while (!t->tcp_down && shim_now_us() < end && ioctl(t->qfd, SIOCOUTQ, &outq) == 0 && outq > 0) {
+				dgv_cq_wait(t->cq, 1);
+				progress(s, t);
+			}
+		}
 		if (!abort) {
 			dgv_disconnect(t->qp);
 			/* Until the peer's TCP has acknowledged everything, keep reading: bytes the
