@@ -14,6 +14,7 @@
  * The table: open addressing, 64 stripes of locks (no process-wide lock on the send path),
  * one address handle per destination, created once.
  */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
@@ -59,6 +60,7 @@ struct peer {
 	/* another host's (!local, no rules line): what its discovery port said */
 	uint64_t nonce;          /* the question outstanding (0: none) */
 	uint64_t asked_us, next_ask_us, lease_until_us;
+	bool said_silent;        /* the info line about a host that does not answer was written */
 };
 
 static struct peer *tab;
@@ -286,6 +288,17 @@ static void remote_check(struct peer *p, const union dgv_sockaddr *to)
 		atomic_fetch_sub(&asked, 1);
 		p->caps = 0;
 		p->next_ask_us = now + RETRY_NO_REMOTE_US;
+		if (!p->said_silent) {
+			/* once per destination: why it stays plain */
+			char h[INET6_ADDRSTRLEN] = "?";
+			if (to->sa.sa_family == AF_INET)
+				inet_ntop(AF_INET, &to->sin.sin_addr, h, sizeof h);
+			else
+				inet_ntop(AF_INET6, &to->sin6.sin6_addr, h, sizeof h);
+			DG_INFO("%s port %u: no discovery answer from that host (no preloaded server there, or "
+				"UDP %u filtered): plain", h, port_of(to), disco_port());
+			p->said_silent = true;
+		}
 	}
 	if (p->caps && now >= p->lease_until_us)
 		p->caps = 0; /* not confirmed in time: plain until it is */

@@ -224,6 +224,9 @@ dg_log "hostile: forger $(cat "$d/forger.out"), sink $(cat "$d/sink.out"), prelo
 grep -q "not plain 0" "$d/sink.out" && [ "$(dg_sum "$d/src.log" tx_framed)" -eq 0 ] &&
 	[ "$(dg_sum "$d/src.log" tx_plain)" -ge 200 ] && grep -q "questions seen: [1-9]" "$d/forger.out" ||
 	failed+=("hostile: forged answers made the client frame (or the forger saw no question)")
+# no answer it could believe: one info line says why the destination stays plain
+grep -q "no discovery answer from that host" "$d/src.log" ||
+	failed+=("hostile: the client did not say why host b stays plain")
 if [ ${#failed[@]} -gt 0 ]; then
 	for f in "${failed[@]}"; do dg_log "FAIL: $f"; done
 	exit 1
