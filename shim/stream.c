@@ -46,6 +46,7 @@
 #include "rules.h"
 #include "sock.h"
 #include "stream_wire.h"
+#include "wire.h"
 
 #define RING_DEFAULT (512u << 10)
 #define RING_MIN (16u << 10)
@@ -1233,7 +1234,7 @@ static void late_forget(struct sock *s);
  * does not, or nothing came in time, or the connection ended). */
 static int mpa_request_first(int fd, int wait_ms)
 {
-	static const char key[16] = "MPA ID Req Frame";
+	static const char key[16] = MPA_KEY_REQ; /* RFC 5044 7.1, wire.h */
 	uint64_t until = shim_now_us() + (uint64_t)wait_ms * 1000;
 	for (;;) {
 		char b[16];
