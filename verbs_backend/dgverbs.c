@@ -7,20 +7,22 @@
 #include <string.h>
 #include <strings.h>
 
+#include "env.h"
 #include "log.h"
 
-/* Reads DGSHIM_PROVIDER. Returns the kind, or -EINVAL after logging the bad value. */
+/* DGSHIM_PROVIDER as a kind. Returns it, or -EINVAL (env.c said why). */
 static int provider_from_env(void)
 {
-	const char *s = getenv("DGSHIM_PROVIDER");
-	if (!s || !*s || !strcasecmp(s, "auto"))
+	switch (dg_env_word(DG_ENV_PROVIDER)) {
+	case DG_PROVIDER_AUTO:
 		return DGV_PROV_AUTO;
-	if (!strcasecmp(s, "soft"))
+	case DG_PROVIDER_SOFT:
 		return DGV_PROV_SOFT;
-	if (!strcasecmp(s, "ibverbs"))
+	case DG_PROVIDER_IBVERBS:
 		return DGV_PROV_IBVERBS;
-	dg_log_always("DGSHIM_PROVIDER=%s: unknown provider (expected soft, ibverbs or auto)", s);
-	return -EINVAL;
+	default:
+		return -EINVAL;
+	}
 }
 
 int dgv_open(const struct dgv_context_attr *attr, struct dgv_context **out)
@@ -43,7 +45,7 @@ int dgv_open(const struct dgv_context_attr *attr, struct dgv_context **out)
 #ifdef DGV_HAVE_IBVERBS
 		/* A device is chosen by the address (or name) the caller will use it for; without
 		 * one there is no telling whether a device would reach the peer, so soft. */
-		if (!a.addr && !a.device && !getenv("DGSHIM_IBV_DEVICE")) {
+		if (!a.addr && !a.device && !dg_env_str(DG_ENV_IBV_DEVICE)) {
 			snprintf(why, sizeof why, "auto: soft (no address or device name to choose an RDMA device by)");
 		} else {
 			r = dgv_ibverbs_open(&a, out);
@@ -97,6 +99,14 @@ const char *dgv_provider_name(const struct dgv_context *ctx)
 const char *dgv_provider_why(const struct dgv_context *ctx)
 {
 	return ctx ? ctx->why : "no context";
+}
+
+int dgv_query_caps(const struct dgv_context *ctx, struct dgv_caps *out)
+{
+	if (!ctx || !out)
+		return -EINVAL;
+	*out = ctx->caps;
+	return 0;
 }
 
 int dgv_alloc_pd(struct dgv_context *ctx, struct dgv_pd **out)

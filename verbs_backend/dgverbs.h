@@ -67,6 +67,45 @@ const char *dgv_provider_name(const struct dgv_context *ctx);
  * rxe0 (InfiniBand/RoCE))" or "auto: soft (ibverbs: no RDMA device ...)"; never NULL. */
 const char *dgv_provider_why(const struct dgv_context *ctx);
 
+/* What a provider's objects do, beyond the calls every provider answers. Callers decide by
+ * these, never by the provider's name (docs/design.md "Capabilities"). */
+enum dgv_cap_flag {
+	/* QPs and connections run on a kernel socket the caller hands over (use_adopt_fd,
+	 * dgv_conn_req_adopt): plain datagrams from unmodified peers complete as
+	 * DGV_WC_RECV_PLAIN, and that socket's readiness, send queue (SIOCOUTQ) and reset are the
+	 * QP's. Without it the provider has its own path (a device): plain datagrams stay in the
+	 * caller's socket beside the QP, and a connection is set up by the provider's CM. */
+	DGV_CAP_ADOPT_FD = 1u << 0,
+	/* dgv_peek and dgv_qp_set_rx_cap work (a QP on an adopted socket) */
+	DGV_CAP_PEEK = 1u << 1,
+	/* a CQ's channel fires once per dgv_req_notify_cq and only for completions after it:
+	 * arm before each wait, and look at the CQ once more after arming */
+	DGV_CAP_ARM_ONCE = 1u << 2,
+	/* completions come within microseconds of the wire: a waiter polls a while first */
+	DGV_CAP_BUSY_POLL = 1u << 3,
+	/* dgv_cq_notify_background: the provider's thread progresses a QP nobody polls */
+	DGV_CAP_BACKGROUND = 1u << 4,
+	/* each signalled completion wakes a program waiting on the channel (an interrupt's
+	 * worth): signal one send in several where in-order completion allows */
+	DGV_CAP_SIGNAL_COSTS = 1u << 5,
+	/* RC: a Write-Record goes as a Write and a Send (two send queue entries), and consumes a
+	 * posted receive at the target (docs/design.md "The ibverbs provider") */
+	DGV_CAP_RC_WREC_AS_SEND = 1u << 6,
+	/* UD peers are reached by the provider's own address resolution (SIDR), not by kernel
+	 * UDP ports: a peer must be served by the same kind of provider */
+	DGV_CAP_UD_SIDR = 1u << 7,
+	/* RDMA Read on UD and RD QPs */
+	DGV_CAP_DGRAM_READ = 1u << 8,
+};
+
+struct dgv_caps {
+	uint32_t qp_types;     /* 1u << DGV_QPT_UD | ...: the QP types the provider makes */
+	uint32_t max_msg_size; /* the largest message one UD Send carries */
+	uint32_t flags;        /* enum dgv_cap_flag */
+};
+/* Fills *out for ctx's provider. Returns 0 or -EINVAL. */
+int dgv_query_caps(const struct dgv_context *ctx, struct dgv_caps *out);
+
 /* ---------------------------------------------------------------- protection domains and memory */
 
 int dgv_alloc_pd(struct dgv_context *ctx, struct dgv_pd **out);

@@ -14,6 +14,7 @@ struct dgv_context {
 	const struct dgv_ops *ops;
 	const char *name;
 	char why[160]; /* dgv_provider_why: set by dgverbs.c after the backend opened */
+	struct dgv_caps caps; /* dgv_query_caps: set by the backend's open */
 };
 struct dgv_pd {
 	struct dgv_context *ctx;

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "ibverbs_int.h"
+#include "env.h"
 #include "log.h"
 
 _Static_assert(sizeof(struct dgv_sge) == sizeof(struct ibv_sge) &&
@@ -532,7 +533,7 @@ const char *dgv_ibverbs_why(void) { return open_why; }
 
 int dgv_ibverbs_open(const struct dgv_context_attr *attr, struct dgv_context **out)
 {
-	const char *name = attr && attr->device ? attr->device : getenv("DGSHIM_IBV_DEVICE");
+	const char *name = attr && attr->device ? attr->device : dg_env_str(DG_ENV_IBV_DEVICE);
 	struct ibv_context *v;
 	bool local = false;
 	if (name && !*name)
@@ -558,6 +559,13 @@ int dgv_ibverbs_open(const struct dgv_context_attr *attr, struct dgv_context **o
 	ctx->verbs = v;
 	snprintf(ctx->dev, sizeof ctx->dev, "%s", ibv_get_device_name(v->device));
 	ctx->iwarp = v->device->transport_type == IBV_TRANSPORT_IWARP;
+	/* an iWARP device has RC only (no UD in iWARP); RoCE/InfiniBand have both */
+	ctx->base.caps = (struct dgv_caps){
+		.qp_types = 1u << DGV_QPT_RC | (ctx->iwarp ? 0u : 1u << DGV_QPT_UD),
+		.max_msg_size = IV_UD_MAX_MSG,
+		.flags = DGV_CAP_ARM_ONCE | DGV_CAP_BUSY_POLL | DGV_CAP_SIGNAL_COSTS | DGV_CAP_RC_WREC_AS_SEND |
+			 DGV_CAP_UD_SIDR,
+	};
 	pthread_mutex_init(&ctx->lock, NULL);
 	pthread_mutex_init(&ctx->ud_lock, NULL);
 	ctx->sidr_ep = ctx->sidr_efd = -1;

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "env.h"
 #include "log.h"
 #include "soft.h"
 
@@ -275,17 +276,23 @@ int dgv_soft_open(const struct dgv_context_attr *attr, struct dgv_context **out)
 		return -ENOMEM;
 	ctx->base.ops = &soft_ops;
 	ctx->base.name = "soft";
+	/* it runs on the caller's kernel sockets, completes in the caller's thread or its own,
+	 * and wakes a waiter through an eventfd that any completion raises */
+	ctx->base.caps = (struct dgv_caps){
+		.qp_types = 1u << DGV_QPT_UD | 1u << DGV_QPT_RD | 1u << DGV_QPT_RC,
+		.max_msg_size = 16u << 20, /* a message segments into datagrams (qp.c DEFAULT_MAX_MSG) */
+		.flags = DGV_CAP_ADOPT_FD | DGV_CAP_PEEK | DGV_CAP_BACKGROUND | DGV_CAP_DGRAM_READ,
+	};
 	ctx->progress = attr ? attr->progress : DGV_PROGRESS_AUTO;
-	const char *env = getenv("DGSHIM_PROGRESS");
-	if (env && *env) {
-		if (!strcmp(env, "app"))
+	if (dg_env_str(DG_ENV_PROGRESS)) {
+		/* a bad value: env.c said so; the caller's (auto by default) stands */
+		int w = dg_env_word(DG_ENV_PROGRESS);
+		if (w == DG_PROGRESS_APP)
 			ctx->progress = DGV_PROGRESS_APP;
-		else if (!strcmp(env, "thread"))
+		else if (w == DG_PROGRESS_THREAD)
 			ctx->progress = DGV_PROGRESS_THREAD;
-		else if (!strcmp(env, "auto"))
+		else if (w == DG_PROGRESS_AUTO)
 			ctx->progress = DGV_PROGRESS_AUTO;
-		else
-			dg_log_always("DGSHIM_PROGRESS=%s: unknown mode (expected auto, app or thread); using auto", env);
 	}
 	pthread_mutex_init(&ctx->mr_lock, NULL);
 	pthread_mutex_init(&ctx->loop_lock, NULL);
