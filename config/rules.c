@@ -23,6 +23,7 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "env.h"
 #include "log.h"
 
 /* Protocol of a rule: any, or one of the two the shim carries. */
@@ -881,12 +882,12 @@ int dg_rules_load(const char *path, struct dg_rules **out)
 int dg_rules_from_env(struct dg_rules **out)
 {
 	struct dg_rules_config cfg = {.fallback = IWARP_MODE_AUTO};
-	const char *conf = secure_getenv("DGSHIM_CONF");
-	const char *mode = secure_getenv("DGSHIM_MODE");
-	cfg.inline_rules = secure_getenv("DGSHIM_RULES");
-	cfg.path = conf && *conf ? conf : DG_RULES_DEFAULT_PATH;
-	cfg.path_required = conf && *conf;
-	if (mode && *mode && dg_mode_parse(mode, &cfg.fallback) < 0) {
+	const char *conf = dg_env_str(DG_ENV_CONF); /* each with secure_getenv (env.c) */
+	const char *mode = dg_env_str(DG_ENV_MODE);
+	cfg.inline_rules = dg_env_str(DG_ENV_RULES);
+	cfg.path = conf ? conf : DG_RULES_DEFAULT_PATH;
+	cfg.path_required = conf != NULL;
+	if (mode && dg_mode_parse(mode, &cfg.fallback) < 0) {
 		char q[64];
 		dg_log_always("DGSHIM_MODE=%s is not a mode (use off, ud, rd, rc or auto); "
 			      "all sockets left to the OS",

@@ -25,11 +25,6 @@ static size_t iov_total(const struct iovec *iov, int n)
 	return t;
 }
 
-static int svc_of(const struct sock *s)
-{
-	return s->qp_type == DGV_QPT_RD ? IWARP_MODE_RD : s->dev ? SVC_UDV : IWARP_MODE_UD;
-}
-
 /* Moves finished work from the CQ into the pending list and the free lists. Needs s->lock.
  * Returns the number of completions taken. */
 int consume_cq(struct sock *s)
@@ -61,7 +56,7 @@ int consume_cq(struct sock *s)
 					s->st->rx_framed++, s->st->rx_framed_bytes += w->byte_len;
 				else
 					s->st->rx_plain++, s->st->rx_plain_bytes += w->byte_len;
-				peer_heard(&w->src, w->src_len, framed, svc_of(s));
+				peer_heard(&w->src, w->src_len, framed, sock_svc(s));
 			} else if (tag == WR_ZC) {
 				s->zc_done++;
 				if (w->status != DGV_WC_SUCCESS)
@@ -115,18 +110,18 @@ static void repost(struct sock *s)
 static int wait_sock(struct sock *s, int fd, short events, int *timeout_ms)
 {
 	int cqfd = dgv_cq_fd(s->cq);
-	if (s->dev && *timeout_ms != 0) {
-		/* a device completes within microseconds: look for a while before sleeping */
+	if (sock_can(s, DGV_CAP_BUSY_POLL) && *timeout_ms != 0) {
+		/* completions come within microseconds: look for a while before sleeping */
 		uint64_t until = shim_now_us() + (uint64_t)shim_spin_us();
 		while (shim_now_us() < until)
 			if (consume_cq(s))
 				return 0;
 	}
-	if (cq_arm(s->cq, s->dev, &s->armed) && consume_cq(s))
+	if (cq_arm(s->cq, s->pv, &s->armed) && consume_cq(s))
 		return 0;
-	/* soft: the QP's socket (datagrams to read, room to send); device: the kernel socket
+	/* an adopting QP: its socket (datagrams to read, room to send); else the kernel socket
 	 * only for plain datagrams from unmodified peers, sends wait for completions */
-	int qfd = !s->dev ? s->qfd : (events & POLLIN) ? fd : -1;
+	int qfd = sock_can(s, DGV_CAP_ADOPT_FD) ? s->qfd : (events & POLLIN) ? fd : -1;
 	pthread_mutex_unlock(&s->lock);
 	struct pollfd p[2] = {{.fd = qfd, .events = events}, {.fd = cqfd, .events = POLLIN}};
 	/* the provider's thread runs the timers of a QP nobody polls; the naps are bounded */
@@ -260,7 +255,7 @@ ssize_t sock_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt, i
 	}
 	/* MSG_PEEK leaves a whole message in the kernel, where a forked child or another
 	 * process sharing the socket reads it next, as natively */
-	if ((flags & MSG_PEEK) && !s->pend_n && !s->dev) {
+	if ((flags & MSG_PEEK) && !s->pend_n && sock_can(s, DGV_CAP_PEEK)) {
 		rc = peek_shared(s, fd, iov, iovcnt, flags, src, srclen, mflags, nb, &timeout);
 		if (rc != -ENOMSG)
 			goto out;
@@ -274,14 +269,14 @@ ssize_t sock_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt, i
 			rc = 0;
 			goto out;
 		}
-		if (s->dev) {
+		if (!sock_can(s, DGV_CAP_ADOPT_FD)) {
 			/* a plain datagram from an unmodified peer waits in the kernel socket */
 			rc = recv_plain_os(fd, iov, iovcnt, flags | MSG_DONTWAIT, src, srclen, mflags);
 			if (rc >= 0) {
 				if (!(flags & MSG_PEEK))
 					s->st->rx_plain++, s->st->rx_plain_bytes += (uint64_t)rc;
 				if (src && srclen && *srclen)
-					peer_heard((const union dgv_sockaddr *)src, *srclen, false, svc_of(s));
+					peer_heard((const union dgv_sockaddr *)src, *srclen, false, sock_svc(s));
 				goto out;
 			}
 			if (rc != -EAGAIN)
@@ -334,7 +329,7 @@ int sock_fionread(struct sock *s, int fd, int *out)
 		return -ENOSYS; /* the OS carries it: the caller asks the kernel */
 	}
 	consume_cq(s);
-	if (!s->pend_n && s->dev) {
+	if (!s->pend_n && !sock_can(s, DGV_CAP_ADOPT_FD)) {
 		pthread_mutex_unlock(&s->lock);
 		return -ENOSYS; /* a plain datagram in the kernel socket, or nothing: the kernel says */
 	}
@@ -366,17 +361,17 @@ int sock_poll_in(struct sock *s, int fd)
 	 * until it has a port the kernel's readiness is the truth */
 	if (!s->qp && (s->mode == IWARP_MODE_OFF || s->broken || !sock_is_bound(fd) || qp_setup(s, fd))) {
 		r = -1; /* the kernel's readiness is the truth */
-	} else if (s->shared && !s->dev) {
+	} else if (s->shared && sock_can(s, DGV_CAP_ADOPT_FD)) {
 		/* reading here would take a datagram another process may be about to read */
 		r = s->pend_n || s->carry || s->shut_rd ? POLLIN : -1;
 	} else {
 		consume_cq(s);
-		/* a device: left armed, and looked at once more after that (one arming per
-		 * wake-up), so a wait that follows misses nothing */
-		if (s->dev && !s->pend_n && cq_arm(s->cq, true, &s->armed))
+		/* DGV_CAP_ARM_ONCE: left armed, and looked at once more after that (one arming
+		 * per wake-up), so a wait that follows misses nothing */
+		if (sock_can(s, DGV_CAP_ARM_ONCE) && !s->pend_n && cq_arm(s->cq, s->pv, &s->armed))
 			consume_cq(s);
 		r = s->pend_n || s->shut_rd ? POLLIN : 0;
-		if (!r && s->dev) {
+		if (!r && !sock_can(s, DGV_CAP_ADOPT_FD)) {
 			/* plain datagrams from unmodified peers wait in the kernel socket */
 			struct pollfd k = {.fd = fd, .events = POLLIN};
 			if (real.poll(&k, 1, 0) > 0 && (k.revents & POLLIN))
@@ -391,8 +386,9 @@ int sock_poll_in_queued(struct sock *s, int fd)
 {
 	if (s->strm)
 		return stream_poll_in_queued(s, fd);
-	/* a device's channel must be armed before the last look (sock_poll_in does both) */
-	if (s->dev)
+	/* a channel that fires once per arming is armed before the last look (sock_poll_in
+	 * does both) */
+	if (sock_can(s, DGV_CAP_ARM_ONCE))
 		return sock_poll_in(s, fd);
 	pthread_mutex_lock(&s->lock);
 	if (unlikely(s->gen != G.gen) || !s->qp || s->shared) {
@@ -426,9 +422,9 @@ int sock_wait_fds(struct sock *s, int *qfd, int *cqfd)
 	pthread_mutex_lock(&s->lock);
 	int r = -1;
 	if (s->qp) {
-		*qfd = s->qfd; /* -1 on a device: the program's own descriptor is watched anyway */
+		*qfd = s->qfd; /* -1 unless adopting: the program's own descriptor is watched anyway */
 		*cqfd = dgv_cq_fd(s->cq);
-		cq_arm(s->cq, s->dev, &s->armed); /* a device's: sock_poll_in before this armed it */
+		cq_arm(s->cq, s->pv, &s->armed); /* ARM_ONCE: sock_poll_in before this armed it */
 		r = 0;
 	}
 	pthread_mutex_unlock(&s->lock);
@@ -444,7 +440,7 @@ void sock_cq_ack(struct sock *s)
 	pthread_mutex_lock(&s->lock);
 	if (s->cq)
 		dgv_cq_ack_event(s->cq);
-	s->armed = false; /* an event disarms a device's channel: the next readiness check arms */
+	s->armed = false; /* an event disarms an ARM_ONCE channel: the next readiness check arms */
 	pthread_mutex_unlock(&s->lock);
 }
 
@@ -595,7 +591,7 @@ ssize_t sock_send(struct sock *s, int fd, const struct iovec *iov, int iovcnt, i
 			s->dest_hint = NULL;
 		}
 		if (s->qp)
-			ah = peer_route(to, tolen, svc_of(s));
+			ah = peer_route(to, tolen, sock_svc(s));
 	}
 	if (!ah) {
 		pthread_mutex_unlock(&s->lock);
@@ -670,7 +666,8 @@ ssize_t sock_send(struct sock *s, int fd, const struct iovec *iov, int iovcnt, i
 	}
 	s->st->tx_framed++, s->st->tx_framed_bytes += total;
 	rc = (ssize_t)total;
-	/* soft UD completes during the post: reclaim at once so the warm slot is reused */
+	/* a UD send may complete during the post (the soft provider's does): reclaim at once so
+	 * the warm slot is reused */
 	if (s->qp_type == DGV_QPT_UD)
 		consume_cq(s);
 out:

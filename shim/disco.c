@@ -23,6 +23,7 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include "env.h"
 #include "log.h"
 #include "sock.h"
 #include "wire.h"
@@ -41,7 +42,7 @@ unsigned disco_port(void) { return D.port; }
 
 void disco_init(void)
 {
-	D.port = (unsigned)shim_env_long("DGSHIM_DISCOVERY_PORT", 0, 65535, 18517, "0 (off) or 1..65535");
+	D.port = (unsigned)dg_env_long(DG_ENV_DISCOVERY_PORT);
 }
 
 void disco_after_fork(void)

@@ -54,7 +54,7 @@ static bool spin_ready(const struct pollfd *fds, nfds_t n, int32_t *ready)
 			if (ready[i] < 0 || !(ready[i] >> 16 & POLLIN) || !(fds[i].events & POLLIN))
 				continue;
 			struct sock *s = fd_sock(fds[i].fd);
-			if (!s || !sock_on_device(s))
+			if (!s || !sock_busy_poll(s))
 				continue;
 			int in = sock_poll_in(s, fds[i].fd);
 			int rdy = sock_is_stream(s) ? stream_rdy(fds[i].events, in, -1) : (in > 0 ? POLLIN : 0);
@@ -143,7 +143,7 @@ int ev_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 					p[i].events &= (short)~POLLOUT;
 			}
 			ready[i] = own << 16 | rdy;
-			ndev += sock_on_device(s);
+			ndev += sock_busy_poll(s);
 			if (rdy) {
 				any_ready = true;
 				continue;

@@ -53,7 +53,7 @@ struct peer {
 	union dgv_sockaddr a;
 	struct dgv_ah *ah;
 	unsigned ah_gen;
-	struct dgv_ah *dah;      /* on the device (G.dctx): made by SIDR */
+	struct dgv_ah *dah;      /* on the device (G.dev): made by SIDR */
 	unsigned dah_gen;
 	uint64_t checked_us;
 	uint64_t dah_fail_us;    /* when SIDR last failed */
@@ -326,7 +326,7 @@ struct dgv_ah *peer_route(const union dgv_sockaddr *to, socklen_t tolen, int svc
 	if (!p || p->rule == RULE_OFF)
 		goto out;
 	uint8_t want = cap_of(svc);
-	bool dev = svc == SVC_UDV;
+	bool sidr = svc == SVC_UDV; /* the device's address resolution: G.dev's handles */
 	if (p->rule == RULE_TRUST && !(p->rule_caps & want)) {
 		goto out;
 	} else if (p->rule != RULE_TRUST) {
@@ -348,7 +348,7 @@ struct dgv_ah *peer_route(const union dgv_sockaddr *to, socklen_t tolen, int svc
 		if (!(p->caps & want))
 			goto out;
 	}
-	if (dev) {
+	if (sidr) {
 		if (!p->dah || p->dah_gen != G.gen) {
 			/* SIDR asks the destination's device for its QP: one round trip, made once
 			 * per destination; a refusal is believed for RETRY_DEV_US */
@@ -356,7 +356,7 @@ struct dgv_ah *peer_route(const union dgv_sockaddr *to, socklen_t tolen, int svc
 			p->dah = NULL;
 			if (p->dah_fail_us && now - p->dah_fail_us < RETRY_DEV_US)
 				goto out;
-			if (dgv_create_ah(G.dpd, &to->sa, tolen, &p->dah)) {
+			if (dgv_create_ah(G.dev.pd, &to->sa, tolen, &p->dah)) {
 				p->dah_fail_us = now ? now : 1;
 				goto out;
 			}
@@ -368,7 +368,7 @@ struct dgv_ah *peer_route(const union dgv_sockaddr *to, socklen_t tolen, int svc
 	}
 	if (!p->ah || p->ah_gen != G.gen) {
 		p->ah = NULL;
-		if (dgv_create_ah(G.pd, &to->sa, tolen, &p->ah))
+		if (dgv_create_ah(G.host.pd, &to->sa, tolen, &p->ah))
 			goto out;
 		p->ah_gen = G.gen;
 	}

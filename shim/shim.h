@@ -189,8 +189,9 @@ int sock_poll_out_queued(struct sock *s, int fd);
 /* True when fd is a socket whose POLLIN/POLLOUT the shim decides entirely (a carried stream:
  * the kernel socket's own readiness says nothing the program should see). */
 bool sock_is_stream(struct sock *s);
-/* Carried by an RDMA device (a UDP socket's QP, or an established stream's). */
-bool sock_on_device(struct sock *s);
+/* Its provider completes within microseconds (DGV_CAP_BUSY_POLL): a UDP socket's QP, or an
+ * established stream's. A waiter looks a while (shim_spin_us) before sleeping. */
+bool sock_busy_poll(struct sock *s);
 /* How long a wait on a device socket looks at its CQ before sleeping (DGSHIM_SPIN_US,
  * default 20 us; 0: never). */
 int shim_spin_us(void);

@@ -30,6 +30,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "env.h"
 #include "log.h"
 #include "rules.h"
 #include "sock.h"
@@ -99,20 +100,6 @@ int high_fd(int fd)
 	return n;
 }
 
-long shim_env_long(const char *name, long lo, long hi, long dflt, const char *what)
-{
-	const char *e = getenv(name);
-	if (!e || !*e)
-		return dflt;
-	char *end;
-	long l = strtol(e, &end, 10);
-	if (*end || l < lo || l > hi) {
-		dg_log_always("%s=%s: expected %s; using %ld", name, e, what, dflt);
-		return dflt;
-	}
-	return l;
-}
-
 int shim_thread(void *(*fn)(void *), void *arg)
 {
 	pthread_attr_t at;
@@ -134,7 +121,7 @@ int shim_spin_us(void)
 	int x = __atomic_load_n(&v, __ATOMIC_RELAXED);
 	if (x >= 0)
 		return x;
-	x = (int)shim_env_long("DGSHIM_SPIN_US", 0, 100000, 20, "0..100000 microseconds");
+	x = (int)dg_env_long(DG_ENV_SPIN_US);
 	__atomic_store_n(&v, x, __ATOMIC_RELAXED);
 	return x;
 }
@@ -197,32 +184,13 @@ static void init_once_fn(void)
 		G.disabled = true;
 	if (G.rules && dg_rules_disabled(G.rules))
 		G.disabled = true;
-	const char *z = getenv("DGSHIM_ZCOPY_THRESHOLD");
-	if (z && *z) {
-		char *end;
-		long v = strtol(z, &end, 10);
-		if (*end || v < 0 || v > INT_MAX)
-			dg_log_always("DGSHIM_ZCOPY_THRESHOLD=%s is not a byte count; using %d", z,
-				      G.zcopy_default);
-		else
-			G.zcopy_default = (int)v;
-	}
-	const char *pv = getenv("DGSHIM_PROVIDER");
-	if (!pv || !*pv || !strcasecmp(pv, "auto"))
-		G.want_dev = DEV_AUTO;
-	else if (!strcasecmp(pv, "ibverbs"))
-		G.want_dev = DEV_YES;
-	else if (!strcasecmp(pv, "soft"))
-		G.want_dev = DEV_NO;
-	else {
-		dg_log_always("DGSHIM_PROVIDER=%s: unknown provider (soft, ibverbs or auto); using soft", pv);
-		G.want_dev = DEV_NO;
-	}
-	const char *d = getenv("DGSHIM_DISCOVERY");
-	if (d && !strcmp(d, "off"))
-		G.trust_all = true;
-	else if (d && *d && strcmp(d, "on"))
-		dg_log_always("DGSHIM_DISCOVERY=%s: use on or off; keeping on", d);
+	long z = dg_env_long(DG_ENV_ZCOPY_THRESHOLD);
+	if (z >= 0)
+		G.zcopy_default = (int)z;
+	/* a bad provider name (env.c said so) keeps every socket on soft: the program runs */
+	int pw = dg_env_word(DG_ENV_PROVIDER);
+	G.want_dev = pw == DG_PROVIDER_AUTO ? DEV_AUTO : pw == DG_PROVIDER_IBVERBS ? DEV_YES : DEV_NO;
+	G.trust_all = dg_env_word(DG_ENV_DISCOVERY) == DG_OFF; /* a bad value keeps it on */
 	pthread_atfork(NULL, shim_atfork_parent, shim_atfork_child);
 	stats_init();
 	peer_init();
@@ -249,31 +217,40 @@ int shim_default_mode(void)
  * thread must not start in a constructor). Returns 0 or -errno. */
 static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* Opens a context as ca says into pv: context, capabilities, then the PD, published last for
+ * the lock-free readers. Needs ctx_lock. Returns 0 or -errno (pv->pd NULL then). */
+static int pv_open(struct shim_pv *pv, const struct dgv_context_attr *ca)
+{
+	__atomic_store_n(&pv->pd, NULL, __ATOMIC_RELAXED);
+	pv->ctx = NULL;
+	struct dgv_context *c;
+	struct dgv_pd *pd;
+	int rc = dgv_open(ca, &c);
+	if (rc)
+		return rc;
+	if ((rc = dgv_query_caps(c, &pv->caps)) || (rc = dgv_alloc_pd(c, &pd))) {
+		dgv_close(c);
+		return rc;
+	}
+	pv->ctx = c;
+	pv->gen = G.gen;
+	__atomic_store_n(&pv->pd, pd, __ATOMIC_RELEASE);
+	return 0;
+}
+
 int ctx_get(void)
 {
-	if (likely(G.pd && G.ctx_gen == G.gen))
+	if (likely(__atomic_load_n(&G.host.pd, __ATOMIC_ACQUIRE) && G.host.gen == G.gen))
 		return 0;
 	pthread_mutex_lock(&ctx_lock);
 	int rc = 0;
-	if (!G.pd || G.ctx_gen != G.gen) {
-		/* after fork the parent's context is abandoned: its thread does not exist here */
-		G.ctx = NULL, G.pd = NULL;
-		struct dgv_context *c;
-		/* soft: it adopts the program's sockets; a device context is dev_get's */
-		struct dgv_context_attr ca = {.provider = DGV_PROV_SOFT};
-		rc = dgv_open(&ca, &c);
-		if (!rc) {
-			struct dgv_pd *pd;
-			rc = dgv_alloc_pd(c, &pd);
-			if (!rc) {
-				G.ctx = c;
-				__atomic_store_n(&G.pd, pd, __ATOMIC_RELEASE);
-				G.ctx_gen = G.gen;
-				DG_INFO("verbs provider %s", dgv_provider_name(c));
-			} else {
-				dgv_close(c);
-			}
-		}
+	if (!G.host.pd || G.host.gen != G.gen) {
+		/* after fork the parent's context is abandoned: its thread does not exist here;
+		 * the soft provider is the one that adopts the program's sockets (a device context
+		 * is dev_get's) */
+		rc = pv_open(&G.host, &(struct dgv_context_attr){.provider = DGV_PROV_SOFT});
+		if (!rc)
+			DG_INFO("verbs provider %s", dgv_provider_name(G.host.ctx));
 		if (rc)
 			dg_log_always("no verbs provider (%s): UDP sockets left to the OS", strerror(-rc));
 	}
@@ -300,14 +277,14 @@ static bool addr_loopback(const union dgv_sockaddr *a)
  * auto only when there is a specific address to choose a device by: the socket's own, else
  * its destination (rdma_cm resolves it through the routing table), or DGSHIM_IBV_DEVICE names
  * one. Loopback never has a device. One device per process: a socket on another address
- * stays soft. A failed open is not retried for the same address. Returns 0 (G.dctx, G.dpd
+ * stays soft. A failed open is not retried for the same address. Returns 0 (G.dev
  * set) or -errno; either way G.dev_why says what was chosen and why. Takes ctx_lock.
  */
 int dev_get(const union dgv_sockaddr *local, socklen_t ll, const union dgv_sockaddr *dest)
 {
 	if (G.want_dev == DEV_NO)
 		return -ENODEV;
-	if (likely(G.dpd && G.dctx_gen == G.gen))
+	if (likely(__atomic_load_n(&G.dev.pd, __ATOMIC_ACQUIRE) && G.dev.gen == G.gen))
 		return 0;
 	/* the address that chooses the device: the socket's own, else its destination */
 	const union dgv_sockaddr *by = local;
@@ -317,14 +294,13 @@ int dev_get(const union dgv_sockaddr *local, socklen_t ll, const union dgv_socka
 	}
 	if (by && addr_loopback(by))
 		by = NULL;
-	if (!by && G.want_dev == DEV_AUTO && !getenv("DGSHIM_IBV_DEVICE"))
+	if (!by && G.want_dev == DEV_AUTO && !dg_env_str(DG_ENV_IBV_DEVICE))
 		return -ENODEV;
 	static union dgv_sockaddr failed_at;
 	static unsigned failed_gen, tries;
 	pthread_mutex_lock(&ctx_lock);
 	int rc = 0;
-	if (!G.dpd || G.dctx_gen != G.gen) {
-		G.dctx = NULL, G.dpd = NULL;
+	if (!G.dev.pd || G.dev.gen != G.gen) {
 		union dgv_sockaddr a = {0};
 		if (by) {
 			a = *by;
@@ -344,25 +320,15 @@ int dev_get(const union dgv_sockaddr *local, socklen_t ll, const union dgv_socka
 		tries++;
 		struct dgv_context_attr ca = {.provider = DGV_PROV_IBVERBS, .addr = by ? &a.sa : NULL,
 					      .addrlen = by ? ll : 0};
-		struct dgv_context *c;
-		rc = dgv_open(&ca, &c);
+		rc = pv_open(&G.dev, &ca);
 		if (!rc) {
-			struct dgv_pd *pd;
-			rc = dgv_alloc_pd(c, &pd);
-			if (rc) {
-				dgv_close(c);
-			} else {
-				G.dctx = c;
-				G.dctx_gen = G.gen;
-				__atomic_store_n(&G.dpd, pd, __ATOMIC_RELEASE);
-				/* "ibverbs: asked for (device rxe0 (...))": the device part */
-				const char *w = dgv_provider_why(c), *d = strstr(w, "(device ");
-				int dl = d ? (int)strlen(d) - 9 : -1; /* "(device " and the last ")" */
-				snprintf(G.dev_why, sizeof G.dev_why, "%s: on the RDMA device %.*s",
-					 G.want_dev == DEV_YES ? "ibverbs" : "auto", dl > 0 ? dl : (int)strlen(w),
-					 dl > 0 ? d + 8 : w);
-				dg_log(DG_LOG_INFO, "provider %s", G.dev_why);
-			}
+			/* "ibverbs: asked for (device rxe0 (...))": the device part */
+			const char *w = dgv_provider_why(G.dev.ctx), *d = strstr(w, "(device ");
+			int dl = d ? (int)strlen(d) - 9 : -1; /* "(device " and the last ")" */
+			snprintf(G.dev_why, sizeof G.dev_why, "%s: on the RDMA device %.*s",
+				 G.want_dev == DEV_YES ? "ibverbs" : "auto", dl > 0 ? dl : (int)strlen(w),
+				 dl > 0 ? d + 8 : w);
+			dg_log(DG_LOG_INFO, "provider %s", G.dev_why);
 		}
 		if (rc) {
 			failed_at = a, failed_gen = G.gen;
@@ -642,8 +608,11 @@ int qp_setup(struct sock *s, int fd)
 		}
 		/* the provider is chosen once per socket: its registrations are that provider's */
 		ll = sizeof la;
-		s->dev = s->mode != IWARP_MODE_RD && G.want_dev != DEV_NO && getsockname(fd, &la.sa, &ll) == 0 &&
-			 dev_get(&la, ll, s->connected ? &s->peer : s->dest_hint) == 0;
+		s->pv = &G.host;
+		if (G.want_dev != DEV_NO && getsockname(fd, &la.sa, &ll) == 0 &&
+		    dev_get(&la, ll, s->connected ? &s->peer : s->dest_hint) == 0 &&
+		    (G.dev.caps.qp_types & 1u << qp_type_of(s->mode)))
+			s->pv = &G.dev;
 	}
 retry:
 	if (!s->rx_area) {
@@ -665,24 +634,25 @@ retry:
 			      &s->rx_mr)) ||
 	     (rc = dgv_reg_mr(sock_pd(s), s->tx_area, (size_t)SHIM_TX_SLOTS * SHIM_SLOT, 0, &s->tx_mr))))
 		goto dev_fail;
-	if (!s->dev && s->qfd < 0) {
+	bool adopt = sock_can(s, DGV_CAP_ADOPT_FD);
+	if (adopt && s->qfd < 0) {
 		s->qfd = high_fd(fd);
 		if (s->qfd < 0) {
 			rc = -errno;
 			goto fail;
 		}
 	}
-	if (!s->cq && (rc = dgv_create_cq(s->dev ? G.dctx : G.ctx, SHIM_RX_SLOTS + SHIM_TX_SLOTS + 16, &s->cq)))
+	if (!s->cq && (rc = dgv_create_cq(s->pv->ctx, SHIM_RX_SLOTS + SHIM_TX_SLOTS + 16, &s->cq)))
 		goto dev_fail;
-	if (!s->dev)
+	if (sock_can(s, DGV_CAP_BACKGROUND))
 		dgv_cq_notify_background(s->cq, 1);
-	s->qp_type = s->mode == IWARP_MODE_RD ? DGV_QPT_RD : DGV_QPT_UD;
+	s->qp_type = qp_type_of(s->mode);
 	struct dgv_qp_init_attr a = {.qp_type = s->qp_type, .send_cq = s->cq, .recv_cq = s->cq,
 				     .max_send_wr = SHIM_TX_SLOTS + 8, .max_recv_wr = SHIM_RX_SLOTS,
 				     .max_msg_size = SHIM_SLOT, .use_adopt_fd = 1, .adopt_fd = s->qfd,
 				     .pass_plain = 1, .rx_hold = 1, .rd_window = 64};
-	if (s->dev) {
-		/* the device's QP answers SIDR on the socket's address and port; plain datagrams
+	if (!adopt) {
+		/* the device's QP answers on the socket's address and port (SIDR); plain datagrams
 		 * from unmodified peers still arrive on the kernel socket, read by data.c */
 		ll = sizeof la;
 		if (getsockname(fd, &la.sa, &ll)) {
@@ -700,14 +670,14 @@ retry:
 	registry_set(s, fd);
 	stats_note_mode(s);
 	DG_DBG("fd %d: %s queue pair %s", fd, s->qp_type == DGV_QPT_RD ? "RD" : "UD",
-	       s->dev ? "on the RDMA device" : "on the program's socket");
+	       adopt ? "on the program's socket" : "on the RDMA device");
 	return 0;
 dev_fail:
-	if (s->dev) {
+	if (s->pv != &G.host) {
 		DG_WARN("fd %d: no UD queue pair on the device (%s): the soft provider carries this socket", fd,
 			strerror(-rc));
 		qp_teardown(s, true);
-		s->dev = false;
+		s->pv = &G.host;
 		goto retry;
 	}
 fail:
@@ -809,7 +779,7 @@ void sock_reset_after_fork(struct sock *s)
 	memset(s->zc, 0, sizeof s->zc);
 	s->regfd = -1; /* inherited close-on-exec descriptors: keep the numbers untouched */
 	s->broken = false;
-	s->dev = false; /* chosen again with the child's first QP */
+	s->pv = NULL; /* chosen again with the child's first QP */
 	s->shared = !s->strm; /* the parent reads the same kernel socket */
 	s->gen = G.gen;
 }
@@ -824,7 +794,7 @@ void shim_atfork_parent(void)
 			continue;
 		pthread_mutex_lock(&s->lock);
 		s->shared = true;
-		if (s->qp && !s->dev)
+		if (s->qp && sock_can(s, DGV_CAP_PEEK))
 			dgv_qp_set_rx_cap(s->qp, 1);
 		sock_drop_peeked(s); /* the child has it (sock_reset_after_fork) */
 		pthread_mutex_unlock(&s->lock);
@@ -905,7 +875,7 @@ static void registry_set(struct sock *s, int fd)
 	unsigned port = ntohs(la.sa.sa_family == AF_INET ? la.sin.sin_port : la.sin6.sin6_port);
 	struct sockaddr_un a;
 	socklen_t al;
-	registry_name(&a, &al, s->qp_type == DGV_QPT_RD ? IWARP_MODE_RD : s->dev ? SVC_UDV : IWARP_MODE_UD, port);
+	registry_name(&a, &al, sock_svc(s), port);
 	int u = registry_bind(&a, al);
 	if (u < 0) {
 		DG_DBG("registry name for port %u taken (%s): another socket on this port answers",
@@ -986,10 +956,10 @@ static int set_mode(struct sock *s, int fd, int mode)
 	s->mode = mode;
 	s->explicit_mode = true;
 	int want = mode == IWARP_MODE_RD ? DGV_QPT_RD : DGV_QPT_UD;
-	if (s->dev && mode == IWARP_MODE_RD) {
-		/* RD is the soft provider's; this socket's buffers are registered on the device */
-		DG_WARN("fd %d: IWARP_MODE RD: this socket runs on the RDMA device, which has no RD "
-			"(DGSHIM_PROVIDER=soft gives RD)", fd);
+	if (s->pv && !(s->pv->caps.qp_types & 1u << want)) {
+		/* this socket's buffers are registered with its provider, which has no such QP */
+		DG_WARN("fd %d: IWARP_MODE %s: this socket runs on provider %s, which has no such queue "
+			"pair (DGSHIM_PROVIDER=soft gives RD)", fd, dg_mode_name(mode), dgv_provider_name(s->pv->ctx));
 		s->mode = old;
 		unlock_sock(s);
 		return -EOPNOTSUPP;

@@ -23,21 +23,29 @@
 
 struct rules_handle;
 
+/* A verbs context the shim carries sockets on, and what its provider can do (dgv_query_caps,
+ * asked when it opened): the shim decides by these capabilities, never by which provider it
+ * is. A socket points at the G slot it was placed on; the slot is re-made in a forked child. */
+struct shim_pv {
+	struct dgv_context *ctx;
+	struct dgv_pd *pd;        /* published last (release): non-NULL means ctx and caps are set */
+	struct dgv_caps caps;
+	unsigned gen;             /* the G.gen it was opened in */
+};
+
 struct shim_global {
 	struct dg_rules *rules;
 	bool disabled;             /* configuration error or no provider: everything to the OS */
 	bool trust_all;            /* DGSHIM_DISCOVERY=off: every peer speaks datagram-iWARP */
 	int zcopy_default;
 	unsigned gen;              /* bumped in a forked child */
-	unsigned ctx_gen;
-	struct dgv_context *ctx;   /* soft: streams, and UDP sockets no device carries */
-	struct dgv_pd *pd;
-	/* The RDMA device's context for UDP sockets (ibverbs UD queue pairs), when
-	 * DGSHIM_PROVIDER asks for one (docs/shim.md "Providers"); NULL: none (yet). */
+	/* The provider that runs on the program's own kernel sockets (DGV_CAP_ADOPT_FD): streams,
+	 * and UDP sockets no device carries. */
+	struct shim_pv host;
+	/* The RDMA device chosen by a socket's address, when DGSHIM_PROVIDER asks for one
+	 * (docs/shim.md "Providers"); pd NULL: none (yet). */
+	struct shim_pv dev;
 	int want_dev;              /* DEV_NO, DEV_AUTO or DEV_YES, from DGSHIM_PROVIDER */
-	unsigned dctx_gen;
-	struct dgv_context *dctx;
-	struct dgv_pd *dpd;
 	char dev_why[192];         /* the last choice and its reason, for logs and `dgshim stat` */
 };
 extern struct shim_global G;
@@ -74,8 +82,8 @@ struct sock {
 	bool explicit_mode;           /* set by the program: rules no longer apply */
 	bool user_nonblock;
 	bool broken;                  /* QP creation failed: the OS carries it */
-	bool dev;                     /* the QP is on the RDMA device (G.dctx), not soft */
-	bool armed;                   /* device: its CQ's channel is armed (an acked event is not) */
+	struct shim_pv *pv;           /* the context its QP is on (&G.host or &G.dev); NULL: none yet */
+	bool armed;                   /* DGV_CAP_ARM_ONCE: its CQ's channel is armed (an acked event is not) */
 	/* Another process may read the same kernel socket (forked, inherited, received): the
 	 * shim takes off the wire only what the program asks for, one datagram at a time, never
 	 * for a readiness check, and MSG_PEEK leaves the datagram in the kernel (docs/shim.md
@@ -96,7 +104,7 @@ struct sock {
 	union dgv_sockaddr peer;
 	socklen_t peerlen;
 
-	int qfd;                      /* private duplicate the soft QP owns (-1 on a device) */
+	int qfd;                      /* private duplicate an adopting QP owns (DGV_CAP_ADOPT_FD), else -1 */
 	int regfd;                    /* registry name (discovery), or -1 */
 	int qp_type;
 	struct dgv_qp *qp;
@@ -125,9 +133,6 @@ struct sock {
 };
 
 uint64_t shim_now_us(void);
-/* An integer environment variable in lo..hi, dflt when unset; a bad value says what was
- * expected (`what`) on stderr once and gives dflt. */
-long shim_env_long(const char *name, long lo, long hi, long dflt, const char *what);
 /* A detached thread of the shim's, with every signal blocked (the program's are not ours).
  * Returns 0 or -errno. */
 int shim_thread(void *(*fn)(void *), void *arg);
@@ -162,7 +167,7 @@ struct sock *sock_new_stream(int fd, int domain, bool nonblock, int mode);
 /* The verbs context and PD (made once per process and after fork). Returns 0 or -errno. */
 int ctx_get(void);
 /* The RDMA device's context for a socket at `local` (wildcard allowed) going to `dest` (or
- * NULL), as DGSHIM_PROVIDER asks (sock.c). Returns 0 (G.dctx, G.dpd usable) or -errno. */
+ * NULL), as DGSHIM_PROVIDER asks (sock.c). Returns 0 (G.dev usable) or -errno. */
 int dev_get(const union dgv_sockaddr *local, socklen_t ll, const union dgv_sockaddr *dest);
 void zc_cache_clear(struct sock *s);
 /* Drops the queued datagram the program had peeked (a forked child got it). Needs s->lock. */
@@ -171,8 +176,8 @@ void sock_drop_peeked(struct sock *s);
  * number of completions taken. */
 int consume_cq(struct sock *s);
 void stats_note_mode(struct sock *s);
-/* A stream is carried over RC now (dev: on the RDMA device): `dgshim stat` says rc / rc-dev. */
-void stats_note_stream(struct sock *s, bool dev);
+/* A stream is carried over RC now, on pv: `dgshim stat` says rc, or rc-dev on G.dev. */
+void stats_note_stream(struct sock *s, const struct shim_pv *pv);
 
 /* peer.c: what a destination speaks. */
 void peer_init(void);
@@ -181,14 +186,19 @@ void peer_after_fork(void);
  * (of the device's context for SVC_UDV) when the
  * destination speaks it, else NULL (send plain). Never blocks. */
 struct dgv_ah *peer_route(const union dgv_sockaddr *to, socklen_t tolen, int svc);
-/* Arms cq's notification before a wait. Soft: every time (cheap there, and idempotent). A
- * device raises its channel once per arming and only for completions after it, so it is armed
- * only when it is not already (*armed; an acknowledged event disarms it: the caller clears
- * *armed then). Returns true when a device's CQ was armed just now: the caller looks at the
- * CQ once more, since what completed before the arming raises nothing. */
-static inline bool cq_arm(struct dgv_cq *cq, bool dev, bool *armed)
+/* Whether pv's provider has capability f (enum dgv_cap_flag); false for no context yet. */
+static inline bool pv_can(const struct shim_pv *pv, uint32_t f) { return pv && (pv->caps.flags & f); }
+/* The same for the context a socket's QP is on. */
+static inline bool sock_can(const struct sock *s, uint32_t f) { return pv_can(s->pv, f); }
+
+/* Arms cq's notification before a wait. Without DGV_CAP_ARM_ONCE: every time (cheap, and
+ * idempotent). With it the channel fires once per arming and only for completions after it,
+ * so it is armed only when it is not already (*armed; an acknowledged event disarms it: the
+ * caller clears *armed then). Returns true when such a CQ was armed just now: the caller looks
+ * at the CQ once more, since what completed before the arming raises nothing. */
+static inline bool cq_arm(struct dgv_cq *cq, const struct shim_pv *pv, bool *armed)
 {
-	if (!dev) {
+	if (!pv_can(pv, DGV_CAP_ARM_ONCE)) {
 		dgv_req_notify_cq(cq, 0);
 		return false;
 	}
@@ -198,8 +208,17 @@ static inline bool cq_arm(struct dgv_cq *cq, bool dev, bool *armed)
 	return true;
 }
 
-/* The PD of the socket's queue pair: the device's or the soft provider's. */
-static inline struct dgv_pd *sock_pd(const struct sock *s) { return s->dev ? G.dpd : G.pd; }
+/* The queue pair type a UDP socket in mode gets. */
+static inline int qp_type_of(int mode) { return mode == IWARP_MODE_RD ? DGV_QPT_RD : DGV_QPT_UD; }
+/* The discovery service a UDP socket's QP serves: its mode's, or SVC_UDV for UD on a provider
+ * that reaches peers by its own address resolution. */
+static inline int sock_svc(const struct sock *s)
+{
+	return s->qp_type == DGV_QPT_RD ? IWARP_MODE_RD : sock_can(s, DGV_CAP_UD_SIDR) ? SVC_UDV : IWARP_MODE_UD;
+}
+
+/* The PD of the socket's queue pair. */
+static inline struct dgv_pd *sock_pd(const struct sock *s) { return s->pv->pd; }
 /* A datagram came from `from`: framed (it speaks datagram-iWARP) or plain (it may have
  * stopped). */
 void peer_heard(const union dgv_sockaddr *from, socklen_t fromlen, bool framed, int svc);

@@ -12,6 +12,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "env.h"
 #include "log.h"
 #include "sock.h"
 #include "stats_file.h"
@@ -58,8 +59,7 @@ static void open_file(void)
 
 void stats_init(void)
 {
-	const char *e = getenv("DGSHIM_STATS");
-	if (e && !strcmp(e, "off"))
+	if (dg_env_word(DG_ENV_STATS) == DG_OFF)
 		return;
 	open_file();
 }
@@ -127,7 +127,7 @@ void stats_release(struct sock *s)
 		pthread_mutex_lock(&slot_lock);
 		add(&closed, s->st);
 		closed_socks++;
-		closed_dev += s->dev;
+		closed_dev += s->pv == &G.dev;
 		pthread_mutex_unlock(&slot_lock);
 	}
 	if (s->stat_slot >= 0 && file) {
@@ -143,17 +143,17 @@ void stats_note_mode(struct sock *s)
 	if (s->stat_slot >= 0 && file) {
 		file->slot[s->stat_slot].mode = (uint8_t)s->mode;
 		file->slot[s->stat_slot].qp_type = (uint8_t)s->qp_type;
-		file->slot[s->stat_slot].provider = s->dev ? 1 : 0;
+		file->slot[s->stat_slot].provider = s->pv == &G.dev;
 	}
 	if (file && G.dev_why[0])
 		memcpy(file->provider, G.dev_why, sizeof file->provider);
 }
 
-void stats_note_stream(struct sock *s, bool dev)
+void stats_note_stream(struct sock *s, const struct shim_pv *pv)
 {
 	if (s->stat_slot >= 0 && file) {
 		file->slot[s->stat_slot].mode = IWARP_MODE_RC;
-		file->slot[s->stat_slot].provider = dev ? 1 : 0;
+		file->slot[s->stat_slot].provider = pv == &G.dev;
 	}
 }
 
@@ -169,7 +169,7 @@ void shim_fini(void)
 				if (s->qp || s->st->tx_plain || s->st->rx_plain) {
 					add(&t, s->st);
 					n++;
-					ndev += s->dev;
+					ndev += s->pv == &G.dev;
 				}
 				pthread_mutex_unlock(&s->lock);
 			}

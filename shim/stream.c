@@ -42,6 +42,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "env.h"
 #include "log.h"
 #include "rules.h"
 #include "sock.h"
@@ -104,8 +105,10 @@ struct stream {
 	struct dgv_qp *qp;
 	struct dgv_cq *cq;
 	int qfd, regfd;
-	/* on the RDMA device (G.dctx): RC through rdma_cm, the TCP connection only met there */
-	bool dev;
+	struct shim_pv *pv;      /* the context its QP and CQ are on (res_setup) */
+	/* pv's provider sets connections up itself (no DGV_CAP_ADOPT_FD: a device's rdma_cm):
+	 * the program's TCP connection only meets the peer there (rendezvous) */
+	bool own_cm;
 	bool rv_wait;            /* client: the server's stream_rv has not come yet */
 	bool armed;              /* device: the CQ's channel is armed (an event, once acked, is not) */
 	bool cm_due;             /* device: a completion failed, connection events to look at */
@@ -170,8 +173,8 @@ static uint32_t ring_size(void)
 	if (v)
 		return v;
 	uint32_t r = RING_DEFAULT;
-	const char *e = getenv("DGSHIM_STREAM_BUF");
-	if (e && *e) {
+	const char *e = dg_env_str(DG_ENV_STREAM_BUF);
+	if (e) {
 		char *end;
 		unsigned long x = strtoul(e, &end, 10);
 		if (*end == 'k' || *end == 'K')
@@ -211,19 +214,21 @@ static int high_fd_epoll(void)
 	return e < 0 ? -errno : fd_to_high(e);
 }
 
-/* The ring area, its two regions, the CQ and the channel: on the device's context when dev
- * (t->dev set), else soft. Returns 0 or -errno. */
-static int res_setup(struct stream *t, bool dev)
+/* The ring area, its two regions, the CQ and the channel, on pv (&G.host, or &G.dev that
+ * dev_get has opened). Returns 0 or -errno. */
+static int res_setup(struct stream *t, struct shim_pv *pv)
 {
 	int rc = ctx_get();
 	if (rc)
 		return rc;
-	t->dev = dev;
-	struct dgv_context *ctx = dev ? G.dctx : G.ctx;
-	struct dgv_pd *pd = dev ? G.dpd : G.pd;
+	t->pv = pv;
+	t->own_cm = !pv_can(pv, DGV_CAP_ADOPT_FD);
+	struct dgv_context *ctx = pv->ctx;
+	struct dgv_pd *pd = pv->pd;
+	bool drec = pv_can(pv, DGV_CAP_RC_WREC_AS_SEND); /* a receive per record */
 	t->ring = ring_size();
 	size_t half = t->ring + ctl_bytes() + 4096; /* ring, control slots, sentinel (out side) */
-	size_t out = half + (dev ? NDREC * DREC_SZ : 0);
+	size_t out = half + (drec ? NDREC * DREC_SZ : 0);
 	t->area_len = half + out;
 	void *p = mmap(NULL, t->area_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
 		       -1, 0);
@@ -235,18 +240,18 @@ static int res_setup(struct stream *t, bool dev)
 	t->tx = t->area + half;
 	t->ctl_out = t->tx + t->ring;
 	t->sentinel = t->ctl_out + ctl_bytes();
-	t->drec = dev ? t->tx + half : NULL;
+	t->drec = drec ? t->tx + half : NULL;
 	if ((rc = dgv_reg_mr(pd, t->rx, t->ring + ctl_bytes(),
 			     DGV_ACCESS_LOCAL_WRITE | DGV_ACCESS_REMOTE_WRITE, &t->mr_in)) ||
 	    (rc = dgv_reg_mr(pd, t->tx, out, DGV_ACCESS_LOCAL_WRITE, &t->mr_out)) ||
-	    (rc = dgv_create_cq(ctx, (int)(CQ_DEPTH + (dev ? NDREC + SQ_DEPTH : 0)), &t->cq)) ||
+	    (rc = dgv_create_cq(ctx, (int)(CQ_DEPTH + (drec ? NDREC + SQ_DEPTH : 0)), &t->cq)) ||
 	    (rc = dgv_cm_create_channel(ctx, &t->ch)))
 		return rc;
-	if (!dev) {
+	if (pv_can(pv, DGV_CAP_BACKGROUND))
 		dgv_cq_notify_background(t->cq, 1);
+	if (!t->own_cm)
 		return 0;
-	}
-	/* a device's connection events (ESTABLISHED, DISCONNECTED) are not completions: one
+	/* its own CM's connection events (ESTABLISHED, DISCONNECTED) are not completions: one
 	 * descriptor for both, so that a program's epoll registration made while connecting
 	 * still wakes for data */
 	if ((t->wfd = high_fd_epoll()) < 0)
@@ -330,11 +335,11 @@ static int post_drec(struct stream *t, uint32_t i)
 	return dgv_post_recv(t->qp, &wr, &bad);
 }
 
-/* The sentinel receive (soft), or every record's receive (device: each of them is a sentinel
- * as well, flushed when the connection fails). */
+/* The sentinel receive, or with DGV_CAP_RC_WREC_AS_SEND every record's receive (each of them
+ * is a sentinel as well, flushed when the connection fails). */
 static void post_sentinel(struct stream *t)
 {
-	if (t->dev) {
+	if (t->drec) {
 		for (uint32_t i = 0; i < NDREC; i++)
 			if (post_drec(t, i))
 				break;
@@ -347,14 +352,16 @@ static void post_sentinel(struct stream *t)
 
 static struct dgv_qp_init_attr rc_attr(struct stream *t, struct sock *s)
 {
-	if (t->dev) /* an iWARP device sends a Write-Record as a Write and a Send: two WRs */
-		return (struct dgv_qp_init_attr){.qp_type = DGV_QPT_RC, .send_cq = t->cq, .recv_cq = t->cq,
-						 .max_send_wr = 2 * SQ_DEPTH, .max_recv_wr = NDREC + 4,
-						 .max_sge = 2, .cm_channel = t->ch, .cm_user = s};
-	return (struct dgv_qp_init_attr){.qp_type = DGV_QPT_RC, .send_cq = t->cq, .recv_cq = t->cq,
-					 .max_send_wr = SQ_DEPTH, .max_recv_wr = 4, .max_sge = 2,
-					 .use_adopt_fd = 1, .adopt_fd = t->qfd, .cm_channel = t->ch,
-					 .cm_user = s};
+	/* DGV_CAP_RC_WREC_AS_SEND: a Write-Record may take two send queue entries, and a
+	 * receive per record */
+	bool drec = t->drec != NULL;
+	struct dgv_qp_init_attr a = {.qp_type = DGV_QPT_RC, .send_cq = t->cq, .recv_cq = t->cq,
+				     .max_send_wr = drec ? 2 * SQ_DEPTH : SQ_DEPTH,
+				     .max_recv_wr = drec ? NDREC + 4 : 4, .max_sge = 2, .cm_channel = t->ch,
+				     .cm_user = s};
+	if (!t->own_cm)
+		a.use_adopt_fd = 1, a.adopt_fd = t->qfd;
+	return a;
 }
 
 /* ------------------------------------------------------------------ control messages */
@@ -485,7 +492,7 @@ static int drain_cq(struct sock *s, struct stream *t)
 				else
 					take_data(s, t, &w->record);
 				/* its receive was consumed on a device: the next record's */
-				if (t->dev && w->wr_id >= WR_DREC && w->wr_id < WR_DREC + NDREC && !t->tcp_down &&
+				if (t->drec && w->wr_id >= WR_DREC && w->wr_id < WR_DREC + NDREC && !t->tcp_down &&
 				    post_drec(t, (uint32_t)(w->wr_id - WR_DREC)))
 					fail(t, ENOBUFS, "receive for the next record not posted");
 				continue;
@@ -535,9 +542,9 @@ static void progress(struct sock *s, struct stream *t)
 	if (t->rv_wait)
 		rv_step(s, t);
 	drain_cq(s, t);
-	/* a device: left armed, and looked at once more after that (one arming per wake-up, not
-	 * per call), so a wait that follows misses nothing */
-	if (t->dev && t->qp && cq_arm(t->cq, true, &t->armed))
+	/* DGV_CAP_ARM_ONCE: left armed, and looked at once more after that (one arming per
+	 * wake-up, not per call), so a wait that follows misses nothing */
+	if (pv_can(t->pv, DGV_CAP_ARM_ONCE) && t->qp && cq_arm(t->cq, t->pv, &t->armed))
 		drain_cq(s, t);
 	if (!t->ch)
 		return;
@@ -545,7 +552,7 @@ static void progress(struct sock *s, struct stream *t)
 	 * asking for events on an empty channel would drive the connection again (a TCP read
 	 * and CM locks on every send and receive). */
 	if (t->state == SS_ESTAB) {
-		if (!t->dev) {
+		if (!t->own_cm) {
 			if (dgv_cm_pending(t->ch) == 0)
 				return;
 		} else if (t->cm_estab && !t->cm_due && (++t->cm_skip & 63)) {
@@ -573,9 +580,9 @@ static void progress(struct sock *s, struct stream *t)
 				t->state = SS_ESTAB;
 				if (!t->counted) {
 					t->counted = true, atomic_fetch_add(&T.conns, 1);
-					if (t->dev)
+					if (t->pv == &G.dev)
 						atomic_fetch_add(&T.dev, 1);
-					stats_note_stream(s, t->dev);
+					stats_note_stream(s, t->pv);
 				}
 				DG_DBG("stream: connected over RC (MPA rev %u, crc %s)", ev.info.mpa_rev,
 				       ev.info.crc ? "on" : "off");
@@ -595,7 +602,7 @@ static void progress(struct sock *s, struct stream *t)
 			tcp_eof = true;
 			break;
 		case DGV_CM_DISCONNECTED:
-			if (ev.status == -ECONNRESET && !ev.term_layer && !ev.term_etype && !t->peer_abort && !t->dev &&
+			if (ev.status == -ECONNRESET && !ev.term_layer && !ev.term_etype && !t->peer_abort && !t->own_cm &&
 			    t->state == SS_ESTAB) {
 				/* a reset after whole records, with no abort announced: a writer that
 				 * died (exit, _exit, a signal) with our control bytes unread, whose
@@ -606,7 +613,7 @@ static void progress(struct sock *s, struct stream *t)
 			} else if (ev.status < 0) {
 				fail(t, -ev.status, ev.term_layer || ev.term_etype ? "Terminate" : "TCP error");
 			}
-			else if (t->dev)
+			else if (t->own_cm)
 				tcp_eof = true; /* the device's orderly end: what came before it has arrived */
 			t->tcp_down = true;
 			break;
@@ -640,8 +647,8 @@ static int stream_wait(struct sock *s, struct stream *t, int *timeout_ms)
 	/* the TCP socket too: data that arrives is then processed by this thread at once (one
 	 * wake-up, as a plain TCP read) instead of by the provider's thread and then us; not once
 	 * TCP has ended, when it stays readable. On a device it carries only the rendezvous. */
-	int qfd = t->tcp_down || t->peer_fin || (t->dev && !t->rv_wait) ? -1 : t->qfd;
-	if (t->dev && t->qp && t->state == SS_ESTAB && *timeout_ms != 0) {
+	int qfd = t->tcp_down || t->peer_fin || (t->own_cm && !t->rv_wait) ? -1 : t->qfd;
+	if (pv_can(t->pv, DGV_CAP_BUSY_POLL) && t->qp && t->state == SS_ESTAB && *timeout_ms != 0) {
 		/* a device completes within microseconds: look for a while before sleeping, as a
 		 * wake-up through the channel costs more than that (DGSHIM_SPIN_US) */
 		uint64_t until = shim_now_us() + (uint64_t)shim_spin_us();
@@ -649,7 +656,7 @@ static int stream_wait(struct sock *s, struct stream *t, int *timeout_ms)
 			if (drain_cq(s, t))
 				return 0;
 	}
-	if ((!t->dev || t->qp) && cq_arm(t->cq, t->dev, &t->armed) && drain_cq(s, t))
+	if ((!t->own_cm || t->qp) && cq_arm(t->cq, t->pv, &t->armed) && drain_cq(s, t))
 		return 0;
 	sock_unlock(s);
 	struct pollfd p[3] = {{.fd = cqfd, .events = POLLIN}, {.fd = chfd, .events = POLLIN},
@@ -667,17 +674,17 @@ static int stream_wait(struct sock *s, struct stream *t, int *timeout_ms)
 
 /* The registry names: a listener ("rc", or "rcv" for its device listener beside it) and a
  * client that wants the soft RC ("rcc") or the device ("rccv"). */
-static void name_listen(struct sockaddr_un *u, socklen_t *l, unsigned port, bool dev)
+static void name_listen(struct sockaddr_un *u, socklen_t *l, unsigned port, bool cm)
 {
 	char n[48];
-	snprintf(n, sizeof n, "dgshim/%s/%u", dev ? "rcv" : "rc", port);
+	snprintf(n, sizeof n, "dgshim/%s/%u", cm ? "rcv" : "rc", port);
 	abstract_name(u, l, n);
 }
 
-static void name_client(struct sockaddr_un *u, socklen_t *l, unsigned cport, unsigned sport, bool dev)
+static void name_client(struct sockaddr_un *u, socklen_t *l, unsigned cport, unsigned sport, bool cm)
 {
 	char n[48];
-	snprintf(n, sizeof n, "dgshim/%s/%u-%u", dev ? "rccv" : "rcc", cport, sport);
+	snprintf(n, sizeof n, "dgshim/%s/%u-%u", cm ? "rccv" : "rcc", cport, sport);
 	abstract_name(u, l, n);
 }
 
@@ -753,7 +760,7 @@ static void rv_step(struct sock *s, struct stream *t)
 	dh.cookie = rv.cookie;
 	struct dgv_conn_param cp = {.private_data = &dh, .private_data_len = sizeof dh};
 	struct dgv_qp_init_attr qa = rc_attr(t, s);
-	int rc = dgv_connect(G.dpd, &qa, &a.sa, al, &cp, &t->qp);
+	int rc = dgv_connect(t->pv->pd, &qa, &a.sa, al, &cp, &t->qp);
 	if (rc) {
 		t->qp = NULL;
 		connect_failed(t, -rc, "connect to the server's device listener");
@@ -892,7 +899,7 @@ static int connect_finish(struct sock *s, struct stream *t, bool nb)
 			return -EINTR;
 		}
 		if (w == -EAGAIN && (progress(s, t), t->state == SS_CONNECTING)) {
-			connect_failed(t, ETIMEDOUT, t->dev ? "no device connection from the server in time"
+			connect_failed(t, ETIMEDOUT, t->own_cm ? "no device connection from the server in time"
 							    : "MPA exchange timed out");
 			break;
 		}
@@ -958,7 +965,7 @@ int stream_connect(struct sock *s, int fd, const struct sockaddr *a, socklen_t l
 	}
 	/* on the RDMA device when the listener has a device listener too and we have a device
 	 * for the destination (same host only: the server learns it from our name) */
-	bool dev = false;
+	struct shim_pv *pv = &G.host;
 	if (ip_local(&dst)) {
 		struct sockaddr_un dn;
 		socklen_t dnl;
@@ -967,7 +974,9 @@ int stream_connect(struct sock *s, int fd, const struct sockaddr *a, socklen_t l
 		socklen_t d4l = l;
 		unmap4(&dst, &d4, &d4l);
 		any.sa.sa_family = d4.sa.sa_family;
-		dev = registry_exists(&dn, dnl) && dev_get(&any, d4l, &d4) == 0;
+		if (registry_exists(&dn, dnl) && dev_get(&any, d4l, &d4) == 0 &&
+		    (G.dev.caps.qp_types & 1u << DGV_QPT_RC))
+			pv = &G.dev;
 	}
 	/* ours: a port first (as the kernel's autobind would), then the name the server looks up */
 	union dgv_sockaddr la;
@@ -985,9 +994,9 @@ int stream_connect(struct sock *s, int fd, const struct sockaddr *a, socklen_t l
 		rc = lport < 0 ? lport : -EADDRNOTAVAIL;
 		goto out_unlock;
 	}
-	if ((rc = res_setup(t, dev)))
+	if ((rc = res_setup(t, pv)))
 		goto fallback;
-	name_client(&un, &unl, (unsigned)lport, dport, dev);
+	name_client(&un, &unl, (unsigned)lport, dport, t->own_cm);
 	t->regfd = registry_bind(&un, unl);
 	if (t->regfd < 0) {
 		rc = t->regfd;
@@ -1011,7 +1020,7 @@ int stream_connect(struct sock *s, int fd, const struct sockaddr *a, socklen_t l
 		return -ce;
 	}
 	nodelay_take(t, fd);
-	if (dev) {
+	if (t->own_cm) {
 		/* the server's rendezvous comes on TCP, then rdma_cm (rv_step, from progress) */
 		t->rv_wait = true;
 		t->state = SS_CONNECTING;
@@ -1025,7 +1034,7 @@ int stream_connect(struct sock *s, int fd, const struct sockaddr *a, socklen_t l
 	hello_make(t, &h);
 	struct dgv_conn_param cp = {.private_data = &h, .private_data_len = sizeof h};
 	struct dgv_qp_init_attr qa = rc_attr(t, s);
-	if ((rc = dgv_connect(G.pd, &qa, &dst.sa, l, &cp, &t->qp))) {
+	if ((rc = dgv_connect(t->pv->pd, &qa, &dst.sa, l, &cp, &t->qp))) {
 		DG_WARN("fd %d: iWARP connect to port %u failed to start (%s)", fd, dport, strerror(-rc));
 		t->qp = NULL;
 		res_free(t);
@@ -1081,9 +1090,9 @@ static void dev_listen(struct stream *t, int fd, const union dgv_sockaddr *la, s
 	socklen_t al = sizeof t->dlis_addr;
 	struct sockaddr_un un;
 	socklen_t unl;
-	int rc = dgv_cm_create_channel(G.dctx, &t->lch);
+	int rc = dgv_cm_create_channel(G.dev.ctx, &t->lch);
 	if (!rc)
-		rc = dgv_listen(G.dctx, &a.sa, ll, 128, -1, t->lch, NULL, &t->dlis);
+		rc = dgv_listen(G.dev.ctx, &a.sa, ll, 128, -1, t->lch, NULL, &t->dlis);
 	if (!rc)
 		rc = dgv_listener_addr(t->dlis, &t->dlis_addr, &al);
 	if (!rc) {
@@ -1172,7 +1181,7 @@ static int accept_hello(struct sock *ns, struct stream *t, struct dgv_conn_req *
 	hello_make(t, &h);
 	struct dgv_conn_param cp = {.private_data = &h, .private_data_len = sizeof h};
 	struct dgv_qp_init_attr qa = rc_attr(t, ns);
-	if ((rc = dgv_accept(req, t->dev ? G.dpd : G.pd, &qa, &cp, &t->qp))) {
+	if ((rc = dgv_accept(req, t->pv->pd, &qa, &cp, &t->qp))) {
 		t->qp = NULL;
 		return rc;
 	}
@@ -1182,9 +1191,9 @@ static int accept_hello(struct sock *ns, struct stream *t, struct dgv_conn_req *
 	t->state = SS_ESTAB;
 	t->counted = true;
 	atomic_fetch_add(&T.conns, 1);
-	if (t->dev)
+	if (t->pv == &G.dev)
 		atomic_fetch_add(&T.dev, 1);
-	stats_note_stream(ns, t->dev);
+	stats_note_stream(ns, t->pv);
 	/* the first control message wakes the connecting side's CQ */
 	ctl_send(t, CTL_HELLO);
 	return 0;
@@ -1195,13 +1204,13 @@ static int accept_hello(struct sock *ns, struct stream *t, struct dgv_conn_req *
 static int accept_rc(struct sock *ns, int nfd)
 {
 	struct stream *t = ns->strm;
-	int rc = res_setup(t, false);
+	int rc = res_setup(t, &G.host);
 	if (rc)
 		return rc;
 	if ((t->qfd = high_fd(nfd)) < 0)
 		return -errno;
 	struct dgv_conn_req *req;
-	if ((rc = dgv_conn_req_adopt(G.ctx, t->qfd, t->ch, ns, &req)))
+	if ((rc = dgv_conn_req_adopt(t->pv->ctx, t->qfd, t->ch, ns, &req)))
 		return rc;
 	struct dgv_cm_event ev;
 	int left = ACCEPT_WAIT_MS;
@@ -1488,7 +1497,7 @@ static int rv_request(struct sock *ls, uint64_t cookie, struct dgv_conn_req **re
 static int accept_dev(struct sock *ns, int nfd, struct sock *ls, const union dgv_sockaddr *dlis)
 {
 	struct stream *t = ns->strm;
-	int rc = res_setup(t, true);
+	int rc = res_setup(t, &G.dev);
 	if (rc)
 		return rc;
 	if ((t->qfd = high_fd(nfd)) < 0)
@@ -1549,12 +1558,12 @@ int stream_accept(int fd, struct sockaddr *a, socklen_t *l, int flags)
 	int lport = local_port(nfd, &la);
 	struct sockaddr_un un;
 	socklen_t unl;
-	bool dev = false;
+	bool by_cm = false; /* the client asked for the device listener's path */
 	if (devl && ip_local(&pa)) {
 		name_client(&un, &unl, port_of(&pa), lport > 0 ? (unsigned)lport : 0, true);
-		dev = registry_exists(&un, unl);
+		by_cm = registry_exists(&un, unl);
 	}
-	if (!dev)
+	if (!by_cm)
 		name_client(&un, &unl, port_of(&pa), lport > 0 ? (unsigned)lport : 0, false);
 	/* a client on this host said by its registry name whether it speaks; one on another
 	 * host says it with its first bytes (answer(): an MPA Request or not), unless the rules
@@ -1580,7 +1589,7 @@ int stream_accept(int fd, struct sockaddr *a, socklen_t *l, int flags)
 	nodelay_take(ns->strm, nfd);
 	lowat_take(ns->strm, nfd); /* inherited from the listener, as the kernel's */
 	int rc = 0;
-	if (dev) {
+	if (by_cm) {
 		rc = accept_dev(ns, nfd, ls, &dlis);
 	} else {
 		/* the MPA Request waits in the kernel until the program first uses the connection:
@@ -1591,7 +1600,7 @@ int stream_accept(int fd, struct sockaddr *a, socklen_t *l, int flags)
 		       remote ? "another host's, its first bytes decide" : "ours");
 	}
 	sock_unlock(ns);
-	if (!rc && !dev)
+	if (!rc && !by_cm)
 		late_add(ns, nfd);
 	if (rc) {
 		DG_WARN("fd %d: iWARP accept failed (%s): connection closed", nfd, strerror(-rc));
@@ -1657,7 +1666,7 @@ static ssize_t post_data(struct sock *s, struct stream *t, const struct iovec *i
 			at = 0;
 		}
 		struct dgv_sge sge = {(uint64_t)(uintptr_t)(t->tx + toff), (uint32_t)c, t->mr_out->lkey};
-		bool sig = !t->dev || (t->data_seq + 1) % SIGNAL_EVERY == 0;
+		bool sig = !pv_can(t->pv, DGV_CAP_SIGNAL_COSTS) || (t->data_seq + 1) % SIGNAL_EVERY == 0;
 		struct dgv_send_wr wr = {.wr_id = WR_SEND | (t->data_seq + 1) << 8 | WR_DATA, .sg_list = &sge, .num_sge = 1,
 					 .opcode = DGV_WR_WRITE_RECORD, .send_flags = sig ? DGV_SEND_SIGNALED : 0,
 					 .remote_addr = t->p_ring_addr + poff, .rkey = t->p_stag},
@@ -1763,7 +1772,7 @@ ssize_t stream_send(struct sock *s, int fd, const struct iovec *iov, int iovcnt,
 	 * that dies next (exit, _exit, a signal) loses nothing, and its reader sees the end.
 	 * The soft provider hands records to TCP as they are posted; this waits only while TCP's
 	 * buffer is full (a device's records are with the device once posted). */
-	while (done && !nb && !t->dev && t->tx_out && !t->err && !t->tcp_down) {
+	while (done && !nb && !t->own_cm && t->tx_out && !t->err && !t->tcp_down) {
 		progress(s, t);
 		if (!t->tx_out || t->err || t->tcp_down)
 			break;
@@ -1961,7 +1970,7 @@ static int end_bits(const struct stream *t)
  * such an event take the full form. Needs s->lock. */
 static void progress_for_check(struct sock *s, struct stream *t, bool queued)
 {
-	if (!queued || t->dev || t->state == SS_CONNECTING || t->ctl_owed || (t->cq && dgv_cq_ready(t->cq) > 0))
+	if (!queued || t->own_cm || t->state == SS_CONNECTING || t->ctl_owed || (t->cq && dgv_cq_ready(t->cq) > 0))
 		progress(s, t);
 }
 
@@ -2019,8 +2028,8 @@ int stream_wait_fd(struct sock *s)
 	int fd = -1;
 	if (t->cq && t->state != SS_NEW && t->state != SS_LISTEN) {
 		/* a device's: progress, run by the readiness check before this, armed it */
-		if (!t->dev || t->qp)
-			cq_arm(t->cq, t->dev, &t->armed);
+		if (!t->own_cm || t->qp)
+			cq_arm(t->cq, t->pv, &t->armed);
 		fd = t->wfd >= 0 ? t->wfd : dgv_cq_fd(t->cq);
 	}
 	sock_unlock(s);
@@ -2032,7 +2041,7 @@ int stream_tcp_fd(struct sock *s)
 	sock_lock(s);
 	struct stream *t = s->strm;
 	int fd = t->cq && (t->state == SS_CONNECTING || t->state == SS_ESTAB) && !t->tcp_down && !t->peer_fin &&
-			 (!t->dev || t->rv_wait) ? t->qfd : -1;
+			 (!t->own_cm || t->rv_wait) ? t->qfd : -1;
 	sock_unlock(s);
 	return fd;
 }
@@ -2154,10 +2163,10 @@ bool sock_is_stream(struct sock *s)
 	return s->strm != NULL;
 }
 
-bool sock_on_device(struct sock *s)
+bool sock_busy_poll(struct sock *s)
 {
 	struct stream *t = __atomic_load_n(&s->strm, __ATOMIC_ACQUIRE);
-	return t ? t->dev && t->state == SS_ESTAB : s->dev;
+	return t ? pv_can(t->pv, DGV_CAP_BUSY_POLL) && t->state == SS_ESTAB : sock_can(s, DGV_CAP_BUSY_POLL);
 }
 
 /* ------------------------------------------------------------------ end */
@@ -2184,17 +2193,17 @@ void stream_teardown(struct sock *s)
 		}
 		if (!t->tcp_down && !abort && !t->peer_close)
 			ctl_send(t, CTL_FIN | CTL_CLOSE);
-		else if (!t->tcp_down && abort && !t->dev)
+		else if (!t->tcp_down && abort && !t->own_cm)
 			ctl_send(t, CTL_ABORT); /* handed to TCP before the program's close resets it */
-		else if (t->dev && !t->tcp_down && !abort && t->tx_out && !t->ctl_out_n)
+		else if (t->own_cm && !t->tcp_down && !abort && t->tx_out && !t->ctl_out_n)
 			ctl_send(t, 0); /* a signaled record: it retires the unsignaled data before it */
 		/* queued data goes out before the QP: wait for our sends, bounded */
 		uint64_t end = shim_now_us() + 2000000;
-		while (((t->tx_out && !(abort && t->dev)) || t->ctl_out_n) && !t->tcp_down && shim_now_us() < end) {
+		while (((t->tx_out && !(abort && t->own_cm)) || t->ctl_out_n) && !t->tcp_down && shim_now_us() < end) {
 			dgv_cq_wait(t->cq, 10);
 			progress(s, t);
 		}
-		if (abort && !t->dev) {
+		if (abort && !t->own_cm) {
 			/* the reset the program's close sends drops what TCP has not sent yet: the
 			 * announcement must have left first, or the peer reads the reset as the end
 			 * of a writer that died (bounded by the same 2 s: a peer that does not read
@@ -2213,7 +2222,7 @@ void stream_teardown(struct sock *s)
 			 * which answers with a reset and drops what it still had to send. Bounded
 			 * by the same 2 s. */
 			int outq = 0;
-			while (!t->dev && !t->tcp_down && shim_now_us() < end && ioctl(t->qfd, SIOCOUTQ, &outq) == 0 &&
+			while (!t->own_cm && !t->tcp_down && shim_now_us() < end && ioctl(t->qfd, SIOCOUTQ, &outq) == 0 &&
 			       outq > 0) {
 				dgv_cq_wait(t->cq, 5);
 				progress(s, t);

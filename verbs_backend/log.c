@@ -1,6 +1,8 @@
 /* log.c - diagnostics gated by DGSHIM_LOG, on stderr or in DGSHIM_LOG_FILE. */
 #include "log.h"
 
+#include "env.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -20,7 +22,7 @@ static void log_warn_always(const char *fmt, ...) __attribute__((format(printf, 
 
 static void level_init(void)
 {
-	const char *s = getenv("DGSHIM_LOG");
+	const char *s = dg_env_str(DG_ENV_LOG);
 	int lvl = DG_LOG_OFF;
 	bool bad = false;
 	if (s && *s) {
@@ -111,8 +113,8 @@ static void out_once_fn(void) { pthread_atfork(NULL, NULL, out_child); }
 /* The descriptor for a line: the log file's, or 2. Needs out_lock. */
 static int out_get(void)
 {
-	const char *tmpl = getenv("DGSHIM_LOG_FILE");
-	if (!tmpl || !*tmpl)
+	const char *tmpl = dg_env_str(DG_ENV_LOG_FILE);
+	if (!tmpl)
 		return 2;
 	pid_t pid = getpid();
 	if (out_pid == pid && out_failed)

@@ -175,36 +175,36 @@ Test(fault_parse, why_may_be_null)
 Test(fault_env, from_env)
 {
 	struct dgv_fault f;
-	unsetenv("DGTEST_FAULT");
+	unsetenv("DGSHIM_FAULT_TX");
 	memset(&f, 0x5a, sizeof f);
-	cr_assert_eq(dg_fault_from_env("DGTEST_FAULT", &f), 0);
+	cr_assert_eq(dg_fault_from_env(DG_ENV_FAULT_TX, &f), 0);
 	cr_assert_eq(f.loss_pct, 0.0);
 	cr_assert_eq(f.seed, 0u);
 
-	setenv("DGTEST_FAULT", "", 1);
-	cr_assert_eq(dg_fault_from_env("DGTEST_FAULT", &f), 0);
+	setenv("DGSHIM_FAULT_TX", "", 1);
+	cr_assert_eq(dg_fault_from_env(DG_ENV_FAULT_TX, &f), 0);
 	cr_assert_eq(f.dup_pct, 0.0);
 
-	setenv("DGTEST_FAULT", "dup=12.5,seed=3", 1);
-	cr_assert_eq(dg_fault_from_env("DGTEST_FAULT", &f), 0);
+	setenv("DGSHIM_FAULT_TX", "dup=12.5,seed=3", 1);
+	cr_assert_eq(dg_fault_from_env(DG_ENV_FAULT_TX, &f), 0);
 	cr_assert_float_eq(f.dup_pct, 12.5, 1e-12);
 	cr_assert_eq(f.seed, 3u);
 
-	setenv("DGTEST_FAULT", "dup=12.5,bogus", 1);
-	cr_assert_eq(dg_fault_from_env("DGTEST_FAULT", &f), -EINVAL);
-	unsetenv("DGTEST_FAULT");
+	setenv("DGSHIM_FAULT_TX", "dup=12.5,bogus", 1);
+	cr_assert_eq(dg_fault_from_env(DG_ENV_FAULT_TX, &f), -EINVAL);
+	unsetenv("DGSHIM_FAULT_TX");
 }
 
 Test(fault_env, bad_spec_logs_one_line, .init = cr_redirect_stderr)
 {
 	struct dgv_fault f;
-	setenv("DGTEST_FAULT_LOG", "loss=7,reorder=5:99", 1);
-	cr_assert_eq(dg_fault_from_env("DGTEST_FAULT_LOG", &f), -EINVAL);
-	unsetenv("DGTEST_FAULT_LOG");
+	setenv("DGSHIM_FAULT_RX", "loss=7,reorder=5:99", 1);
+	cr_assert_eq(dg_fault_from_env(DG_ENV_FAULT_RX, &f), -EINVAL);
+	unsetenv("DGSHIM_FAULT_RX");
 	FILE *err = cr_get_redirected_stderr();
 	char line[512];
 	cr_assert_not_null(fgets(line, sizeof line, err));
-	cr_assert_not_null(strstr(line, "DGTEST_FAULT_LOG=loss=7,reorder=5:99"), "%s", line);
+	cr_assert_not_null(strstr(line, "DGSHIM_FAULT_RX=loss=7,reorder=5:99"), "%s", line);
 	cr_assert_not_null(strstr(line, "reorder depth"), "%s", line);
 	cr_assert_eq(line[strlen(line) - 1], '\n');
 }

@@ -9,6 +9,8 @@
 #define IV_SYMS_NO_REDIRECT
 #include "syms.h"
 
+#include "env.h"
+
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
@@ -23,16 +25,16 @@ static char load_why[200];
 
 /* The file to dlopen: the soname, or the test/debug override in env. secure_getenv: a set-uid
  * program must not be made to load a library named by its caller. */
-static const char *lib_name(const char *env, const char *soname)
+static const char *lib_name(enum dg_env env, const char *soname)
 {
-	const char *s = secure_getenv(env);
-	return s && *s ? s : soname;
+	const char *s = dg_env_str(env); /* secure_getenv (env.c) */
+	return s ? s : soname;
 }
 
 static void load(void)
 {
-	const char *ibv_name = lib_name("DGSHIM_IBV_LIB", "libibverbs.so.1");
-	const char *cm_name = lib_name("DGSHIM_RDMACM_LIB", "librdmacm.so.1");
+	const char *ibv_name = lib_name(DG_ENV_IBV_LIB, "libibverbs.so.1");
+	const char *cm_name = lib_name(DG_ENV_RDMACM_LIB, "librdmacm.so.1");
 	void *ibv = NULL, *cm = NULL;
 	const char *lib = ibv_name, *sym = NULL, *ver = NULL, *err;
 	/* libibverbs first: librdmacm needs it, and a missing libibverbs is the likelier story */

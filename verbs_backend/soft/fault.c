@@ -219,11 +219,12 @@ int dgv_fault_parse(const char *spec, struct dgv_fault *f, const char **why)
 	return 0;
 }
 
-int dg_fault_from_env(const char *name, struct dgv_fault *out)
+int dg_fault_from_env(enum dg_env var, struct dgv_fault *out)
 {
 	const char *why;
-	const char *v = getenv(name);
-	if (!v || !*v) {
+	const char *name = dg_env_name(var);
+	const char *v = dg_env_str(var);
+	if (!v) {
 		memset(out, 0, sizeof *out);
 		return 0;
 	}

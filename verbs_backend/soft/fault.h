@@ -14,6 +14,7 @@
 #include <sys/uio.h>
 
 #include "dgverbs.h"
+#include "env.h"
 
 /* One datagram passing the edge. iov may point at memory the fault layer must not modify. */
 struct dg_pkt {
@@ -48,8 +49,8 @@ void dg_fault_fini(struct dg_fault_state *f);
 void dg_fault_apply(struct dg_fault_state *f, const struct dg_pkt *pkt, dg_fault_emit_fn emit, void *arg);
 /* Releases datagrams held for reordering (called from the progress timer so none is stuck). */
 void dg_fault_flush(struct dg_fault_state *f, dg_fault_emit_fn emit, void *arg);
-/* Reads a spec from environment variable name (unset or empty: all zero). Returns 0 or -EINVAL,
- * after logging one error line that names the variable and the bad item. */
-int dg_fault_from_env(const char *name, struct dgv_fault *out);
+/* Reads a spec from environment variable var (DG_ENV_FAULT_TX/RX; unset or empty: all zero).
+ * Returns 0 or -EINVAL, after logging one error line that names the variable and the bad item. */
+int dg_fault_from_env(enum dg_env var, struct dgv_fault *out);
 
 #endif

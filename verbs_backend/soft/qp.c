@@ -1541,9 +1541,9 @@ int soft_create_qp(struct dgv_pd *pdb, const struct dgv_qp_init_attr *a, struct 
 						       .msg_iov = &qp->rxiov[i], .msg_iovlen = 1};
 	}
 	struct dgv_fault ftx, frx;
-	if (!a->fault_tx && (err = dg_fault_from_env("DGSHIM_FAULT_TX", &ftx)))
+	if (!a->fault_tx && (err = dg_fault_from_env(DG_ENV_FAULT_TX, &ftx)))
 		goto fail;
-	if (!a->fault_rx && (err = dg_fault_from_env("DGSHIM_FAULT_RX", &frx)))
+	if (!a->fault_rx && (err = dg_fault_from_env(DG_ENV_FAULT_RX, &frx)))
 		goto fail;
 	if ((err = dg_fault_init(&qp->ftx, a->fault_tx ? a->fault_tx : &ftx, qp->seg_path ? DG_MAX_DATAGRAM : qp->seg_size)) ||
 	    (err = dg_fault_init(&qp->frx, a->fault_rx ? a->fault_rx : &frx, qp->rxbuf_size)))

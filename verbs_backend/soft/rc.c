@@ -36,6 +36,7 @@
 #include <unistd.h>
 
 #include "crc.h"
+#include "env.h"
 #include "log.h"
 #include "mpa.h"
 #include "soft.h"
@@ -342,8 +343,7 @@ static void fill_addrs(int fd, struct dgv_conn_info *info)
 
 static bool env_crc_default(void)
 {
-	const char *e = getenv("DGSHIM_MPA_CRC");
-	return !(e && (!strcmp(e, "off") || !strcmp(e, "0")));
+	return dg_env_word(DG_ENV_MPA_CRC) != DG_OFF; /* a bad value (said once) keeps CRCs on */
 }
 
 static void event_for_qp(struct soft_qp *qp, enum dgv_cm_event_type type, int status,
