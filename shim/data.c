@@ -231,14 +231,9 @@ static ssize_t recv_carry(struct sock *s, const struct iovec *iov, int iovcnt, i
 	return rc;
 }
 
-ssize_t sock_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt, int flags,
-		  struct sockaddr *src, socklen_t *srclen, int *mflags)
+static ssize_t dgram_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt, int flags,
+			  struct sockaddr *src, socklen_t *srclen, int *mflags)
 {
-	if (s->strm) {
-		if (srclen)
-			*srclen = 0; /* a stream names no source, as TCP */
-		return stream_recv(s, fd, iov, iovcnt, flags);
-	}
 	pthread_mutex_lock(&s->lock);
 	if (unlikely(s->gen != G.gen))
 		sock_reset_after_fork(s);
@@ -319,10 +314,8 @@ out:
 	return rc;
 }
 
-int sock_fionread(struct sock *s, int fd, int *out)
+static int dgram_fionread(struct sock *s, int fd, int *out)
 {
-	if (s->strm)
-		return stream_fionread(s, fd, out);
 	pthread_mutex_lock(&s->lock);
 	if (!s->qp) {
 		pthread_mutex_unlock(&s->lock);
@@ -349,10 +342,8 @@ int sock_is_bound(int fd)
 	return (la.sa.sa_family == AF_INET ? la.sin.sin_port : la.sin6.sin6_port) != 0;
 }
 
-int sock_poll_in(struct sock *s, int fd)
+static int dgram_poll_in(struct sock *s, int fd)
 {
-	if (s->strm)
-		return stream_poll_in(s, fd);
 	pthread_mutex_lock(&s->lock);
 	if (unlikely(s->gen != G.gen))
 		sock_reset_after_fork(s);
@@ -382,18 +373,16 @@ int sock_poll_in(struct sock *s, int fd)
 	return r;
 }
 
-int sock_poll_in_queued(struct sock *s, int fd)
+static int dgram_poll_in_queued(struct sock *s, int fd)
 {
-	if (s->strm)
-		return stream_poll_in_queued(s, fd);
-	/* a channel that fires once per arming is armed before the last look (sock_poll_in
+	/* a channel that fires once per arming is armed before the last look (dgram_poll_in
 	 * does both) */
 	if (sock_can(s, DGV_CAP_ARM_ONCE))
-		return sock_poll_in(s, fd);
+		return dgram_poll_in(s, fd);
 	pthread_mutex_lock(&s->lock);
 	if (unlikely(s->gen != G.gen) || !s->qp || s->shared) {
 		pthread_mutex_unlock(&s->lock);
-		return sock_poll_in(s, fd);
+		return dgram_poll_in(s, fd);
 	}
 	if (!s->pend_n && dgv_cq_ready(s->cq) > 0)
 		consume_cq(s);
@@ -402,23 +391,8 @@ int sock_poll_in_queued(struct sock *s, int fd)
 	return r;
 }
 
-int sock_poll_out(struct sock *s, int fd)
+static int dgram_wait_fds(struct sock *s, int *qfd, int *cqfd)
 {
-	return s->strm ? stream_poll_out(s, fd) : -1; /* datagrams: the kernel's send buffer decides */
-}
-
-int sock_poll_out_queued(struct sock *s, int fd)
-{
-	return s->strm ? stream_poll_out_queued(s, fd) : -1;
-}
-
-int sock_wait_fds(struct sock *s, int *qfd, int *cqfd)
-{
-	if (s->strm) {
-		*qfd = stream_tcp_fd(s);
-		*cqfd = stream_wait_fd(s);
-		return *cqfd >= 0 ? 0 : -1;
-	}
 	pthread_mutex_lock(&s->lock);
 	int r = -1;
 	if (s->qp) {
@@ -431,12 +405,8 @@ int sock_wait_fds(struct sock *s, int *qfd, int *cqfd)
 	return r;
 }
 
-void sock_cq_ack(struct sock *s)
+static void dgram_cq_ack(struct sock *s)
 {
-	if (s->strm) {
-		stream_cq_ack(s);
-		return;
-	}
 	pthread_mutex_lock(&s->lock);
 	if (s->cq)
 		dgv_cq_ack_event(s->cq);
@@ -560,11 +530,9 @@ void zc_cache_clear(struct sock *s)
 			dgv_dereg_mr(s->zc[i].mr), s->zc[i].mr = NULL;
 }
 
-ssize_t sock_send(struct sock *s, int fd, const struct iovec *iov, int iovcnt, int flags,
-		  const struct sockaddr *dest, socklen_t destlen)
+static ssize_t dgram_send(struct sock *s, int fd, const struct iovec *iov, int iovcnt, int flags,
+			  const struct sockaddr *dest, socklen_t destlen)
 {
-	if (s->strm)
-		return stream_send(s, fd, iov, iovcnt, flags); /* TCP ignores a destination once connected */
 	size_t total = iov_total(iov, iovcnt);
 	pthread_mutex_lock(&s->lock);
 	if (unlikely(s->gen != G.gen))
@@ -676,3 +644,20 @@ out:
 	pthread_mutex_unlock(&s->lock);
 	return rc;
 }
+
+/* UDP over UD or RD, on whichever provider carries the socket (its capabilities decide the
+ * differences); the kernel's send buffer decides POLLOUT, so poll_out is the kernel's. */
+const struct sock_ops dgram_ops = {
+	.kind = "udp",
+	.bound = dgram_bound,
+	.connect = dgram_connect,
+	.shutdown = dgram_shutdown,
+	.setopt = dgram_setopt,
+	.send = dgram_send,
+	.recv = dgram_recv,
+	.fionread = dgram_fionread,
+	.poll_in = dgram_poll_in,
+	.poll_in_queued = dgram_poll_in_queued,
+	.wait_fds = dgram_wait_fds,
+	.cq_ack = dgram_cq_ack,
+};

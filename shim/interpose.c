@@ -1,15 +1,15 @@
 /*
- * interpose.c - the libc names libdgshim.so exports (exports.map lists exactly these), the
- * `real` table behind them, and the descriptor table.
+ * interpose.c - the libc names libdgshim.so exports (exports.map lists exactly these).
  *
- * Every wrapper is a one-line dispatch: a descriptor the shim did not take, or a call made
- * from inside the shim or the provider (shim_depth), goes straight to libc; a taken socket
- * goes to sock.c / events.c, whose -errno results are turned into -1/errno here and only here.
+ * Every wrapper is a dispatch: a descriptor the shim did not take, or a call made from inside
+ * the shim or the provider (shim_depth), goes straight to libc (`real`, real.c); a taken
+ * socket goes through its kind's table (s->ops: data.c datagrams, stream.c streams) found in
+ * the descriptor table (fdtab.c), and epoll/poll/select to events.c. Their -errno results
+ * are turned into -1/errno here and only here. Nothing in shim/ calls back into this file.
  */
 /* Both fcntl and fcntl64 are exported: with 64-bit offsets the headers would rename one to
  * the other. */
 #undef _FILE_OFFSET_BITS
-#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -24,79 +24,6 @@
 #include <unistd.h>
 
 #include "shim.h"
-#include "stream.h"
-
-struct real_fns real;
-__thread int shim_depth __attribute__((tls_model("initial-exec")));
-
-static pthread_once_t real_once = PTHREAD_ONCE_INIT;
-
-#define LOAD(name) real.name = (__typeof__(real.name))dlsym(RTLD_NEXT, #name)
-
-static void real_load(void)
-{
-	LOAD(socket), LOAD(bind), LOAD(connect), LOAD(close), LOAD(shutdown);
-	LOAD(listen), LOAD(accept), LOAD(accept4), LOAD(sendfile), LOAD(sendfile64);
-	LOAD(close_range), LOAD(closefrom);
-	LOAD(dup), LOAD(dup2), LOAD(dup3), LOAD(fcntl), LOAD(ioctl);
-	LOAD(setsockopt), LOAD(getsockopt), LOAD(getpeername);
-	LOAD(send), LOAD(sendto), LOAD(sendmsg), LOAD(sendmmsg);
-	LOAD(recv), LOAD(recvfrom), LOAD(recvmsg), LOAD(recvmmsg);
-	LOAD(read), LOAD(write), LOAD(readv), LOAD(writev);
-	LOAD(poll), LOAD(ppoll), LOAD(select), LOAD(pselect);
-	LOAD(epoll_create), LOAD(epoll_create1), LOAD(epoll_ctl), LOAD(epoll_wait), LOAD(epoll_pwait);
-	LOAD(fork), LOAD(syscall);
-}
-
-void shim_real_init(void)
-{
-	if (unlikely(!real.close))
-		pthread_once(&real_once, real_load);
-}
-
-/* ------------------------------------------------------------------ descriptor table */
-
-/* One pointer per possible descriptor, in mapped pages (untouched pages cost nothing). */
-static _Atomic(struct ent *) *fdtab;
-static size_t fdtab_n;
-static atomic_int fdtab_hi = -1; /* the highest descriptor that ever had an entry */
-static pthread_once_t fdtab_once = PTHREAD_ONCE_INIT;
-
-static void fdtab_alloc(void)
-{
-	struct rlimit rl;
-	size_t n = 1 << 16;
-	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_max != RLIM_INFINITY && rl.rlim_max > n)
-		n = rl.rlim_max > (1u << 22) ? (1u << 22) : (size_t)rl.rlim_max;
-	void *p = mmap(NULL, n * sizeof *fdtab, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (p == MAP_FAILED)
-		return;
-	shim_lsan_root(p, n * sizeof *fdtab); /* sockets live until exit, reachable from here */
-	fdtab = p;
-	fdtab_n = n;
-}
-
-struct ent *fd_get(int fd)
-{
-	if (unlikely(!fdtab) || (unsigned)fd >= fdtab_n)
-		return NULL;
-	return atomic_load_explicit(&fdtab[fd], memory_order_acquire);
-}
-
-int fd_max(void)
-{
-	return atomic_load(&fdtab_hi);
-}
-
-struct ent *fd_set_ent(int fd, struct ent *e)
-{
-	pthread_once(&fdtab_once, fdtab_alloc);
-	if (!fdtab || (unsigned)fd >= fdtab_n)
-		return NULL;
-	for (int hi = atomic_load(&fdtab_hi); e && fd > hi && !atomic_compare_exchange_weak(&fdtab_hi, &hi, fd);)
-		;
-	return atomic_exchange(&fdtab[fd], e);
-}
 
 /* ------------------------------------------------------------------ helpers */
 
@@ -308,7 +235,7 @@ SHIM_EXPORT int ioctl(int fd, unsigned long req, ...)
 		ENTER();
 		/* the provider never relies on the file's O_NONBLOCK (it passes MSG_DONTWAIT), so
 		 * blocking is emulated entirely from the program's setting */
-		int r = req == FIONREAD ? sock_fionread(s, fd, arg) : sock_fionbio(s, *(int *)arg);
+		int r = req == FIONREAD ? sock_ops(s)->fionread(s, fd, arg) : sock_fionbio(s, *(int *)arg);
 		LEAVE();
 		if (r == -ENOSYS || (r == 0 && req == FIONBIO))
 			return real.ioctl(fd, req, arg); /* FIONBIO: the file's flag stays the program's */
@@ -338,17 +265,17 @@ SHIM_EXPORT int bind(int fd, const struct sockaddr *a, socklen_t l)
 
 SHIM_EXPORT int connect(int fd, const struct sockaddr *a, socklen_t l)
 {
-	CONTROL(fd, real.connect(fd, a, l), sock_connect(s, fd, a, l));
+	CONTROL(fd, real.connect(fd, a, l), sock_ops(s)->connect(s, fd, a, l));
 }
 
 SHIM_EXPORT int listen(int fd, int backlog)
 {
 	shim_real_init();
 	struct sock *s = taken(fd);
-	if (!s || !sock_is_stream(s))
+	if (!s || !sock_ops(s)->listen)
 		return real.listen(fd, backlog);
 	ENTER();
-	int r = stream_listen(s, fd, backlog);
+	int r = sock_ops(s)->listen(s, fd, backlog);
 	LEAVE();
 	return (int)ret(r);
 }
@@ -359,10 +286,10 @@ static int accept_common(int fd, struct sockaddr *a, socklen_t *l, int flags)
 {
 	shim_real_init();
 	struct sock *s = taken(fd);
-	if (!s || !sock_is_stream(s))
+	if (!s || !sock_ops(s)->accept)
 		return real.accept4(fd, a, l, flags);
 	ENTER();
-	int r = stream_accept(fd, a, l, flags);
+	int r = sock_ops(s)->accept(s, fd, a, l, flags);
 	LEAVE();
 	return (int)ret(r);
 }
@@ -379,7 +306,7 @@ SHIM_EXPORT int accept4(int fd, struct sockaddr *a, socklen_t *l, int flags)
 
 SHIM_EXPORT int shutdown(int fd, int how)
 {
-	CONTROL(fd, real.shutdown(fd, how), sock_shutdown(s, fd, how));
+	CONTROL(fd, real.shutdown(fd, how), sock_ops(s)->shutdown(s, fd, how));
 }
 
 /* A carried stream's TCP socket is the provider's: open after both ends finished, possibly
@@ -388,10 +315,10 @@ SHIM_EXPORT int getpeername(int fd, struct sockaddr *a, socklen_t *l)
 {
 	shim_real_init();
 	struct sock *s = taken(fd);
-	if (!s || !sock_is_stream(s))
+	if (!s || !sock_ops(s)->getpeername)
 		return real.getpeername(fd, a, l);
 	ENTER();
-	int r = stream_getpeername(s, a, l);
+	int r = sock_ops(s)->getpeername(s, a, l);
 	if (r == -ENOSYS)
 		r = real.getpeername(fd, a, l) < 0 ? -errno : 0;
 	LEAVE();
@@ -605,7 +532,7 @@ static ssize_t sendfile_common(int out, int in, off_t *off, size_t count, bool i
 {
 	shim_real_init();
 	struct sock *s = taken(out);
-	if (!s || !sock_is_stream(s) || !stream_carried(s))
+	if (!s || !sock_ops(s)->carried || !sock_ops(s)->carried(s))
 		return is64 ? real.sendfile64(out, in, off, count) : real.sendfile(out, in, off, count);
 	uint8_t buf[65536];
 	size_t want = count < sizeof buf ? count : sizeof buf;

@@ -115,8 +115,11 @@ static inline int shim_timeout_ms(long long sec, long long extra_ms)
 
 enum ent_kind { ENT_SOCK = 1, ENT_EPOLL = 2 };
 
+struct sock_ops;
+
 struct ent {
 	enum ent_kind kind;
+	const struct sock_ops *ops; /* ENT_SOCK: what its kind does (set once, at creation) */
 };
 
 struct sock;
@@ -153,9 +156,63 @@ void sock_adopt_fd(int fd);
 /* fd is being closed. Returns 0 (the caller closes the kernel fd). */
 void sock_closing(int fd);
 
+/*
+ * What a kind of taken socket does with each call a program makes on it: one table per kind,
+ * datagrams (data.c dgram_ops: UDP over UD/RD, on soft or on a device alike, since what differs
+ * there is the provider's capabilities) and streams (stream.c stream_ops: TCP over RC).
+ * interpose.c dispatches through s->ops (sock_ops()); the descriptor table (fdtab.c) holds the
+ * sockets. Each returns what its libc call returns, as a count or 0, or -errno. A NULL entry:
+ * the kernel's call answers for this kind.
+ */
+struct sock_ops {
+	const char *kind;     /* "udp" or "tcp", for logs */
+	bool stream;          /* readiness is the shim's alone (sock_is_stream) */
+	/* after the kernel bound fd to a */
+	int (*bound)(struct sock *s, int fd, const struct sockaddr *a, socklen_t l);
+	int (*connect)(struct sock *s, int fd, const struct sockaddr *a, socklen_t l);
+	int (*listen)(struct sock *s, int fd, int backlog);
+	int (*accept)(struct sock *s, int fd, struct sockaddr *a, socklen_t *l, int flags);
+	int (*shutdown)(struct sock *s, int fd, int how);
+	/* -ENOSYS: the kernel's answer stands */
+	int (*getpeername)(struct sock *s, struct sockaddr *a, socklen_t *l);
+	/* the kind's own options (IWARP_MODE, TCP_NODELAY, ...): -ENOSYS when it has none by
+	 * that name, and the common handling (sock.c) goes on */
+	int (*setopt)(struct sock *s, int fd, int level, int name, const void *v, socklen_t l);
+	int (*getopt)(struct sock *s, int fd, int level, int name, void *v, socklen_t *l);
+	/* dest NULL: the connected peer. Returns bytes or -errno. */
+	ssize_t (*send)(struct sock *s, int fd, const struct iovec *iov, int iovcnt, int flags,
+			const struct sockaddr *dest, socklen_t destlen);
+	/* bytes (or the datagram length with MSG_TRUNC) or -errno; *mflags gets MSG_TRUNC */
+	ssize_t (*recv)(struct sock *s, int fd, const struct iovec *iov, int iovcnt, int flags,
+			struct sockaddr *src, socklen_t *srclen, int *mflags);
+	/* FIONREAD; -ENOSYS: the kernel's */
+	int (*fionread)(struct sock *s, int fd, int *out);
+	/* Readiness for events.c. poll_in drives progress: POLLIN when something is ready to
+	 * read, 0 if not, -1 if the OS carries the socket (its own readiness is the truth);
+	 * never blocks. poll_in_queued: the same without reading the kernel socket (what is
+	 * already queued or completed), for a wait that has the kernel socket in its set
+	 * anyway and drives progress only once the kernel reports something there. */
+	int (*poll_in)(struct sock *s, int fd);
+	int (*poll_in_queued)(struct sock *s, int fd);
+	/* POLLOUT the shim decides (> 0 ready, 0 wait on the CQ fd), -1: the kernel's; NULL:
+	 * always the kernel's */
+	int (*poll_out)(struct sock *s, int fd);
+	int (*poll_out_queued)(struct sock *s, int fd);
+	/* the descriptors to wait on for input: the kernel socket (or -1) and the CQ's; -1: none */
+	int (*wait_fds)(struct sock *s, int *qfd, int *cqfd);
+	/* after the CQ's descriptor polled readable */
+	void (*cq_ack)(struct sock *s);
+	/* 1 when bytes the kernel wrote on its own (sendfile) would land inside the shim's
+	 * framing, so the shim must send them itself; NULL: never */
+	int (*carried)(struct sock *s);
+	/* the socket object goes (sock_put, s->lock held): the kind's own resources */
+	void (*release)(struct sock *s);
+};
+
+static inline const struct sock_ops *sock_ops(const struct sock *s) { return ((const struct ent *)s)->ops; }
+
+/* bind: the kernel's, then the kind's. Returns 0 or -errno. */
 int sock_bind(struct sock *s, int fd, const struct sockaddr *a, socklen_t l);
-int sock_connect(struct sock *s, int fd, const struct sockaddr *a, socklen_t l);
-int sock_shutdown(struct sock *s, int fd, int how);
 int sock_setsockopt(struct sock *s, int fd, int level, int name, const void *v, socklen_t l);
 int sock_getsockopt(struct sock *s, int fd, int level, int name, void *v, socklen_t *l);
 /* SOL_IWARP on a socket that is not taken. */
@@ -163,42 +220,38 @@ int shim_iwarp_opt_untaken(int fd, int set, int name, void *v, socklen_t *l);
 int sock_fcntl_setfl(struct sock *s, int fd, int flags);
 int sock_getfl(struct sock *s, int fd);
 int sock_fionbio(struct sock *s, int on);
-int sock_fionread(struct sock *s, int fd, int *out);
 
-/* The data path. dest NULL: the connected peer. Returns bytes or -errno. */
-ssize_t sock_send(struct sock *s, int fd, const struct iovec *iov, int iovcnt, int flags,
-		  const struct sockaddr *dest, socklen_t destlen);
-/* Returns bytes (or the datagram length with MSG_TRUNC) or -errno; *mflags gets MSG_TRUNC. */
-ssize_t sock_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt, int flags,
-		  struct sockaddr *src, socklen_t *srclen, int *mflags);
-
-/* Readiness for events.c. */
-/* Drives progress; returns POLLIN if a datagram is ready to read, 0 if not, -1 if the OS
- * carries the socket (its own readiness is the truth). Never blocks. */
-int sock_poll_in(struct sock *s, int fd);
-/* The same without reading the kernel socket: what is already queued or completed. For a
- * wait that has the kernel socket in its set anyway, and drives progress (sock_poll_in) only
- * once the kernel reports something there: the read that would find nothing is saved.
- * Streams get their cheap check (stream_poll_in_queued), sockets without a queue pair and
- * device sockets sock_poll_in. */
-int sock_poll_in_queued(struct sock *s, int fd);
-/* POLLOUT of a stream the shim carries (> 0 ready, 0 wait on the CQ fd), -1: the kernel's. */
-int sock_poll_out(struct sock *s, int fd);
-/* The same without I/O of its own (stream_poll_out_queued). */
-int sock_poll_out_queued(struct sock *s, int fd);
+static inline ssize_t sock_send(struct sock *s, int fd, const struct iovec *iov, int iovcnt, int flags,
+				const struct sockaddr *dest, socklen_t destlen)
+{
+	return sock_ops(s)->send(s, fd, iov, iovcnt, flags, dest, destlen);
+}
+static inline ssize_t sock_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt, int flags,
+				struct sockaddr *src, socklen_t *srclen, int *mflags)
+{
+	return sock_ops(s)->recv(s, fd, iov, iovcnt, flags, src, srclen, mflags);
+}
+static inline int sock_poll_in(struct sock *s, int fd) { return sock_ops(s)->poll_in(s, fd); }
+static inline int sock_poll_in_queued(struct sock *s, int fd) { return sock_ops(s)->poll_in_queued(s, fd); }
+static inline int sock_poll_out(struct sock *s, int fd)
+{
+	return sock_ops(s)->poll_out ? sock_ops(s)->poll_out(s, fd) : -1;
+}
+static inline int sock_poll_out_queued(struct sock *s, int fd)
+{
+	return sock_ops(s)->poll_out_queued ? sock_ops(s)->poll_out_queued(s, fd) : -1;
+}
+static inline int sock_wait_fds(struct sock *s, int *qfd, int *cqfd) { return sock_ops(s)->wait_fds(s, qfd, cqfd); }
+static inline void sock_cq_ack(struct sock *s) { sock_ops(s)->cq_ack(s); }
 /* True when fd is a socket whose POLLIN/POLLOUT the shim decides entirely (a carried stream:
  * the kernel socket's own readiness says nothing the program should see). */
-bool sock_is_stream(struct sock *s);
+static inline bool sock_is_stream(struct sock *s) { return sock_ops(s)->stream; }
 /* Its provider completes within microseconds (DGV_CAP_BUSY_POLL): a UDP socket's QP, or an
  * established stream's. A waiter looks a while (shim_spin_us) before sleeping. */
 bool sock_busy_poll(struct sock *s);
 /* How long a wait on a device socket looks at its CQ before sleeping (DGSHIM_SPIN_US,
  * default 20 us; 0: never). */
 int shim_spin_us(void);
-/* The descriptors to wait on for the socket's input: the kernel socket and the CQ's fd. */
-int sock_wait_fds(struct sock *s, int *qfd, int *cqfd);
-/* After the CQ fd polled readable. */
-void sock_cq_ack(struct sock *s);
 /* Registers/unregisters an epoll instance as watching s (for cleanup on close). Returns false
  * when s is watched by as many instances as it can remember (SHIM_MAX_EPS). */
 bool sock_ep_link(struct sock *s, struct ep *ep, int on);

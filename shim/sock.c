@@ -364,6 +364,7 @@ static struct sock *sock_new(int fd, int domain, int mode)
 	if (!s)
 		return NULL;
 	s->ent.kind = ENT_SOCK;
+	s->ent.ops = &dgram_ops; /* stream_attach makes it a stream */
 	pthread_mutex_init(&s->lock, NULL);
 	atomic_store(&s->refs, 1);
 	static _Atomic uint64_t next_id;
@@ -544,10 +545,8 @@ void sock_put(struct sock *s)
 	pthread_mutex_unlock(&s->lock);
 	ev_sock_gone(s, eps, n);
 	pthread_mutex_lock(&s->lock);
-	if (s->strm && s->gen == G.gen)
-		stream_teardown(s);
-	else if (s->strm)
-		free(s->strm), s->strm = NULL; /* a forked child's copy: the parent owns the QP */
+	if (sock_ops(s)->release)
+		sock_ops(s)->release(s);
 	if (s->gen == G.gen)
 		qp_teardown(s, true);
 	stats_release(s);
@@ -758,7 +757,7 @@ void sock_reset_after_fork(struct sock *s)
 	/* natively a datagram the program peeked is still in the kernel for whoever reads next,
 	 * which after fork is most often the child (socat's UDP-RECVFROM fork); the parent drops
 	 * its copy (shim_atfork_parent) */
-	if (!s->strm && s->pend_n && s->pend[s->pend_head].peeked && s->rx_area && !s->carry) {
+	if (!sock_is_stream(s) && s->pend_n && s->pend[s->pend_head].peeked && s->rx_area && !s->carry) {
 		struct pend *p = &s->pend[s->pend_head];
 		if ((s->carry = malloc(p->len ? p->len : 1))) {
 			memcpy(s->carry, s->rx_area + (size_t)p->slot * SHIM_SLOT, p->len);
@@ -780,7 +779,7 @@ void sock_reset_after_fork(struct sock *s)
 	s->regfd = -1; /* inherited close-on-exec descriptors: keep the numbers untouched */
 	s->broken = false;
 	s->pv = NULL; /* chosen again with the child's first QP */
-	s->shared = !s->strm; /* the parent reads the same kernel socket */
+	s->shared = !sock_is_stream(s); /* the parent reads the same kernel socket */
 	s->gen = G.gen;
 }
 
@@ -790,7 +789,7 @@ void shim_atfork_parent(void)
 	stream_fork(false);
 	for (int fd = 0, hi = fd_max(); fd <= hi; fd++) {
 		struct sock *s = fd_sock(fd);
-		if (!s || s->strm || s->shared)
+		if (!s || sock_is_stream(s) || s->shared)
 			continue;
 		pthread_mutex_lock(&s->lock);
 		s->shared = true;
@@ -890,11 +889,14 @@ static void registry_set(struct sock *s, int fd)
 
 int sock_bind(struct sock *s, int fd, const struct sockaddr *a, socklen_t l)
 {
-	int r = real.bind(fd, a, l);
-	if (r < 0)
+	if (real.bind(fd, a, l) < 0)
 		return -errno;
-	if (s->strm)
-		return 0; /* TCP: listen or connect decides */
+	/* TCP has nothing to do here: listen or connect decides */
+	return sock_ops(s)->bound ? sock_ops(s)->bound(s, fd, a, l) : 0;
+}
+
+int dgram_bound(struct sock *s, int fd, const struct sockaddr *a, socklen_t l)
+{
 	lock_sock(s);
 	if (!s->explicit_mode && G.rules) {
 		int m = dg_rules_match(G.rules, IPPROTO_UDP, DG_ROLE_RECEIVER, a, l);
@@ -909,10 +911,8 @@ int sock_bind(struct sock *s, int fd, const struct sockaddr *a, socklen_t l)
 	return 0;
 }
 
-int sock_connect(struct sock *s, int fd, const struct sockaddr *a, socklen_t l)
+int dgram_connect(struct sock *s, int fd, const struct sockaddr *a, socklen_t l)
 {
-	if (s->strm)
-		return stream_connect(s, fd, a, l);
 	int r = real.connect(fd, a, l);
 	if (r < 0)
 		return -errno;
@@ -931,10 +931,8 @@ int sock_connect(struct sock *s, int fd, const struct sockaddr *a, socklen_t l)
 	return 0;
 }
 
-int sock_shutdown(struct sock *s, int fd, int how)
+int dgram_shutdown(struct sock *s, int fd, int how)
 {
-	if (s->strm)
-		return stream_shutdown(s, fd, how);
 	int r = real.shutdown(fd, how);
 	if (r < 0 && errno != ENOTCONN)
 		return -errno;
@@ -992,9 +990,7 @@ static int iwarp_get(struct sock *s, int fd, int name, void *v, socklen_t *l)
 		if (*l < sizeof(int))
 			return -EINVAL;
 		int x = 0;
-		if (s && s->strm && name == IWARP_TAKEN) {
-			x = stream_taken(s, fd); /* takes the lock itself */
-		} else if (s) {
+		if (s) {
 			lock_sock(s);
 			x = name == IWARP_MODE ? s->mode : name == IWARP_ZCOPY_THRESHOLD ? s->zcopy
 								     : (s->mode != IWARP_MODE_OFF && !s->broken);
@@ -1070,15 +1066,30 @@ int shim_iwarp_opt_untaken(int fd, int set, int name, void *v, socklen_t *l)
 	return sock_setsockopt(s, fd, SOL_IWARP, name, v, *l);
 }
 
+/* IWARP_MODE of a UDP socket; the rest is the common handling's. */
+int dgram_setopt(struct sock *s, int fd, int level, int name, const void *v, socklen_t l)
+{
+	if (level != SOL_IWARP || name != IWARP_MODE)
+		return -ENOSYS;
+	if (!v || l < sizeof(int))
+		return -EINVAL;
+	int x;
+	memcpy(&x, v, sizeof x);
+	return set_mode(s, fd, x);
+}
+
 int sock_setsockopt(struct sock *s, int fd, int level, int name, const void *v, socklen_t l)
 {
+	if (sock_ops(s)->setopt) {
+		int r = sock_ops(s)->setopt(s, fd, level, name, v, l);
+		if (r != -ENOSYS)
+			return r;
+	}
 	if (level == SOL_IWARP) {
 		if (!v || l < sizeof(int))
 			return -EINVAL;
 		int x;
 		memcpy(&x, v, sizeof x);
-		if (name == IWARP_MODE)
-			return s->strm ? stream_setmode(s, x) : set_mode(s, fd, x);
 		if (name == IWARP_ZCOPY_THRESHOLD) {
 			if (x < 0)
 				return -EINVAL;
@@ -1089,15 +1100,8 @@ int sock_setsockopt(struct sock *s, int fd, int level, int name, const void *v, 
 		}
 		return -ENOPROTOOPT;
 	}
-	if (s->strm && level == IPPROTO_TCP && name == TCP_NODELAY) {
-		int r = stream_nodelay(s, fd, 1, (void *)v, &l);
-		if (r != -ENOSYS)
-			return r;
-	}
 	if (real.setsockopt(fd, level, name, v, l) < 0)
 		return -errno;
-	if (s->strm && level == SOL_SOCKET && name == SO_RCVLOWAT)
-		stream_lowat(s, fd);
 	if (level == SOL_SOCKET && (name == SO_RCVTIMEO || name == SO_SNDTIMEO) && v &&
 	    l >= sizeof(struct timeval)) {
 		const struct timeval *tv = v;
@@ -1114,26 +1118,13 @@ int sock_setsockopt(struct sock *s, int fd, int level, int name, const void *v, 
 
 int sock_getsockopt(struct sock *s, int fd, int level, int name, void *v, socklen_t *l)
 {
-	if (level == SOL_IWARP)
-		return iwarp_get(s, fd, name, v, l);
-	if (s->strm && level == IPPROTO_TCP && name == TCP_NODELAY && l) {
-		int r = stream_nodelay(s, fd, 0, v, l);
+	if (sock_ops(s)->getopt) {
+		int r = sock_ops(s)->getopt(s, fd, level, name, v, l);
 		if (r != -ENOSYS)
 			return r;
 	}
-	if (level == SOL_SOCKET && name == SO_ERROR && v && l && *l >= sizeof(int) && s->strm) {
-		int e = 0;
-		if (stream_so_error(s, &e) == 0) {
-			int k = 0;
-			socklen_t kl = sizeof k;
-			real.getsockopt(fd, level, name, &k, &kl); /* the kernel's (a TCP error) */
-			if (!e)
-				e = k;
-			memcpy(v, &e, sizeof e);
-			*l = sizeof e;
-			return 0;
-		}
-	}
+	if (level == SOL_IWARP)
+		return iwarp_get(s, fd, name, v, l);
 	if (level == SOL_SOCKET && name == SO_ERROR && v && l && *l >= sizeof(int)) {
 		/* an asynchronous error of ours (RD peer gone) reads like ECONNREFUSED would */
 		lock_sock(s);

@@ -132,6 +132,14 @@ struct sock {
 	uint64_t base_crc, base_lost, base_rexmit, base_wtx, base_wrx;
 };
 
+/* The two kinds of taken socket (shim.h struct sock_ops): data.c, stream.c. */
+extern const struct sock_ops dgram_ops, stream_ops;
+/* The datagram kind's calls that live in sock.c (its table is data.c's). */
+int dgram_bound(struct sock *s, int fd, const struct sockaddr *a, socklen_t l);
+int dgram_connect(struct sock *s, int fd, const struct sockaddr *a, socklen_t l);
+int dgram_shutdown(struct sock *s, int fd, int how);
+int dgram_setopt(struct sock *s, int fd, int level, int name, const void *v, socklen_t l);
+
 uint64_t shim_now_us(void);
 /* A detached thread of the shim's, with every signal blocked (the program's are not ours).
  * Returns 0 or -errno. */

@@ -200,6 +200,7 @@ int stream_attach(struct sock *s)
 	t->qfd = -1, t->regfd = -1, t->dregfd = -1, t->wfd = -1;
 	t->mode = s->mode;
 	s->strm = t;
+	s->ent.ops = &stream_ops;
 	return 0;
 }
 
@@ -2158,11 +2159,6 @@ void stream_cq_ack(struct sock *s)
 	sock_unlock(s);
 }
 
-bool sock_is_stream(struct sock *s)
-{
-	return s->strm != NULL;
-}
-
 bool sock_busy_poll(struct sock *s)
 {
 	struct stream *t = __atomic_load_n(&s->strm, __ATOMIC_ACQUIRE);
@@ -2260,3 +2256,121 @@ void stream_after_fork(struct sock *s)
 		t->tcp_down = true;
 	}
 }
+
+/* ------------------------------------------------------------------ the kind's table */
+
+static ssize_t ops_send(struct sock *s, int fd, const struct iovec *iov, int iovcnt, int flags,
+			const struct sockaddr *dest, socklen_t destlen)
+{
+	return stream_send(s, fd, iov, iovcnt, flags); /* TCP ignores a destination once connected */
+}
+
+static ssize_t ops_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt, int flags,
+			struct sockaddr *src, socklen_t *srclen, int *mflags)
+{
+	if (srclen)
+		*srclen = 0; /* a stream names no source, as TCP */
+	return stream_recv(s, fd, iov, iovcnt, flags);
+}
+
+static int ops_accept(struct sock *s, int fd, struct sockaddr *a, socklen_t *l, int flags)
+{
+	return stream_accept(fd, a, l, flags);
+}
+
+static int ops_wait_fds(struct sock *s, int *qfd, int *cqfd)
+{
+	*qfd = stream_tcp_fd(s);
+	*cqfd = stream_wait_fd(s);
+	return *cqfd >= 0 ? 0 : -1;
+}
+
+/* IWARP_MODE, TCP_NODELAY (the program's view: the provider keeps Nagle off) and
+ * SO_RCVLOWAT (the stream's wake-ups follow it). Returns 0, -errno, or -ENOSYS for the
+ * common handling. */
+static int ops_setopt(struct sock *s, int fd, int level, int name, const void *v, socklen_t l)
+{
+	if (level == SOL_IWARP && name == IWARP_MODE) {
+		if (!v || l < sizeof(int))
+			return -EINVAL;
+		int x;
+		memcpy(&x, v, sizeof x);
+		return stream_setmode(s, x);
+	}
+	if (level == IPPROTO_TCP && name == TCP_NODELAY)
+		return stream_nodelay(s, fd, 1, (void *)v, &l);
+	if (level == SOL_SOCKET && name == SO_RCVLOWAT) {
+		if (real.setsockopt(fd, level, name, v, l) < 0)
+			return -errno;
+		stream_lowat(s, fd);
+		return 0;
+	}
+	return -ENOSYS;
+}
+
+/* IWARP_TAKEN (carried: connecting or established), TCP_NODELAY, and SO_ERROR (the
+ * stream's own error first, else the kernel's). Returns 0, -errno, or -ENOSYS. */
+static int ops_getopt(struct sock *s, int fd, int level, int name, void *v, socklen_t *l)
+{
+	if (level == SOL_IWARP && name == IWARP_TAKEN) {
+		if (!v || !l)
+			return -EFAULT;
+		if (*l < sizeof(int))
+			return -EINVAL;
+		int x = stream_taken(s, fd); /* takes the lock itself */
+		memcpy(v, &x, sizeof x);
+		*l = sizeof x;
+		return 0;
+	}
+	if (level == IPPROTO_TCP && name == TCP_NODELAY && l)
+		return stream_nodelay(s, fd, 0, v, l);
+	if (level == SOL_SOCKET && name == SO_ERROR && v && l && *l >= sizeof(int)) {
+		int e = 0;
+		if (stream_so_error(s, &e) == 0) {
+			int k = 0;
+			socklen_t kl = sizeof k;
+			real.getsockopt(fd, level, name, &k, &kl); /* the kernel's (a TCP error) */
+			if (!e)
+				e = k;
+			memcpy(v, &e, sizeof e);
+			*l = sizeof e;
+			return 0;
+		}
+	}
+	return -ENOSYS;
+}
+
+/* Needs s->lock. */
+static void ops_release(struct sock *s)
+{
+	if (!s->strm)
+		return;
+	if (s->gen == G.gen)
+		stream_teardown(s);
+	else
+		free(s->strm), s->strm = NULL; /* a forked child's copy: the parent owns the QP */
+}
+
+/* TCP over RC (or plain TCP until connect/listen decides, and after a fallback). */
+const struct sock_ops stream_ops = {
+	.kind = "tcp",
+	.stream = true,
+	.connect = stream_connect,
+	.listen = stream_listen,
+	.accept = ops_accept,
+	.shutdown = stream_shutdown,
+	.getpeername = stream_getpeername,
+	.setopt = ops_setopt,
+	.getopt = ops_getopt,
+	.send = ops_send,
+	.recv = ops_recv,
+	.fionread = stream_fionread,
+	.poll_in = stream_poll_in,
+	.poll_in_queued = stream_poll_in_queued,
+	.poll_out = stream_poll_out,
+	.poll_out_queued = stream_poll_out_queued,
+	.wait_fds = ops_wait_fds,
+	.cq_ack = stream_cq_ack,
+	.carried = stream_carried,
+	.release = ops_release,
+};
