@@ -67,6 +67,20 @@ static bool spin_ready(const struct pollfd *fds, nfds_t n, int32_t *ready)
 	return any;
 }
 
+/* Frees what ev_poll took from the heap (each buffer that is not its stack one). */
+static void poll_bufs_free(struct pollfd *p, struct pollfd *stack, int32_t *ready, int32_t *sready, uint8_t *isq,
+			   uint8_t *sisq, nfds_t *qidx, nfds_t *sqidx)
+{
+	if (p != stack)
+		free(p);
+	if (ready != sready)
+		free(ready);
+	if (isq != sisq)
+		free(isq);
+	if (qidx != sqidx)
+		free(qidx);
+}
+
 int ev_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 {
 	nfds_t ntaken = 0;
@@ -95,14 +109,7 @@ int ev_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 	/* qidx[j]: the entry whose wait descriptor entry j (>= n) is */
 	nfds_t *qidx = cap <= POLL_STACK ? sqidx : malloc(cap * sizeof *qidx);
 	if (!p || !ready || !isq || !qidx) {
-		if (p != stack)
-			free(p);
-		if (ready != sready)
-			free(ready);
-		if (isq != sisq)
-			free(isq);
-		if (qidx != sqidx)
-			free(qidx);
+		poll_bufs_free(p, stack, ready, sready, isq, sisq, qidx, sqidx);
 		errno = ENOMEM;
 		return -1;
 	}
@@ -219,14 +226,7 @@ int ev_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 			break;
 		}
 	}
-	if (p != stack)
-		free(p);
-	if (ready != sready)
-		free(ready);
-	if (isq != sisq)
-		free(isq);
-	if (qidx != sqidx)
-		free(qidx);
+	poll_bufs_free(p, stack, ready, sready, isq, sisq, qidx, sqidx);
 	return rc;
 }
 

@@ -1975,16 +1975,27 @@ static void progress_for_check(struct sock *s, struct stream *t, bool queued)
 		progress(s, t);
 }
 
-static int poll_in(struct sock *s, int fd, bool queued)
+/* The start of a readiness check: takes s->lock, answers a waiting MPA Request and, unless the
+ * kernel decides for this socket (not carried, or a listener: returns NULL, lock held), drives
+ * progress as far as the check needs. Returns the stream, s->lock held. */
+static struct stream *check_begin(struct sock *s, int fd, bool queued)
 {
 	sock_lock(s);
 	struct stream *t = s->strm;
 	answer(s, t, fd);
+	if (t->state == SS_NEW || t->state == SS_LISTEN)
+		return NULL;
+	progress_for_check(s, t, queued);
+	return t;
+}
+
+static int poll_in(struct sock *s, int fd, bool queued)
+{
+	struct stream *t = check_begin(s, fd, queued);
 	int r;
-	if (t->state == SS_NEW || t->state == SS_LISTEN) {
+	if (!t) {
 		r = -1;
 	} else {
-		progress_for_check(s, t, queued);
 		r = t->state == SS_DEAD || t->arrived - t->consumed >= lowat_target(t, SIZE_MAX) || t->err ||
 		    t->tcp_down || t->shut_rd || (t->peer_fin && t->consumed >= t->fin_total);
 		r = r ? POLLIN | end_bits(t) : end_bits(t);
@@ -2000,14 +2011,11 @@ int stream_poll_in_queued(struct sock *s, int fd) { return poll_in(s, fd, true);
 
 static int poll_out(struct sock *s, int fd, bool queued)
 {
-	sock_lock(s);
-	struct stream *t = s->strm;
-	answer(s, t, fd);
+	struct stream *t = check_begin(s, fd, queued);
 	int r;
-	if (t->state == SS_NEW || t->state == SS_LISTEN) {
+	if (!t) {
 		r = -1;
 	} else {
-		progress_for_check(s, t, queued);
 		if (t->state == SS_CONNECTING)
 			r = 0;
 		else if (t->state == SS_DEAD || t->err || t->tcp_down || t->fin_sent || t->shut_wr || t->peer_close)
