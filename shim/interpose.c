@@ -20,9 +20,11 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/sendfile.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "log.h"
 #include "shim.h"
 
 /* ------------------------------------------------------------------ helpers */
@@ -559,6 +561,82 @@ SHIM_EXPORT ssize_t sendfile64(int out, int in, off_t *off, size_t count)
 	return sendfile_common(out, in, off, count, true);
 }
 
+/* What the kernel's splice says of the other end: a pipe and no offset, else -errno. */
+static int splice_other(int fd, const loff_t *off)
+{
+	struct stat st;
+	if (fstat(fd, &st))
+		return -errno;
+	if (!S_ISFIFO(st.st_mode))
+		return -EINVAL; /* a socket and a file: splice needs a pipe on one side */
+	return off ? -ESPIPE : 0;
+}
+
+/* splice from a pipe into carried socket s: the bytes go as the program's data (one 64 KiB
+ * piece per call). They are looked at with tee() first and taken from the pipe only as far as
+ * they were sent, so none is lost to a short send. Returns bytes or -1/errno. */
+static ssize_t splice_out(struct sock *s, int in, loff_t *off_in, int out, size_t len, unsigned flags)
+{
+	int e = splice_other(in, off_in);
+	if (e)
+		return ret(e);
+	uint8_t buf[65536];
+	size_t want = len < sizeof buf ? len : sizeof buf;
+	/* a pipe of our own for this call only (a cached one could be closed under us by a
+	 * program that closes every descriptor); blocking, so tee waits as splice would */
+	int tp[2];
+	if (pipe2(tp, O_CLOEXEC) < 0)
+		return -1;
+	ssize_t n = tee(in, tp[1], want, flags & SPLICE_F_NONBLOCK);
+	if (n > 0 && real.read(tp[0], buf, (size_t)n) != n)
+		n = -EIO;
+	real.close(tp[0]);
+	real.close(tp[1]);
+	if (n <= 0)
+		return n < 0 && n != -1 ? ret(n) : n;
+	struct iovec v = {buf, (size_t)n};
+	DENTER();
+	ssize_t w = sock_send(s, out, &v, 1, (flags & SPLICE_F_NONBLOCK ? MSG_DONTWAIT : 0) | MSG_NOSIGNAL, NULL, 0);
+	DLEAVE();
+	if (w > 0 && real.read(in, buf, (size_t)w) != w) /* what tee showed is there to take */
+		DG_WARN("splice: %zd bytes sent could not be taken from the pipe", w);
+	return ret(w);
+}
+
+/* splice from carried socket s into a pipe: the program's data, not the TCP bytes that carry
+ * it. Looked at with MSG_PEEK, and taken only as far as the pipe took it. Returns bytes or
+ * -1/errno. */
+static ssize_t splice_in(struct sock *s, int in, int out, loff_t *off_out, size_t len, unsigned flags)
+{
+	int e = splice_other(out, off_out);
+	if (e)
+		return ret(e);
+	uint8_t buf[65536];
+	size_t want = len < sizeof buf ? len : sizeof buf;
+	ssize_t n = recv_one(s, in, buf, want, MSG_PEEK | (flags & SPLICE_F_NONBLOCK ? MSG_DONTWAIT : 0), NULL,
+			     NULL);
+	if (n <= 0)
+		return n;
+	ssize_t w = real.write(out, buf, (size_t)n);
+	if (w > 0)
+		recv_one(s, in, buf, (size_t)w, MSG_DONTWAIT, NULL, NULL); /* peeked: it is there */
+	return w;
+}
+
+/* splice to or from a socket the shim carries: the kernel would move bytes past the shim,
+ * unframed into an RC stream or framed out of one. The shim moves them itself; everything else
+ * (pipes, files, sockets it does not carry) is the kernel's. */
+SHIM_EXPORT ssize_t splice(int in, loff_t *off_in, int out, loff_t *off_out, size_t len, unsigned flags)
+{
+	shim_real_init();
+	struct sock *so = taken(out), *si = taken(in);
+	if (so && sock_ops(so)->carried && sock_ops(so)->carried(so))
+		return splice_out(so, in, off_in, out, len, flags);
+	if (si && sock_ops(si)->carried && sock_ops(si)->carried(si))
+		return splice_in(si, in, out, off_out, len, flags);
+	return real.splice(in, off_in, out, off_out, len, flags);
+}
+
 SHIM_EXPORT ssize_t readv(int fd, const struct iovec *iov, int n)
 {
 	shim_real_init();
@@ -847,6 +925,8 @@ SHIM_EXPORT long syscall(long nr, ...)
 		return writev(fd, p1, (int)a2);
 	case SYS_sendfile:
 		return sendfile(fd, (int)a1, (off_t *)a2, (size_t)a3);
+	case SYS_splice:
+		return splice(fd, (loff_t *)a1, (int)a2, (loff_t *)a3, (size_t)a4, (unsigned)a5);
 	case SYS_ioctl:
 		return ioctl(fd, (unsigned long)a1, (void *)a2);
 	case SYS_poll:

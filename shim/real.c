@@ -26,7 +26,7 @@ static void real_load(void)
 	LOAD(read), LOAD(write), LOAD(readv), LOAD(writev);
 	LOAD(poll), LOAD(ppoll), LOAD(select), LOAD(pselect);
 	LOAD(epoll_create), LOAD(epoll_create1), LOAD(epoll_ctl), LOAD(epoll_wait), LOAD(epoll_pwait);
-	LOAD(fork), LOAD(syscall);
+	LOAD(fork), LOAD(syscall), LOAD(splice);
 }
 
 void shim_real_init(void)

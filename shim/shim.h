@@ -87,6 +87,7 @@ struct real_fns {
 	int (*epoll_pwait)(int, struct epoll_event *, int, int, const sigset_t *);
 	pid_t (*fork)(void);
 	long (*syscall)(long, ...);
+	ssize_t (*splice)(int, loff_t *, int, loff_t *, size_t, unsigned);
 };
 
 extern struct real_fns real;
