@@ -210,6 +210,17 @@ _Static_assert(sizeof(struct rdmap_read_req) == DG_READ_REQ_LEN, "read request s
 _Static_assert(sizeof(struct rdmap_terminate) == DG_TERM_LEN, "terminate size");
 _Static_assert(sizeof(struct dg_rd_hdr) == DG_RD_HLEN, "rd header size");
 
+/* RFC 5040 section 4.8 in a datagram (paper 003 III.C): a Terminate message of a UD or RD QP as
+ * it leaves. Only as many bytes of copy as the offending datagram's headers go out (D: its
+ * tagged or untagged datagram header; R: its Read Request too). */
+struct dg_terminate_msg {
+	struct dg_untagged_hdr h;   /* RFC 5041 4.3 + ext: QN 2, L=1 */
+	struct rdmap_terminate t;   /* RFC 5040 4.8: control word, segment length, pad */
+	uint8_t copy[DG_TAGGED_HLEN + DG_READ_REQ_LEN]; /* RFC 5040 4.8: the terminated headers */
+} __attribute__((packed));
+_Static_assert(sizeof(struct dg_terminate_msg) == DG_UNTAGGED_HLEN + DG_TERM_LEN + DG_TAGGED_HLEN + DG_READ_REQ_LEN,
+	       "datagram Terminate message size");
+
 /* ==========================================================================================
  * RC: standard iWARP over TCP (RFC 5044 MPA + RFC 6581, RFC 5041 DDP, RFC 5040 RDMAP).
  * docs/wire.md section 12 explains every field with a worked example (tests/unit/test_mpa.c).
@@ -319,6 +330,26 @@ _Static_assert(sizeof(struct mpa_marker) == MPA_MARKER_LEN, "marker size");
 _Static_assert(sizeof(struct ddp_tagged_hdr) == DDP_TAGGED_HLEN, "RC tagged header size");
 _Static_assert(sizeof(struct ddp_untagged_hdr) == DDP_UNTAGGED_HLEN, "RC untagged header size");
 _Static_assert(sizeof(struct rdmap_rc_terminate) == RC_TERM_LEN, "RC terminate size");
+
+/* RFC 5040 section 4.4 on RFC 5041 section 4.3: an RC RDMA Read Request as one ULPDU (the
+ * Request is the whole payload of its untagged QN 1 segment; also the RFC 6581 section 7
+ * Read RTR, with every field zero). */
+struct rc_read_req_msg {
+	struct ddp_untagged_hdr ddp; /* RFC 5041 4.3: QN 1, L=1, MO 0, MSN of the Read queue */
+	struct rdmap_read_req req;   /* RFC 5040 4.4: sink STag/TO, size, source STag/TO */
+} __attribute__((packed));
+
+/* RFC 5040 section 4.8: an RC Terminate as one ULPDU (untagged QN 2). Only as many bytes of
+ * hdrs as the offending segment had go out (D: its DDP header; R: its Read Request too). */
+struct rc_terminate_msg {
+	struct ddp_untagged_hdr ddp;     /* RFC 5041 4.3: QN 2, L=1, MO 0, MSN of the Terminate queue */
+	struct rdmap_rc_terminate term;  /* RFC 5040 4.8: control word and DDP segment length */
+	uint8_t hdrs[DDP_UNTAGGED_HLEN + DG_READ_REQ_LEN]; /* RFC 5040 4.8: the terminated headers */
+} __attribute__((packed));
+
+_Static_assert(sizeof(struct rc_read_req_msg) == DDP_UNTAGGED_HLEN + DG_READ_REQ_LEN, "RC Read Request size");
+_Static_assert(sizeof(struct rc_terminate_msg) == DDP_UNTAGGED_HLEN + RC_TERM_LEN + DDP_UNTAGGED_HLEN +
+		       DG_READ_REQ_LEN, "RC Terminate message size");
 
 /* ------------------------------------------------------------------------------------------
  * Discovery between hosts (docs/wire.md section 13, docs/shim.md "Discovery"): a sender asks
