@@ -380,4 +380,74 @@ struct dg_disco {
 } __attribute__((packed));
 _Static_assert(sizeof(struct dg_disco) == DG_DISCO_LEN, "discovery message size");
 
+/* ------------------------------------------------------------------------------------------
+ * Streams between two shims (docs/shim.md "Streams", "TCP on an RDMA device"): what a TCP
+ * socket carried over an RC queue pair puts in the MPA private data and in its Write-Records.
+ * The byte stream itself travels as RDMA Write-Records into the peer's receive ring (paper 000
+ * IV.B.3: Write-Record on a reliable transport); shim/stream_wire.c decodes these.
+ */
+
+/* Private data of the MPA Request and Reply between two shims (RFC 5044 7.1 private data;
+ * after the RFC 6581 section 5 IRD/ORD word in revision 2). */
+#define STREAM_MAGIC 0x44475331u /* "DGS1" */
+struct stream_hello {
+	be32 magic;      /* STREAM_MAGIC */
+	be32 ring_size;  /* bytes in the receive ring (power of two) */
+	be32 ring_stag;  /* STag of the ring and the control slots (one region; RFC 5040 4.3) */
+	be32 ctl_slots;  /* control slots after the ring */
+	be64 ring_addr;  /* tagged offset of the ring's first byte (RFC 5041 4.2 TO) */
+	be64 ctl_addr;   /* tagged offset of control slot 0 */
+	be32 max_recs;   /* data records the receiver takes in flight (its CQ room) */
+	be32 rsvd;       /* zero */
+} __attribute__((packed));
+
+/*
+ * Streams on an RDMA device (docs/shim.md "TCP on an RDMA device"). Both programs' TCP
+ * connection is made as always (it gives accept(), the addresses and the fallback); when the
+ * client's registry name says it wants the device, the server writes one struct stream_rv on
+ * that connection, naming its device listener (rdma_cm, ephemeral port) and a cookie, and the
+ * client connects there with struct stream_dhello as private data (40 + 8 bytes: an IB CM REQ
+ * holds 52 of ours). The TCP connection carries nothing else.
+ */
+#define STREAM_RV_MAGIC 0x64675256u /* "dgRV" */
+struct stream_rv {
+	be32 magic;          /* STREAM_RV_MAGIC */
+	be16 family;         /* 4: IPv4, 6: IPv6 */
+	be16 port;           /* the device listener's port (rdma_cm RDMA_PS_TCP) */
+	uint8_t addr[16];    /* its address (IPv4: the first 4 bytes) */
+	uint64_t cookie;     /* opaque, echoed byte for byte in the client's stream_dhello */
+} __attribute__((packed));
+
+/* Private data of the client's rdma_cm connect to the device listener (IB CM REQ private data,
+ * 56 bytes at most for RDMA_PS_TCP: 52 after rdma_cm's own header). */
+struct stream_dhello {
+	struct stream_hello h; /* as on the soft provider */
+	uint64_t cookie;       /* opaque, from the server's stream_rv: which accepted TCP connection */
+} __attribute__((packed));
+
+/* One control message: a Write-Record (paper 000 IV.B.3) into the peer's control slot
+ * seq % ctl_slots. STREAM_CTL_ABORT: the sender's close is abortive (SO_LINGER {1, 0}, unread
+ * data): the reset of its TCP connection that follows is a reset for the reader. A reset
+ * without it is the end of a writer that died (its kernel would have sent FIN but for our
+ * control bytes unread). */
+enum { STREAM_CTL_HELLO = 1, STREAM_CTL_FIN = 2, STREAM_CTL_CLOSE = 4, STREAM_CTL_ABORT = 8 };
+struct stream_ctl {
+	be64 consumed;   /* bytes of the peer's stream the program has read */
+	be64 recs;       /* data records of the peer's polled from the CQ */
+	be64 fin_total;  /* STREAM_CTL_FIN: the sender's stream ends after this many bytes */
+	be32 flags;      /* STREAM_CTL_* */
+	be32 seq;        /* control messages sent before this one */
+} __attribute__((packed));
+
+enum {
+	STREAM_HELLO_LEN = 40,
+	STREAM_RV_LEN = 32,
+	STREAM_DHELLO_LEN = 48,
+	STREAM_CTL_LEN = 32,
+};
+_Static_assert(sizeof(struct stream_hello) == STREAM_HELLO_LEN, "stream hello size");
+_Static_assert(sizeof(struct stream_rv) == STREAM_RV_LEN, "stream rendezvous size");
+_Static_assert(sizeof(struct stream_dhello) == STREAM_DHELLO_LEN, "device stream hello size");
+_Static_assert(sizeof(struct stream_ctl) == STREAM_CTL_LEN, "stream control message size");
+
 #endif /* DG_WIRE_H */
