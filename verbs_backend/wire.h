@@ -218,7 +218,8 @@ struct dg_terminate_msg {
 	struct rdmap_terminate t;   /* RFC 5040 4.8: control word, segment length, pad */
 	uint8_t copy[DG_TAGGED_HLEN + DG_READ_REQ_LEN]; /* RFC 5040 4.8: the terminated headers */
 } __attribute__((packed));
-_Static_assert(sizeof(struct dg_terminate_msg) == DG_UNTAGGED_HLEN + DG_TERM_LEN + DG_TAGGED_HLEN + DG_READ_REQ_LEN,
+_Static_assert(sizeof(struct dg_terminate_msg) ==
+		       DG_UNTAGGED_HLEN + DG_TERM_LEN + DG_TAGGED_HLEN + DG_READ_REQ_LEN,
 	       "datagram Terminate message size");
 
 /* ==========================================================================================

@@ -230,7 +230,7 @@ static bool env_crc_default(void)
 }
 
 void rc_event(struct soft_qp *qp, enum dgv_cm_event_type type, int status,
-			 const uint8_t *pdata, uint16_t pdlen)
+	      const uint8_t *pdata, uint16_t pdlen)
 {
 	struct rc_conn *rc = qp->rc;
 	struct dgv_cm_event ev;
@@ -251,7 +251,7 @@ void rc_event(struct soft_qp *qp, enum dgv_cm_event_type type, int status,
 }
 
 void rc_errq_put(struct soft_qp *qp, uint8_t l, uint8_t t, uint8_t c, bool remote, uint8_t opcode,
-		     uint32_t msn, uint32_t stag, uint64_t to, uint32_t len)
+		 uint32_t msn, uint32_t stag, uint64_t to, uint32_t len)
 {
 	if (qp->errq_count == SOFT_ERRQ) {
 		qp->errq_head = (qp->errq_head + 1) % SOFT_ERRQ;
@@ -463,7 +463,7 @@ void rc_closed(struct soft_qp *qp)
  * direction is shut. qp->lock held.
  */
 void rc_fail(struct soft_qp *qp, int err, const struct dg_reject *why, bool send_term,
-		    const uint8_t *off_hdr, uint32_t off_hlen, uint32_t seg_len)
+	     const uint8_t *off_hdr, uint32_t off_hlen, uint32_t seg_len)
 {
 	struct rc_conn *rc = qp->rc;
 	if (rc->ended)

@@ -18,9 +18,10 @@
 #include "mpa.h"
 #include "rc_int.h"
 
+/* ------------------------------------------------------------------ completions */
 
 void rc_recv_done(struct soft_qp *qp, const struct soft_rwqe *w, enum dgv_wc_status st, uint32_t len,
-		      uint32_t msn, unsigned flags, uint32_t inv)
+		  uint32_t msn, unsigned flags, uint32_t inv)
 {
 	struct rc_conn *rc = qp->rc;
 	struct dgv_wc wc = {.wr_id = w->wr_id, .status = st, .opcode = DGV_WC_RECV, .byte_len = len,
@@ -32,6 +33,8 @@ void rc_recv_done(struct soft_qp *qp, const struct soft_rwqe *w, enum dgv_wc_sta
 		qp->st.cq_overflows++;
 }
 
+/* ------------------------------------------------------------------ reception */
+
 /* A violation found on an incoming segment: log, Terminate, end. qp->lock held. */
 static void rx_violation(struct soft_qp *qp, uint8_t l, uint8_t t, uint8_t c, const char *reason,
 			 const uint8_t *seg, uint32_t hlen, uint32_t seglen)
@@ -41,8 +44,6 @@ static void rx_violation(struct soft_qp *qp, uint8_t l, uint8_t t, uint8_t c, co
 	DG_WARN("RC QP fd %d: %s (%u/%u/0x%02x): sending Terminate", qp->fd, reason, l, t, c);
 	rc_fail(qp, -EPROTO, &why, true, seg, hlen, seglen);
 }
-
-/* ------------------------------------------------------------------ reception */
 
 /* The MR registered under stag in this PD, held, for invalidation; NULL if none. */
 static struct soft_mr *mr_by_stag(struct soft_qp *qp, uint32_t stag)
@@ -95,7 +96,7 @@ static int place_tagged(struct soft_qp *qp, uint32_t stag, uint64_t to, const ui
 }
 
 /* The responder's first FPDU in peer-to-peer mode must be the RTR (RFC 6581 section 7).
- * Returns 1 if this was it (consumed), 0 if not an RTR. */
+ * True if this segment is one of the RTR forms (a zero-length Write, Read or Send). */
 static bool is_rtr(uint8_t op, bool tagged, uint32_t plen, uint32_t read_size)
 {
 	if (tagged)
@@ -383,7 +384,8 @@ static int rx_send_done(struct soft_qp *qp, const struct rx_seg *s)
 		if (!mr) {
 			rc_recv_done(qp, &rc->rcv, DGV_WC_REM_OP_ERR, rc->rcv_off, rc->rcv_msn, flags, 0);
 			return seg_violation(qp, s, TERM_LAYER_RDMAP, RDMAP_ETYPE_REMOTE_OP,
-					     RDMAP_ECODE_CANNOT_INVALIDATE, "Send with Invalidate names an unknown STag");
+					     RDMAP_ECODE_CANNOT_INVALIDATE,
+					     "Send with Invalidate names an unknown STag");
 		}
 		atomic_store(&mr->invalid_stag, rc->rcv_inv);
 		soft_mr_put(mr);

@@ -408,7 +408,7 @@ int rc_tx_pump(struct soft_qp *qp)
 	struct rc_conn *rc = qp->rc;
 	int did = 0;
 	if (rc->hold_first && !rc->term_pending && !rc->b_bytes)
-		return 0; /* rx_parse lifts the hold and its caller pumps again */
+		return 0; /* rx_parse (rc_rx.c) lifts the hold and its caller pumps again */
 	if (__atomic_load_n(&qp->pump_blocked, __ATOMIC_RELAXED)) {
 		/* TCP was full: ask tcp_poll (lockless) before sendmsg. Retrying sendmsg in a
 		 * spin holds the socket lock and delays the very ACKs that would make room. */
