@@ -451,4 +451,26 @@ _Static_assert(sizeof(struct stream_rv) == STREAM_RV_LEN, "stream rendezvous siz
 _Static_assert(sizeof(struct stream_dhello) == STREAM_DHELLO_LEN, "device stream hello size");
 _Static_assert(sizeof(struct stream_ctl) == STREAM_CTL_LEN, "stream control message size");
 
+/* ------------------------------------------------------------------------------------------
+ * UD on an RDMA device (the ibverbs provider, ibverbs/ud.c; docs/design.md "Data path" of the
+ * ibverbs provider): a device carries UD messages of one MTU and names a sender only by GID and
+ * QP number, so every UD datagram starts with this placement header (after the 40-byte GRH
+ * area of the receive buffer). Our own format: the fields play the roles of the datagram
+ * header's (paper 003 III; section 2 of docs/wire.md) on a transport that has no DDP.
+ */
+#define IV_UDH_MAGIC 0xD6
+enum { IV_UDH_LEN = 28 };
+struct iv_udh {
+	uint8_t magic;  /* IV_UDH_MAGIC */
+	uint8_t op;     /* 0 Send, 1 Send with SE, 2 Write-Record (paper 000 IV.B), 3 RDMA Write */
+	be16 port;      /* the sender's UDP port (the GRH gives only its IP address) */
+	be32 msn;       /* the sender's message number (per QP), like the datagram MSN (RFC 5041 4.3) */
+	be32 total;     /* message length in bytes (at most 64 KiB) */
+	be32 offset;    /* this segment's offset in the message: a multiple of the payload per segment */
+	be32 stag;      /* Write-Record, Write: the target region's STag (RFC 5041 4.2) */
+	be32 to_hi;     /* Write-Record, Write: the target address (RFC 5041 4.2 TO), high half */
+	be32 to_lo;     /*                                                           low half */
+} __attribute__((packed));
+_Static_assert(sizeof(struct iv_udh) == IV_UDH_LEN, "ibverbs UD placement header size");
+
 #endif /* DG_WIRE_H */
