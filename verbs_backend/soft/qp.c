@@ -1497,9 +1497,8 @@ static int qp_rings(struct soft_qp *qp, const struct dgv_qp_init_attr *a)
 	qp->rxmsg = calloc(qp->rx_batch, sizeof *qp->rxmsg);
 	qp->rxiov = calloc(qp->rx_batch, sizeof *qp->rxiov);
 	qp->rxaddr = calloc(qp->rx_batch, sizeof *qp->rxaddr);
-	if (!qp->sq || !qp->rq || !qp->rxbuf || !qp->rxmsg || !qp->rxiov || !qp->rxaddr) {
+	if (!qp->sq || !qp->rq || !qp->rxbuf || !qp->rxmsg || !qp->rxiov || !qp->rxaddr)
 		return -ENOMEM;
-	}
 	for (uint32_t i = 0; i < qp->rx_batch; i++) {
 		qp->rxiov[i] = (struct iovec){qp->rxbuf + (size_t)i * qp->rxbuf_size, qp->rxbuf_size};
 		qp->rxmsg[i].msg_hdr = (struct msghdr){.msg_name = &qp->rxaddr[i],
