@@ -128,6 +128,7 @@ static void ch_purge(struct soft_cm_channel *ch, const struct dgv_qp *qp, const 
 	}
 }
 
+/* An empty channel (not yet listed in the context). Returns NULL without memory or eventfd. */
 static struct soft_cm_channel *ch_new(struct soft_ctx *ctx)
 {
 	struct soft_cm_channel *ch = calloc(1, sizeof *ch);
@@ -229,6 +230,7 @@ static bool env_crc_default(void)
 	return !(e && (!strcmp(e, "off") || !strcmp(e, "0")));
 }
 
+/* rc_int.h. */
 void rc_event(struct soft_qp *qp, enum dgv_cm_event_type type, int status,
 	      const uint8_t *pdata, uint16_t pdlen)
 {
@@ -250,6 +252,7 @@ void rc_event(struct soft_qp *qp, enum dgv_cm_event_type type, int status,
 	ch_push(rc->ch, &ev);
 }
 
+/* rc_int.h. */
 void rc_errq_put(struct soft_qp *qp, uint8_t l, uint8_t t, uint8_t c, bool remote, uint8_t opcode,
 		 uint32_t msn, uint32_t stag, uint64_t to, uint32_t len)
 {
@@ -321,6 +324,7 @@ static void conn_list_remove(struct soft_ctx *ctx, struct rc_conn *rc)
 	pthread_mutex_unlock(&ctx->cm->lock);
 }
 
+/* Frees an RC QP that is in no list any more; closes its descriptor only if it is ours. */
 static void rc_qp_free(struct soft_qp *qp)
 {
 	struct rc_conn *rc = qp->rc;
@@ -499,6 +503,8 @@ void rc_fail(struct soft_qp *qp, int err, const struct dg_reject *why, bool send
 
 /* ------------------------------------------------------------------ connection set-up */
 
+/* Once the MPA exchange has fixed markers and CRC: the MULPDU we send and the largest ULPDU we
+ * accept, and the marker buffers if markers are on. */
 static void init_stream(struct soft_qp *qp)
 {
 	struct rc_conn *rc = qp->rc;
@@ -554,6 +560,7 @@ static int mpa_send(struct soft_qp *qp)
 	return 1;
 }
 
+/* The connection set-up failed: logged (a protocol error loudly), then rc_fail. qp->lock held. */
 static void setup_fail(struct soft_qp *qp, int err, const char *cause)
 {
 	if (err == -EPROTO)

@@ -20,6 +20,7 @@
 
 /* ------------------------------------------------------------------ completions */
 
+/* rc_int.h. */
 void rc_recv_done(struct soft_qp *qp, const struct soft_rwqe *w, enum dgv_wc_status st, uint32_t len,
 		  uint32_t msn, unsigned flags, uint32_t inv)
 {
@@ -614,6 +615,7 @@ int rc_rx_pump(struct soft_qp *qp)
 }
 
 
+/* A receive posted after the end completes at once, flushed. qp->lock held (qp.c). */
 void soft_rc_after_post_recv(struct soft_qp *qp)
 {
 	struct rc_conn *rc = qp->rc;

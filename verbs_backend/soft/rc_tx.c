@@ -54,6 +54,7 @@ void rc_sq_done(struct soft_qp *qp, uint32_t idx, enum dgv_wc_status st, uint32_
 
 /* ------------------------------------------------------------------ transmission */
 
+/* n bytes of the batch's staging area for FPDU headers and trailers; NULL when it is full. */
 static uint8_t *hstage(struct rc_conn *rc, uint32_t n)
 {
 	if (rc->hused + n > RC_HBUF)
@@ -63,6 +64,7 @@ static uint8_t *hstage(struct rc_conn *rc, uint32_t n)
 	return p;
 }
 
+/* rc_int.h. */
 void rc_batch_reset(struct rc_conn *rc)
 {
 	rc->niov = rc->iov_idx = 0;
@@ -314,6 +316,8 @@ static void batch_build(struct soft_qp *qp)
 	}
 }
 
+/* What an FPDU finishes once its last byte is in TCP: its send WQE completes, its IRD entry is
+ * free again, or the Terminate counts as sent. */
 static void fp_complete(struct soft_qp *qp, const struct rc_fp *f)
 {
 	struct rc_conn *rc = qp->rc;
@@ -339,6 +343,7 @@ static void fp_complete(struct soft_qp *qp, const struct rc_fp *f)
 	}
 }
 
+/* rc_int.h. MSG_NOSIGNAL: a peer's reset is an error return here, never SIGPIPE in the program. */
 ssize_t rc_send_some(struct soft_qp *qp, const struct iovec *iov, int n)
 {
 	struct msghdr m = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)n};
@@ -523,6 +528,7 @@ static uint64_t keep_cut_fpdu(struct rc_conn *rc)
 	return rest;
 }
 
+/* rc_int.h. Called by rc_fail with the QP already ended; rc_tx_pump sends it. */
 void rc_tx_terminate(struct soft_qp *qp, const struct dg_reject *why, const uint8_t *off_hdr,
 		     uint32_t off_hlen, uint32_t seg_len)
 {
