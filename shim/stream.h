@@ -14,56 +14,15 @@
 #include <stdint.h>
 
 #include "shim.h"
+#include "wire.h"
 
 struct sock;
 
-/* Private data of the MPA Request and Reply between two shims (big-endian fields). */
-#define STREAM_MAGIC 0x44475331u /* "DGS1" */
-struct stream_hello {
-	uint32_t magic;      /* STREAM_MAGIC */
-	uint32_t ring_size;  /* bytes in the receive ring (power of two) */
-	uint32_t ring_stag;  /* STag of the ring and the control slots (one region) */
-	uint32_t ctl_slots;  /* control slots after the ring */
-	uint64_t ring_addr;  /* tagged offset of the ring's first byte */
-	uint64_t ctl_addr;   /* tagged offset of control slot 0 */
-	uint32_t max_recs;   /* data records the receiver takes in flight (its CQ room) */
-	uint32_t rsvd;
-} __attribute__((packed));
-
-/*
- * Streams on an RDMA device (docs/shim.md "TCP on an RDMA device"). Both programs' TCP
- * connection is made as always (it gives accept(), the addresses and the fallback); when the
- * client's registry name says it wants the device, the server writes one struct stream_rv on
- * that connection, naming its device listener (rdma_cm, ephemeral port) and a cookie, and the
- * client connects there with struct stream_dhello as private data (40 + 8 bytes: an IB CM REQ
- * holds 52 of ours). The TCP connection carries nothing else.
- */
-#define STREAM_RV_MAGIC 0x64675256u /* "dgRV" */
-struct stream_rv {
-	uint32_t magic;      /* STREAM_RV_MAGIC */
-	uint16_t family;     /* 4: IPv4, 6: IPv6 */
-	uint16_t port;       /* the device listener's port (rdma_cm RDMA_PS_TCP) */
-	uint8_t addr[16];    /* its address (IPv4: the first 4 bytes) */
-	uint64_t cookie;     /* echoed in the client's stream_dhello */
-} __attribute__((packed));
-
-struct stream_dhello {
-	struct stream_hello h;
-	uint64_t cookie;     /* from the server's stream_rv: which accepted TCP connection */
-} __attribute__((packed));
-
-/* One control message (a Write-Record into the peer's control slot seq % ctl_slots). */
-/* CTL_ABORT: the sender's close is abortive (SO_LINGER {1, 0}, unread data): the reset of its
- * TCP connection that follows is a reset for the reader. A reset without it is the end of
- * a writer that died (its kernel would have sent FIN but for our control bytes unread). */
-enum { CTL_HELLO = 1, CTL_FIN = 2, CTL_CLOSE = 4, CTL_ABORT = 8 };
-struct stream_ctl {
-	uint64_t consumed;   /* bytes of the peer's stream the program has read */
-	uint64_t recs;       /* data records of the peer's polled from the CQ */
-	uint64_t fin_total;  /* CTL_FIN: the sender's stream ends after this many bytes */
-	uint32_t flags;      /* CTL_* */
-	uint32_t seq;
-} __attribute__((packed));
+/* The wire formats (struct stream_hello, stream_rv, stream_dhello, stream_ctl, STREAM_MAGIC,
+ * STREAM_RV_MAGIC, STREAM_CTL_*) are in verbs_backend/wire.h with the rest of what goes on the
+ * wire; CTL_* are the control flags under the names stream.c uses. */
+enum { CTL_HELLO = STREAM_CTL_HELLO, CTL_FIN = STREAM_CTL_FIN, CTL_CLOSE = STREAM_CTL_CLOSE,
+       CTL_ABORT = STREAM_CTL_ABORT };
 
 enum stream_state {
 	SS_NEW = 0,    /* not connected yet; the OS answers what it can */

@@ -1,6 +1,7 @@
 /*
  * stream_wire.c - the stream protocol's messages decoded from bytes (stream_wire.h). The
- * structures are stream.h's, so the layouts cannot drift apart; only the checks live here.
+ * structures are wire.h's (struct stream_hello, stream_dhello, stream_rv, stream_ctl), the same
+ * ones stream.c encodes, so the layouts cannot drift apart; only the checks live here.
  */
 #include "stream_wire.h"
 
@@ -8,7 +9,7 @@
 #include <errno.h>
 #include <string.h>
 
-#include "stream.h"
+#include "wire.h"
 
 _Static_assert(sizeof(struct stream_ctl) <= STREAM_WIRE_SLOT_SZ, "a control message fits a slot");
 

@@ -210,6 +210,18 @@ _Static_assert(sizeof(struct rdmap_read_req) == DG_READ_REQ_LEN, "read request s
 _Static_assert(sizeof(struct rdmap_terminate) == DG_TERM_LEN, "terminate size");
 _Static_assert(sizeof(struct dg_rd_hdr) == DG_RD_HLEN, "rd header size");
 
+/* RFC 5040 section 4.8 in a datagram (paper 003 III.C): a Terminate message of a UD or RD QP as
+ * it leaves. Only as many bytes of copy as the offending datagram's headers go out (D: its
+ * tagged or untagged datagram header; R: its Read Request too). */
+struct dg_terminate_msg {
+	struct dg_untagged_hdr h;   /* RFC 5041 4.3 + ext: QN 2, L=1 */
+	struct rdmap_terminate t;   /* RFC 5040 4.8: control word, segment length, pad */
+	uint8_t copy[DG_TAGGED_HLEN + DG_READ_REQ_LEN]; /* RFC 5040 4.8: the terminated headers */
+} __attribute__((packed));
+_Static_assert(sizeof(struct dg_terminate_msg) ==
+		       DG_UNTAGGED_HLEN + DG_TERM_LEN + DG_TAGGED_HLEN + DG_READ_REQ_LEN,
+	       "datagram Terminate message size");
+
 /* ==========================================================================================
  * RC: standard iWARP over TCP (RFC 5044 MPA + RFC 6581, RFC 5041 DDP, RFC 5040 RDMAP).
  * docs/wire.md section 12 explains every field with a worked example (tests/unit/test_mpa.c).
@@ -320,6 +332,26 @@ _Static_assert(sizeof(struct ddp_tagged_hdr) == DDP_TAGGED_HLEN, "RC tagged head
 _Static_assert(sizeof(struct ddp_untagged_hdr) == DDP_UNTAGGED_HLEN, "RC untagged header size");
 _Static_assert(sizeof(struct rdmap_rc_terminate) == RC_TERM_LEN, "RC terminate size");
 
+/* RFC 5040 section 4.4 on RFC 5041 section 4.3: an RC RDMA Read Request as one ULPDU (the
+ * Request is the whole payload of its untagged QN 1 segment; also the RFC 6581 section 7
+ * Read RTR, with every field zero). */
+struct rc_read_req_msg {
+	struct ddp_untagged_hdr ddp; /* RFC 5041 4.3: QN 1, L=1, MO 0, MSN of the Read queue */
+	struct rdmap_read_req req;   /* RFC 5040 4.4: sink STag/TO, size, source STag/TO */
+} __attribute__((packed));
+
+/* RFC 5040 section 4.8: an RC Terminate as one ULPDU (untagged QN 2). Only as many bytes of
+ * hdrs as the offending segment had go out (D: its DDP header; R: its Read Request too). */
+struct rc_terminate_msg {
+	struct ddp_untagged_hdr ddp;     /* RFC 5041 4.3: QN 2, L=1, MO 0, MSN of the Terminate queue */
+	struct rdmap_rc_terminate term;  /* RFC 5040 4.8: control word and DDP segment length */
+	uint8_t hdrs[DDP_UNTAGGED_HLEN + DG_READ_REQ_LEN]; /* RFC 5040 4.8: the terminated headers */
+} __attribute__((packed));
+
+_Static_assert(sizeof(struct rc_read_req_msg) == DDP_UNTAGGED_HLEN + DG_READ_REQ_LEN, "RC Read Request size");
+_Static_assert(sizeof(struct rc_terminate_msg) == DDP_UNTAGGED_HLEN + RC_TERM_LEN + DDP_UNTAGGED_HLEN +
+		       DG_READ_REQ_LEN, "RC Terminate message size");
+
 /* ------------------------------------------------------------------------------------------
  * Discovery between hosts (docs/wire.md section 13, docs/shim.md "Discovery"): a sender asks
  * the destination host's well-known discovery port (DGSHIM_DISCOVERY_PORT, default 18517) which
@@ -348,5 +380,97 @@ struct dg_disco {
 	be32 lease_ms;      /* answer: how long the prober may believe it (probe: 0) */
 } __attribute__((packed));
 _Static_assert(sizeof(struct dg_disco) == DG_DISCO_LEN, "discovery message size");
+
+/* ------------------------------------------------------------------------------------------
+ * Streams between two shims (docs/shim.md "Streams", "TCP on an RDMA device"): what a TCP
+ * socket carried over an RC queue pair puts in the MPA private data and in its Write-Records.
+ * The byte stream itself travels as RDMA Write-Records into the peer's receive ring (paper 000
+ * IV.B.3: Write-Record on a reliable transport); shim/stream_wire.c decodes these.
+ */
+
+/* Private data of the MPA Request and Reply between two shims (RFC 5044 7.1 private data;
+ * after the RFC 6581 section 5 IRD/ORD word in revision 2). */
+#define STREAM_MAGIC 0x44475331u /* "DGS1" */
+struct stream_hello {
+	be32 magic;      /* STREAM_MAGIC */
+	be32 ring_size;  /* bytes in the receive ring (power of two) */
+	be32 ring_stag;  /* STag of the ring and the control slots (one region; RFC 5040 4.3) */
+	be32 ctl_slots;  /* control slots after the ring */
+	be64 ring_addr;  /* tagged offset of the ring's first byte (RFC 5041 4.2 TO) */
+	be64 ctl_addr;   /* tagged offset of control slot 0 */
+	be32 max_recs;   /* data records the receiver takes in flight (its CQ room) */
+	be32 rsvd;       /* zero */
+} __attribute__((packed));
+
+/*
+ * Streams on an RDMA device (docs/shim.md "TCP on an RDMA device"). Both programs' TCP
+ * connection is made as always (it gives accept(), the addresses and the fallback); when the
+ * client's registry name says it wants the device, the server writes one struct stream_rv on
+ * that connection, naming its device listener (rdma_cm, ephemeral port) and a cookie, and the
+ * client connects there with struct stream_dhello as private data (40 + 8 bytes: an IB CM REQ
+ * holds 52 of ours). The TCP connection carries nothing else.
+ */
+#define STREAM_RV_MAGIC 0x64675256u /* "dgRV" */
+struct stream_rv {
+	be32 magic;          /* STREAM_RV_MAGIC */
+	be16 family;         /* 4: IPv4, 6: IPv6 */
+	be16 port;           /* the device listener's port (rdma_cm RDMA_PS_TCP) */
+	uint8_t addr[16];    /* its address (IPv4: the first 4 bytes) */
+	uint64_t cookie;     /* opaque, echoed byte for byte in the client's stream_dhello */
+} __attribute__((packed));
+
+/* Private data of the client's rdma_cm connect to the device listener (IB CM REQ private data,
+ * 56 bytes at most for RDMA_PS_TCP: 52 after rdma_cm's own header). */
+struct stream_dhello {
+	struct stream_hello h; /* as on the soft provider */
+	uint64_t cookie;       /* opaque, from the server's stream_rv: which accepted TCP connection */
+} __attribute__((packed));
+
+/* One control message: a Write-Record (paper 000 IV.B.3) into the peer's control slot
+ * seq % ctl_slots. STREAM_CTL_ABORT: the sender's close is abortive (SO_LINGER {1, 0}, unread
+ * data): the reset of its TCP connection that follows is a reset for the reader. A reset
+ * without it is the end of a writer that died (its kernel would have sent FIN but for our
+ * control bytes unread). */
+enum { STREAM_CTL_HELLO = 1, STREAM_CTL_FIN = 2, STREAM_CTL_CLOSE = 4, STREAM_CTL_ABORT = 8 };
+struct stream_ctl {
+	be64 consumed;   /* bytes of the peer's stream the program has read */
+	be64 recs;       /* data records of the peer's polled from the CQ */
+	be64 fin_total;  /* STREAM_CTL_FIN: the sender's stream ends after this many bytes */
+	be32 flags;      /* STREAM_CTL_* */
+	be32 seq;        /* control messages sent before this one */
+} __attribute__((packed));
+
+enum {
+	STREAM_HELLO_LEN = 40,
+	STREAM_RV_LEN = 32,
+	STREAM_DHELLO_LEN = 48,
+	STREAM_CTL_LEN = 32,
+};
+_Static_assert(sizeof(struct stream_hello) == STREAM_HELLO_LEN, "stream hello size");
+_Static_assert(sizeof(struct stream_rv) == STREAM_RV_LEN, "stream rendezvous size");
+_Static_assert(sizeof(struct stream_dhello) == STREAM_DHELLO_LEN, "device stream hello size");
+_Static_assert(sizeof(struct stream_ctl) == STREAM_CTL_LEN, "stream control message size");
+
+/* ------------------------------------------------------------------------------------------
+ * UD on an RDMA device (the ibverbs provider, ibverbs/ud.c; docs/design.md "Data path" of the
+ * ibverbs provider): a device carries UD messages of one MTU and names a sender only by GID and
+ * QP number, so every UD datagram starts with this placement header (after the 40-byte GRH
+ * area of the receive buffer). Our own format: the fields play the roles of the datagram
+ * header's (paper 003 III; section 2 of docs/wire.md) on a transport that has no DDP.
+ */
+#define IV_UDH_MAGIC 0xD6
+enum { IV_UDH_LEN = 28 };
+struct iv_udh {
+	uint8_t magic;  /* IV_UDH_MAGIC */
+	uint8_t op;     /* 0 Send, 1 Send with SE, 2 Write-Record (paper 000 IV.B), 3 RDMA Write */
+	be16 port;      /* the sender's UDP port (the GRH gives only its IP address) */
+	be32 msn;       /* the sender's message number (per QP), like the datagram MSN (RFC 5041 4.3) */
+	be32 total;     /* message length in bytes (at most 64 KiB) */
+	be32 offset;    /* this segment's offset in the message: a multiple of the payload per segment */
+	be32 stag;      /* Write-Record, Write: the target region's STag (RFC 5041 4.2) */
+	be32 to_hi;     /* Write-Record, Write: the target address (RFC 5041 4.2 TO), high half */
+	be32 to_lo;     /*                                                           low half */
+} __attribute__((packed));
+_Static_assert(sizeof(struct iv_udh) == IV_UDH_LEN, "ibverbs UD placement header size");
 
 #endif /* DG_WIRE_H */

@@ -1,8 +1,9 @@
 /*
- * fuzz_rc.c - the receive side of a soft RC queue pair (verbs_backend/soft/rc.c): the MPA
- * Reply of the connection set-up (revision 1 and 2, the IRD/ORD word, peer-to-peer RTR,
- * reject), then the FPDU stream: length, markers, pad, CRC, DDP/RDMAP headers, placement
- * into posted receives and a registered region, Read Requests answered, Terminates.
+ * fuzz_rc.c - the receive side of a soft RC queue pair (verbs_backend/soft/rc_rx.c, and
+ * rc_cm.c for the set-up): the MPA Reply of the connection set-up (revision 1 and 2, the
+ * IRD/ORD word, peer-to-peer RTR, reject), then the FPDU stream: length, markers, pad, CRC,
+ * DDP/RDMAP headers, placement into posted receives and a registered region, Read Requests
+ * answered, Terminates.
  *
  * The QP is a real initiator (dgv_connect on an adopted descriptor) over one end of an
  * AF_UNIX stream socketpair; the harness is the peer on the other end: it reads the MPA

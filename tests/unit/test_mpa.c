@@ -546,7 +546,7 @@ Test(mpa_marker, round_trips_everywhere)
 	for (unsigned k = 0; k < sizeof lens / sizeof lens[0]; k++)
 		for (uint64_t pos = 0; pos < 1024; pos += 4)
 			marked_round_trip(u, lens[k], pos);
-	/* the largest marked ULPDU rc.c sends (MULPDU of the loopback MSS 65483 with markers):
+	/* the largest marked ULPDU rc_tx.c sends (MULPDU of the loopback MSS 65483 with markers):
 	 * 127 or 128 markers, every FPDUPTR still below 65536 */
 	static uint8_t big[65535];
 	memset(big, 0xa5, sizeof big);

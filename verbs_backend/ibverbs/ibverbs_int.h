@@ -12,6 +12,7 @@
 #include <stdatomic.h>
 
 #include "provider.h"
+#include "wire.h"
 #include "syms.h"     /* last: the ibv_ and rdma_ calls below go through the lazy table */
 
 #define IV_GRH 40
@@ -196,12 +197,7 @@ static inline struct iv_qp *to_iqp(struct dgv_qp *q) { return (struct iv_qp *)q;
 static inline struct iv_chan *to_ichan(struct dgv_cm_channel *c) { return (struct iv_chan *)c; }
 
 
-/* The placement header in front of every UD segment (ud.c), big-endian, 28 bytes. */
-struct iv_udh {
-	uint8_t magic, op;
-	uint16_t port;
-	uint32_t msn, total, offset, stag, to_hi, to_lo;
-};
+/* The placement header in front of every UD segment (ud.c) is struct iv_udh of wire.h. */
 
 struct iv_arecv {                /* a receive the program posted on a UD QP */
 	uint64_t wr_id;

@@ -14,7 +14,7 @@
  * channels): a UD QP is expected to be reachable while its program is busy elsewhere, as a
  * UDP socket is.
  *
- * Data path. Every UD datagram starts with a 28-byte placement header (struct iv_udh,
+ * Data path. Every UD datagram starts with a 28-byte placement header (wire.h struct iv_udh,
  * big-endian: magic 0xD6, opcode, the sender's port, message number, message length, this
  * segment's offset, and for a Write-Record or Write the target STag and address), because a device
  * carries UD messages of one MTU and a completion names its sender only by GID and QP number.
@@ -43,8 +43,6 @@
 
 #include "ibverbs_int.h"
 #include "log.h"
-
-#define IV_UDH_MAGIC 0xD6
 
 /* ---------------------------------------------------------------- SIDR answers */
 

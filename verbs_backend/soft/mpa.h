@@ -1,6 +1,6 @@
 /*
  * mpa.h - MPA framing (RFC 5044, RFC 6581) and the standard DDP headers of RC (RFC 5041):
- * pure functions on buffers, no state, safe from any thread. rc.c uses them on the stream and
+ * pure functions on buffers, no state, safe from any thread. rc_tx.c and rc_rx.c use them on the stream and
  * tests/unit/test_mpa.c checks them against the worked example of docs/wire.md section 12.
  */
 #ifndef DG_MPA_H

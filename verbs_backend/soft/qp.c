@@ -168,11 +168,7 @@ static void send_terminate(struct soft_qp *qp, const union dgv_sockaddr *to, soc
 	}
 	if (qp->term_in_window++ >= TERM_PER_100MS)
 		return; /* a flood of bad segments must not become a flood of replies */
-	struct {
-		struct dg_untagged_hdr h;
-		struct rdmap_terminate t;
-		uint8_t copy[DG_TAGGED_HLEN + DG_READ_REQ_LEN];
-	} __attribute__((packed)) m;
+	struct dg_terminate_msg m;
 	unsigned hdrct = TERM_HDRCT_M;
 	uint32_t clen = 0;
 	if (hdr && hlen) {
@@ -1442,10 +1438,80 @@ static void qp_free(struct soft_qp *qp)
 	free(qp);
 }
 
+/* The QP's UDP socket: the adopted one, or a new one bound as a asks (non-blocking). Sets
+ * qp->fd, own_fd, local, has_peer/peer and *family. Returns 0 or -errno (qp_free closes an
+ * own socket). */
+static int qp_socket(struct soft_qp *qp, const struct dgv_qp_init_attr *a, int *family_out)
+{
+	int family = a->bind_addr ? a->bind_addr->sa_family : (a->bind_family ? a->bind_family : AF_INET);
+	if (a->use_adopt_fd) {
+		union dgv_sockaddr la;
+		socklen_t ll = sizeof la;
+		if (getsockname(a->adopt_fd, &la.sa, &ll))
+			return -errno;
+		family = la.sa.sa_family;
+		qp->fd = a->adopt_fd;
+		qp->own_fd = false;
+	} else {
+		if (family != AF_INET && family != AF_INET6)
+			return -EAFNOSUPPORT;
+		qp->fd = socket(family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+		if (qp->fd < 0)
+			return -errno;
+		qp->own_fd = true;
+		union dgv_sockaddr any = {0};
+		socklen_t al = family == AF_INET ? sizeof any.sin : sizeof any.sin6;
+		any.sa.sa_family = (sa_family_t)family;
+		if (bind(qp->fd, a->bind_addr ? a->bind_addr : &any.sa, a->bind_addr ? a->bind_len : al))
+			return -errno;
+		set_bufs(qp->fd);
+	}
+	/* Every socket call here passes MSG_DONTWAIT; an adopted socket's file flags are the
+	 * program's and stay as it set them (they outlive us across exec). */
+	int err;
+	if (qp->own_fd && (err = set_nonblock(qp->fd)))
+		return err;
+	qp->locallen = sizeof qp->local;
+	if (getsockname(qp->fd, &qp->local.sa, &qp->locallen))
+		return -errno;
+	/* An adopted socket may be connect()ed (VLC does): sends to that peer then go without an
+	 * address, on the kernel's cached route. */
+	socklen_t pl = sizeof qp->peer;
+	qp->has_peer = a->use_adopt_fd && getpeername(qp->fd, &qp->peer.sa, &pl) == 0;
+	*family_out = family;
+	return 0;
+}
+
+/* The work queues and the batch of receive buffers (recvmmsg) of a UD or RD QP. Returns 0 or
+ * -ENOMEM (qp_free frees what was allocated). */
+static int qp_rings(struct soft_qp *qp, const struct dgv_qp_init_attr *a)
+{
+	qp->sq_cap = a->max_send_wr ? a->max_send_wr : DEFAULT_WR;
+	qp->rq_cap = a->max_recv_wr ? a->max_recv_wr : DEFAULT_WR;
+	qp->sq = dg_pages_alloc((size_t)qp->sq_cap * sizeof *qp->sq);
+	qp->rq = dg_pages_alloc((size_t)qp->rq_cap * sizeof *qp->rq);
+	/* pass_plain: a plain datagram may be as large as UDP allows, and must not be cut */
+	qp->rxbuf_size = qp->pass_plain ? 65536 : qp->seg_size < 2048 ? 2048 : qp->seg_size;
+	qp->rx_batch = qp->rxbuf_size <= 4096 ? SOFT_RX_BATCH : 4;
+	qp->rxbuf = dg_pages_alloc((size_t)qp->rxbuf_size * qp->rx_batch);
+	qp->rxmsg = calloc(qp->rx_batch, sizeof *qp->rxmsg);
+	qp->rxiov = calloc(qp->rx_batch, sizeof *qp->rxiov);
+	qp->rxaddr = calloc(qp->rx_batch, sizeof *qp->rxaddr);
+	if (!qp->sq || !qp->rq || !qp->rxbuf || !qp->rxmsg || !qp->rxiov || !qp->rxaddr)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < qp->rx_batch; i++) {
+		qp->rxiov[i] = (struct iovec){qp->rxbuf + (size_t)i * qp->rxbuf_size, qp->rxbuf_size};
+		qp->rxmsg[i].msg_hdr = (struct msghdr){.msg_name = &qp->rxaddr[i],
+						       .msg_namelen = sizeof qp->rxaddr[i],
+						       .msg_iov = &qp->rxiov[i], .msg_iovlen = 1};
+	}
+	return 0;
+}
+
 int soft_create_qp(struct dgv_pd *pdb, const struct dgv_qp_init_attr *a, struct dgv_qp **out)
 {
 	if (a->qp_type == DGV_QPT_RC)
-		return -EOPNOTSUPP; /* RC QPs come from dgv_connect / dgv_accept (rc.c) */
+		return -EOPNOTSUPP; /* RC QPs come from dgv_connect / dgv_accept (rc_cm.c) */
 	if (a->max_sge > SOFT_MAX_SGE)
 		return -EINVAL;
 	struct soft_qp *qp = calloc(1, sizeof *qp);
@@ -1465,50 +1531,9 @@ int soft_create_qp(struct dgv_pd *pdb, const struct dgv_qp_init_attr *a, struct 
 	qp->reasm_us = a->reasm_timeout_us ? a->reasm_timeout_us : DEFAULT_REASM_US;
 	qp->pass_plain = a->pass_plain != 0;
 	qp->rx_hold = a->rx_hold && a->qp_type == DGV_QPT_UD;
-	int family = a->bind_addr ? a->bind_addr->sa_family : (a->bind_family ? a->bind_family : AF_INET);
-	if (a->use_adopt_fd) {
-		union dgv_sockaddr la;
-		socklen_t ll = sizeof la;
-		if (getsockname(a->adopt_fd, &la.sa, &ll)) {
-			err = -errno;
-			goto fail;
-		}
-		family = la.sa.sa_family;
-		qp->fd = a->adopt_fd;
-		qp->own_fd = false;
-	} else {
-		if (family != AF_INET && family != AF_INET6) {
-			err = -EAFNOSUPPORT;
-			goto fail;
-		}
-		qp->fd = socket(family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-		if (qp->fd < 0) {
-			err = -errno;
-			goto fail;
-		}
-		qp->own_fd = true;
-		union dgv_sockaddr any = {0};
-		socklen_t al = family == AF_INET ? sizeof any.sin : sizeof any.sin6;
-		any.sa.sa_family = (sa_family_t)family;
-		if (bind(qp->fd, a->bind_addr ? a->bind_addr : &any.sa, a->bind_addr ? a->bind_len : al)) {
-			err = -errno;
-			goto fail;
-		}
-		set_bufs(qp->fd);
-	}
-	/* Every socket call here passes MSG_DONTWAIT; an adopted socket's file flags are the
-	 * program's and stay as it set them (they outlive us across exec). */
-	if (qp->own_fd && (err = set_nonblock(qp->fd)))
+	int family = AF_INET;
+	if ((err = qp_socket(qp, a, &family)))
 		goto fail;
-	qp->locallen = sizeof qp->local;
-	if (getsockname(qp->fd, &qp->local.sa, &qp->locallen)) {
-		err = -errno;
-		goto fail;
-	}
-	/* An adopted socket may be connect()ed (VLC does): sends to that peer then go without an
-	 * address, on the kernel's cached route. */
-	socklen_t pl = sizeof qp->peer;
-	qp->has_peer = a->use_adopt_fd && getpeername(qp->fd, &qp->peer.sa, &pl) == 0;
 	qp->seg_size = a->seg_size ? a->seg_size : (family == AF_INET6 ? 1452 : 1472);
 	/* A socket's QP (pass_plain: its receive buffers hold UDP's largest datagram) cuts UD
 	 * messages at each destination's route MTU (65507 on loopback, 8972 on a jumbo network)
@@ -1519,27 +1544,8 @@ int soft_create_qp(struct dgv_pd *pdb, const struct dgv_qp_init_attr *a, struct 
 		err = -EINVAL;
 		goto fail;
 	}
-	qp->sq_cap = a->max_send_wr ? a->max_send_wr : DEFAULT_WR;
-	qp->rq_cap = a->max_recv_wr ? a->max_recv_wr : DEFAULT_WR;
-	qp->sq = dg_pages_alloc((size_t)qp->sq_cap * sizeof *qp->sq);
-	qp->rq = dg_pages_alloc((size_t)qp->rq_cap * sizeof *qp->rq);
-	/* pass_plain: a plain datagram may be as large as UDP allows, and must not be cut */
-	qp->rxbuf_size = qp->pass_plain ? 65536 : qp->seg_size < 2048 ? 2048 : qp->seg_size;
-	qp->rx_batch = qp->rxbuf_size <= 4096 ? SOFT_RX_BATCH : 4;
-	qp->rxbuf = dg_pages_alloc((size_t)qp->rxbuf_size * qp->rx_batch);
-	qp->rxmsg = calloc(qp->rx_batch, sizeof *qp->rxmsg);
-	qp->rxiov = calloc(qp->rx_batch, sizeof *qp->rxiov);
-	qp->rxaddr = calloc(qp->rx_batch, sizeof *qp->rxaddr);
-	if (!qp->sq || !qp->rq || !qp->rxbuf || !qp->rxmsg || !qp->rxiov || !qp->rxaddr) {
-		err = -ENOMEM;
+	if ((err = qp_rings(qp, a)))
 		goto fail;
-	}
-	for (uint32_t i = 0; i < qp->rx_batch; i++) {
-		qp->rxiov[i] = (struct iovec){qp->rxbuf + (size_t)i * qp->rxbuf_size, qp->rxbuf_size};
-		qp->rxmsg[i].msg_hdr = (struct msghdr){.msg_name = &qp->rxaddr[i],
-						       .msg_namelen = sizeof qp->rxaddr[i],
-						       .msg_iov = &qp->rxiov[i], .msg_iovlen = 1};
-	}
 	struct dgv_fault ftx, frx;
 	if (!a->fault_tx && (err = dg_fault_from_env(DG_ENV_FAULT_TX, &ftx)))
 		goto fail;
@@ -1578,6 +1584,20 @@ fail:
 	return err;
 }
 
+/* Takes qp off its CQs, then waits until no CQ walker holds it and a progress call that got in
+ * before the detach has left: afterwards nothing but the caller touches qp. Called without
+ * qp->lock, after the QP left the context's list. */
+void soft_qp_quiesce(struct soft_qp *qp)
+{
+	soft_cq_detach(qp->scq, qp);
+	if (qp->rcq != qp->scq)
+		soft_cq_detach(qp->rcq, qp);
+	while (atomic_load(&qp->refs))
+		sched_yield();
+	pthread_mutex_lock(&qp->lock);
+	pthread_mutex_unlock(&qp->lock);
+}
+
 int soft_destroy_qp(struct dgv_qp *qpb)
 {
 	struct soft_qp *qp = to_sqp(qpb);
@@ -1602,14 +1622,7 @@ int soft_destroy_qp(struct dgv_qp *qpb)
 			recv_complete(qp, &qp->slots[i].wqe, DGV_WC_WR_FLUSH_ERR, 0, 0, &none, 0, false);
 		}
 	pthread_mutex_unlock(&qp->lock);
-	soft_cq_detach(qp->scq, qp);
-	if (qp->rcq != qp->scq)
-		soft_cq_detach(qp->rcq, qp);
-	while (atomic_load(&qp->refs))
-		sched_yield();
-	/* Wait for a progress call that got in before the detach to leave. */
-	pthread_mutex_lock(&qp->lock);
-	pthread_mutex_unlock(&qp->lock);
+	soft_qp_quiesce(qp);
 	atomic_fetch_sub(&qp->pd->refs, 1);
 	qp_free(qp);
 	return 0;

@@ -48,7 +48,7 @@ struct soft_ctx {
 	bool thread_running;
 	atomic_bool stopping;
 	struct soft_qp *qps; /* list, under loop_lock */
-	struct rc_cm *cm;    /* RC connection management (rc.c) */
+	struct rc_cm *cm;    /* RC connection management (rc_cm.c) */
 };
 
 struct soft_pd {
@@ -238,7 +238,7 @@ struct soft_qp {
 	bool io_on;                 /* libev io watcher started (loop thread only) */
 	ev_io io;
 	bool pump_blocked;          /* UDP socket full: need POLLOUT */
-	struct rc_conn *rc;         /* RC QPs: the connection (rc.c); NULL on UD/RD */
+	struct rc_conn *rc;         /* RC QPs: the connection (rc_int.h); NULL on UD/RD */
 	struct dgv_qp_stats st;
 };
 
@@ -333,7 +333,11 @@ bool soft_qp_wants_pollout(struct soft_qp *qp);
  * Racy read without qp->lock: a hint for the progress thread's pace. */
 bool soft_qp_timers_pending(struct soft_qp *qp);
 
-/* rc.c: RC queue pairs over TCP (MPA/DDP/RDMAP) and their connection management */
+/* qp.c: detach from the CQs and wait until nobody else uses qp (destroy of every type). */
+void soft_qp_quiesce(struct soft_qp *qp);
+
+/* rc_cm.c, rc_tx.c, rc_rx.c (rc_int.h): RC queue pairs over TCP (MPA/DDP/RDMAP) and their
+ * connection management */
 int soft_rc_ctx_init(struct soft_ctx *ctx);
 void soft_rc_ctx_fini(struct soft_ctx *ctx);
 /* Loop thread, ctx->loop_lock held: MPA deadlines of pending requests, listeners. */
