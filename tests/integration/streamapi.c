@@ -1188,25 +1188,35 @@ static void c_shutwr(void)
 	close(fd);
 }
 
-static void s_shutwr(int ls)
+/* The peer's last bytes want and its FIN, as the reader sees them: poll and epoll report IN|RDHUP
+ * (after: what the peer did, for the message), recv returns those bytes, then 0, then 0 again
+ * (recv flags again_flags). */
+static void expect_last_bytes_then_eof(int fd, const char *after, const char *want, int again_flags)
 {
-	int fd = accept_one(ls, 0);
-	check_carried(fd);
-	hear("shutwr-shut");
+	size_t len = strlen(want);
 	int rev = pollrev_until(fd, POLLIN | POLLRDHUP, POLLIN | POLLRDHUP, 5000);
-	check(rev == (POLLIN | POLLRDHUP), "poll", "poll(IN|RDHUP) after the client's SHUT_WR: %s (want IN|RDHUP)",
-	      pollstr(rev));
+	check(rev == (POLLIN | POLLRDHUP), "poll", "poll(IN|RDHUP) %s: %s (want IN|RDHUP)", after, pollstr(rev));
 	rev = epollrev(fd, EPOLLIN | EPOLLRDHUP, 5000);
 	check(rev == (EPOLLIN | EPOLLRDHUP), "epoll", "epoll(IN|RDHUP): %s (want IN|RDHUP)", pollstr(rev));
 	char b[16] = {0};
 	int e;
 	ssize_t n = rcv(fd, b, sizeof b, 0, &e);
-	check(n == 5 && !memcmp(b, "hello", 5), "recv", "%s", res(n, e));
+	check(n == (ssize_t)len && !memcmp(b, want, len), "recv", "%s", res(n, e));
 	n = rcv(fd, b, sizeof b, 0, &e);
 	check(n == 0, "recv_eof", "%s", res(n, e));
-	n = rcv(fd, b, sizeof b, MSG_DONTWAIT, &e);
+	n = rcv(fd, b, sizeof b, again_flags, &e);
 	check(n == 0, "recv_eof_again", "%s", res(n, e));
-	rev = pollrev(fd, POLLIN | POLLOUT | POLLRDHUP, 0);
+}
+
+static void s_shutwr(int ls)
+{
+	int fd = accept_one(ls, 0);
+	check_carried(fd);
+	hear("shutwr-shut");
+	expect_last_bytes_then_eof(fd, "after the client's SHUT_WR", "hello", MSG_DONTWAIT);
+	int e;
+	ssize_t n;
+	int rev = pollrev(fd, POLLIN | POLLOUT | POLLRDHUP, 0);
 	check(rev == (POLLIN | POLLOUT | POLLRDHUP), "poll_drained", "poll(IN|OUT|RDHUP) after reading 0: %s",
 	      pollstr(rev));
 	n = snd(fd, "reply", 5, 0, &e);
@@ -1356,19 +1366,10 @@ static void s_close(int ls)
 	int fd = accept_one(ls, 0);
 	check_carried(fd);
 	hear("close-closed");
-	int rev = pollrev_until(fd, POLLIN | POLLRDHUP, POLLIN | POLLRDHUP, 5000);
-	check(rev == (POLLIN | POLLRDHUP), "poll", "poll(IN|RDHUP) after the peer closed: %s (want IN|RDHUP)",
-	      pollstr(rev));
-	rev = epollrev(fd, EPOLLIN | EPOLLRDHUP, 5000);
-	check(rev == (EPOLLIN | EPOLLRDHUP), "epoll", "epoll(IN|RDHUP): %s (want IN|RDHUP)", pollstr(rev));
-	char b[16] = {0};
-	int e;
-	ssize_t n = rcv(fd, b, sizeof b, 0, &e);
-	check(n == 3 && !memcmp(b, "bye", 3), "recv", "%s", res(n, e));
-	n = rcv(fd, b, sizeof b, 0, &e);
-	check(n == 0, "recv_eof", "%s", res(n, e));
-	n = rcv(fd, b, sizeof b, 0, &e);
-	check(n == 0, "recv_eof_again", "%s", res(n, e));
+	expect_last_bytes_then_eof(fd, "after the peer closed", "bye", 0);
+	char b[16];
+	int e, rev;
+	ssize_t n;
 	int pe = peer_err(fd);
 	check(pe == 0, "getpeername", "after the peer's close: %s (want 0: half-closed, not closed)", ename(pe));
 	int before = sigpipes;
