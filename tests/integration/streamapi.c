@@ -433,6 +433,25 @@ static ssize_t snd(int fd, const char *buf, size_t len, int flags, int *e)
 	return r;
 }
 
+/* connect to a; the result, and errno in *e */
+static int conn(int fd, const struct sockaddr_in *a, int *e)
+{
+	errno = 0;
+	int r = connect(fd, (const struct sockaddr *)a, sizeof *a);
+	*e = errno;
+	return r;
+}
+
+/* One recv (flags 0, room for 16 bytes) must return exactly the bytes of want: check "recv". */
+static void expect_recv(int fd, const char *want)
+{
+	char b[16] = {0};
+	size_t len = strlen(want);
+	int e;
+	ssize_t n = rcv(fd, b, sizeof b, 0, &e);
+	check(n == (ssize_t)len && !memcmp(b, want, len), "recv", "%s", res(n, e));
+}
+
 /* ------------------------------------------------------------------ cases */
 
 static void c_names(void)
@@ -706,9 +725,8 @@ static void c_nbconnect(void)
 {
 	int fd = tcp_socket(SOCK_NONBLOCK);
 	struct sockaddr_in a = addr_of(port);
-	errno = 0;
-	int r = connect(fd, (struct sockaddr *)&a, sizeof a);
-	int e = errno;
+	int e;
+	int r = conn(fd, &a, &e);
 	check(r < 0 && e == EINPROGRESS, "einprogress", "non-blocking connect: %s", res(r, e));
 	int rev = pollrev(fd, POLLOUT, 10000);
 	check(rev == POLLOUT, "pollout", "poll(POLLOUT): %s", pollstr(rev));
@@ -716,13 +734,9 @@ static void c_nbconnect(void)
 	socklen_t l = sizeof v;
 	r = getsockopt(fd, SOL_SOCKET, SO_ERROR, &v, &l);
 	check(r == 0 && v == 0, "so_error", "SO_ERROR %s", ename(v));
-	errno = 0;
-	r = connect(fd, (struct sockaddr *)&a, sizeof a);
-	e = errno;
+	r = conn(fd, &a, &e);
 	check(r == 0, "connect_again", "second connect after POLLOUT: %s (want 0, as VLC expects)", res(r, e));
-	errno = 0;
-	r = connect(fd, (struct sockaddr *)&a, sizeof a);
-	e = errno;
+	r = conn(fd, &a, &e);
 	check(r < 0 && e == EISCONN, "connect_third", "third connect: %s (want -1 EISCONN)", res(r, e));
 	check_carried(fd);
 	ssize_t n = snd(fd, "nb", 2, 0, &e);
@@ -734,10 +748,7 @@ static void c_nbconnect(void)
 static void s_nbconnect(int ls)
 {
 	int fd = accept_one(ls, 0);
-	char b[4];
-	int e;
-	ssize_t n = rcv(fd, b, sizeof b, 0, &e);
-	check(n == 2 && !memcmp(b, "nb", 2), "recv", "%s", res(n, e));
+	expect_recv(fd, "nb");
 	say("nb-done");
 	close(fd);
 }
@@ -1009,9 +1020,8 @@ static void c_preaccept(void)
 	int nb = tcp_socket(SOCK_NONBLOCK);
 	struct sockaddr_in a = addr_of(port);
 	say("pa-go2");
-	errno = 0;
-	int r = connect(nb, (struct sockaddr *)&a, sizeof a);
-	int e = errno;
+	int e;
+	int r = conn(nb, &a, &e);
 	int rev = pollrev(nb, POLLOUT, 300);
 	check(r < 0 && e == EINPROGRESS, "nb_einprogress", "non-blocking connect: %s", res(r, e));
 	check_known(rev == POLLOUT, "nb_pollout", "poll(POLLOUT, 300 ms) while the server has not accepted yet: %s "
@@ -1038,10 +1048,7 @@ static void s_preaccept(int ls)
 	hear("pa-go2");
 	sleep_ms(600);
 	int a2 = accept_one(ls, 0);
-	char b[4];
-	int e;
-	ssize_t n = rcv(a2, b, sizeof b, 0, &e);
-	check(n == 2 && !memcmp(b, "pa", 2), "recv", "%s", res(n, e));
+	expect_recv(a2, "pa");
 	say("pa-done");
 	close(a1);
 	close(a2);
@@ -1053,18 +1060,13 @@ static void c_ealready(void)
 {
 	struct sockaddr_in a = addr_of(port + 1);
 	int c1 = tcp_socket(SOCK_NONBLOCK), c2 = tcp_socket(SOCK_NONBLOCK);
-	errno = 0;
-	int r = connect(c1, (struct sockaddr *)&a, sizeof a);
-	int e = errno;
+	int e;
+	int r = conn(c1, &a, &e);
 	check(r < 0 && e == EINPROGRESS, "first_einprogress", "first connect: %s", res(r, e));
 	sleep_ms(100); /* its handshake is done: it fills the queue */
-	errno = 0;
-	r = connect(c2, (struct sockaddr *)&a, sizeof a);
-	e = errno;
+	r = conn(c2, &a, &e);
 	check(r < 0 && e == EINPROGRESS, "einprogress", "second socket's connect: %s", res(r, e));
-	errno = 0;
-	r = connect(c2, (struct sockaddr *)&a, sizeof a);
-	e = errno;
+	r = conn(c2, &a, &e);
 	check(r < 0 && e == EALREADY, "ealready", "connect again while in progress: %s (want -1 EALREADY)", res(r, e));
 	int rev = pollrev(c2, POLLOUT, 0);
 	check(rev == 0, "no_pollout_yet", "poll(POLLOUT) while in progress: %s", pollstr(rev));
@@ -1080,13 +1082,9 @@ static void c_ealready(void)
 		r = getsockopt(fd, SOL_SOCKET, SO_ERROR, &v, &l);
 		check(r == 0 && v == 0, i ? "so_error" : "first_so_error", "%s: SO_ERROR %s", w, ename(v));
 	}
-	errno = 0;
-	r = connect(c2, (struct sockaddr *)&a, sizeof a);
-	e = errno;
+	r = conn(c2, &a, &e);
 	check(r == 0, "connect_done", "connect once connected: %s (want 0)", res(r, e));
-	errno = 0;
-	r = connect(c2, (struct sockaddr *)&a, sizeof a);
-	e = errno;
+	r = conn(c2, &a, &e);
 	check(r < 0 && e == EISCONN, "connect_isconn", "and again: %s (want -1 EISCONN)", res(r, e));
 	check_carried(c2);
 	ssize_t n = snd(c2, "c2", 2, 0, &e);
@@ -1101,10 +1099,7 @@ static void s_ealready(int ls2)
 	hear("ea-accept");
 	int a1 = accept_one(ls2, 0);
 	int a2 = accept_one(ls2, 0); /* the second's SYN comes again after 1 s */
-	char b[4];
-	int e;
-	ssize_t n = rcv(a2, b, sizeof b, 0, &e);
-	check(n == 2 && !memcmp(b, "c2", 2), "recv", "%s", res(n, e));
+	expect_recv(a2, "c2");
 	say("ea-done");
 	close(a1);
 	close(a2);
@@ -1114,9 +1109,8 @@ static void c_refused(void)
 {
 	struct sockaddr_in a = addr_of(port + 2);
 	int fd = tcp_socket(SOCK_NONBLOCK);
-	errno = 0;
-	int r = connect(fd, (struct sockaddr *)&a, sizeof a);
-	int e = errno;
+	int e;
+	int r = conn(fd, &a, &e);
 	check(r < 0 && e == EINPROGRESS, "einprogress", "non-blocking connect to a closed port: %s", res(r, e));
 	int rev = pollrev(fd, POLLOUT, 5000);
 	check(rev >= 0 && (rev & POLLOUT) && (rev & POLLERR) && (rev & POLLHUP), "poll", "poll(POLLOUT): %s",
@@ -1130,9 +1124,7 @@ static void c_refused(void)
 	check(r == 0 && v == 0, "so_error_cleared", "SO_ERROR read again: %s", ename(v));
 	close(fd);
 	fd = tcp_socket(0);
-	errno = 0;
-	r = connect(fd, (struct sockaddr *)&a, sizeof a);
-	e = errno;
+	r = conn(fd, &a, &e);
 	check(r < 0 && e == ECONNREFUSED, "blocking", "blocking connect to a closed port: %s", res(r, e));
 	close(fd);
 }
@@ -1193,16 +1185,14 @@ static void c_shutwr(void)
  * (recv flags again_flags). */
 static void expect_last_bytes_then_eof(int fd, const char *after, const char *want, int again_flags)
 {
-	size_t len = strlen(want);
 	int rev = pollrev_until(fd, POLLIN | POLLRDHUP, POLLIN | POLLRDHUP, 5000);
 	check(rev == (POLLIN | POLLRDHUP), "poll", "poll(IN|RDHUP) %s: %s (want IN|RDHUP)", after, pollstr(rev));
 	rev = epollrev(fd, EPOLLIN | EPOLLRDHUP, 5000);
 	check(rev == (EPOLLIN | EPOLLRDHUP), "epoll", "epoll(IN|RDHUP): %s (want IN|RDHUP)", pollstr(rev));
-	char b[16] = {0};
+	expect_recv(fd, want);
+	char b[16];
 	int e;
 	ssize_t n = rcv(fd, b, sizeof b, 0, &e);
-	check(n == (ssize_t)len && !memcmp(b, want, len), "recv", "%s", res(n, e));
-	n = rcv(fd, b, sizeof b, 0, &e);
 	check(n == 0, "recv_eof", "%s", res(n, e));
 	n = rcv(fd, b, sizeof b, again_flags, &e);
 	check(n == 0, "recv_eof_again", "%s", res(n, e));
