@@ -4,6 +4,8 @@ the ratio preloaded/native against the targets. Arguments: TRIALS UDPBENCH LIB B
 entry point builds, finds udpbench and installs sockperf first)."""
 import json, os, re, shutil, signal, socket, statistics, subprocess, sys, tempfile, time
 
+from . import runner
+
 HOST = "127.0.0.1"
 PP_N = 50000          # udpbench timed round trips per run
 RCVBUF = 4 << 20      # stream servers' SO_RCVBUF (net.core.rmem_max is 4 MiB here)
@@ -22,8 +24,7 @@ def setup(argv):
     WHY = "" if SHIM else ("./scripts/build failed" if not BUILD_OK else LIB + " missing")
     T0 = time.monotonic()
     TMP = tempfile.mkdtemp(prefix="bench-shim.")
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGHUP, on_term)
+    runner.trap_term()
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 SUMMARY = re.compile(r"dgshim\[\d+\]: info: summary:.*")
 
@@ -35,8 +36,6 @@ def cleanup():
     if TMP:
         shutil.rmtree(TMP, ignore_errors=True)
 
-def on_term(sig, frame):
-    raise SystemExit(128 + sig)
 
 class RunFailed(Exception):
     pass
@@ -288,13 +287,7 @@ def main():
 
 def run(argv):
     setup(argv)
-    try:
-        rc = main()
-    except KeyboardInterrupt:
-        rc = 130
-    finally:
-        cleanup()
-    return rc
+    return runner.run(main, cleanup)
 
 
 if __name__ == "__main__":

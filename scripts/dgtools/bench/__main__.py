@@ -9,7 +9,7 @@ from .sock import sock
 from .vlc import vlc
 from .sipp import sipp
 from .page import page
-from .. import plots
+from .. import plots, runner
 
 def main():
     if ctx.SAVED:
@@ -52,13 +52,7 @@ def main():
 
 def run(argv):
     ctx.setup(argv)
-    try:
-        rc = main()
-    except KeyboardInterrupt:
-        rc = 130
-    finally:
-        cleanup()
-    return rc
+    return runner.run(main, cleanup)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@ and dgperf runs. setup() fills the module's names once; every other module reads
 import argparse, datetime, json, os, platform, resource, shutil, signal, socket, statistics, subprocess, sys
 import tempfile, time
 
+from .. import runner
+
 A = None             # the parsed options
 SECTIONS = []
 SAVED = None         # --from-json: the saved run
@@ -55,8 +57,7 @@ def setup(argv):
     if SAVED:
         CMDLINE = SAVED["command"]
         STARTED = datetime.datetime.fromisoformat(SAVED["started"])
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGHUP, on_term)
+    runner.trap_term()
     NOFILE = raise_nofile()
     PBASE = int(os.environ.get("BENCH_PORT", "22000"))
 
@@ -80,10 +81,6 @@ def cleanup():
             pass
     if TMP:
         shutil.rmtree(TMP, ignore_errors=True)
-
-
-def on_term(sig, frame):
-    raise SystemExit(128 + sig)
 
 
 class RunFailed(Exception):
