@@ -416,6 +416,21 @@ static const char *astr(const struct sockaddr_in *a)
 	return p;
 }
 
+/* The client's and the server's end of a case's connection, checked as carried (under the shim). */
+static int connect_carried(void)
+{
+	int fd = connect_block();
+	check_carried(fd);
+	return fd;
+}
+
+static int accept_carried(int ls)
+{
+	int fd = accept_one(ls, 0);
+	check_carried(fd);
+	return fd;
+}
+
 /* recv into a fresh buffer; the result and errno in *e */
 static ssize_t rcv(int fd, char *buf, size_t len, int flags, int *e)
 {
@@ -456,8 +471,7 @@ static void expect_recv(int fd, const char *want)
 
 static void c_names(void)
 {
-	int fd = connect_block();
-	check_carried(fd);
+	int fd = connect_carried();
 	struct sockaddr_in me, peer;
 	socklen_t ml = sizeof me, pl = sizeof peer;
 	memset(&me, 0, sizeof me), memset(&peer, 0, sizeof peer);
@@ -541,8 +555,7 @@ static void s_names(int ls)
 
 static void c_accept4(void)
 {
-	int fd = connect_block();
-	check_carried(fd);
+	int fd = connect_carried();
 	hear("a4-ready");
 	int e;
 	ssize_t n = snd(fd, "four", 4, 0, &e);
@@ -584,8 +597,7 @@ static void s_accept4(int ls)
 
 static void c_reads(void)
 {
-	int fd = connect_block();
-	check_carried(fd);
+	int fd = connect_carried();
 	char b[64];
 	int e, v = -1;
 	ssize_t n = rcv(fd, b, sizeof b, MSG_DONTWAIT, &e);
@@ -672,8 +684,7 @@ static void c_reads(void)
 
 static void s_reads(int ls)
 {
-	int fd = accept_one(ls, 0);
-	check_carried(fd);
+	int fd = accept_carried(ls);
 	hear("reads-send");
 	int e;
 	ssize_t n1 = snd(fd, "abc", 3, 0, &e);
@@ -686,8 +697,7 @@ static void s_reads(int ls)
 
 static void c_sndtimeo(void)
 {
-	int fd = connect_block();
-	check_carried(fd);
+	int fd = connect_carried();
 	struct timeval tv = {0, 200000};
 	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
 	static char chunk[64 << 10];
@@ -715,8 +725,7 @@ static void c_sndtimeo(void)
 
 static void s_sndtimeo(int ls)
 {
-	int fd = accept_one(ls, 0);
-	check_carried(fd);
+	int fd = accept_carried(ls);
 	hear("sndtimeo-done");
 	close(fd);
 }
@@ -756,8 +765,7 @@ static void s_nbconnect(int ls)
 /* Edge-triggered and one-shot epoll: one report per arrival; ONESHOT until EPOLL_CTL_MOD. */
 static void c_epollet(void)
 {
-	int fd = connect_block();
-	check_carried(fd);
+	int fd = connect_carried();
 	for (int i = 0; i < 3; i++) {
 		hear("et-next");
 		int e;
@@ -771,8 +779,7 @@ static void c_epollet(void)
 
 static void s_epollet(int ls)
 {
-	int fd = accept_one(ls, 0);
-	check_carried(fd);
+	int fd = accept_carried(ls);
 	int ep = epoll_create1(EPOLL_CLOEXEC);
 	struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.u32 = 5}, out;
 	epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
@@ -817,8 +824,7 @@ static void s_epollet(int ls)
  * (docs/shim.md, "Forking servers"). */
 static void c_fork(void)
 {
-	int fd = connect_block();
-	check_carried(fd);
+	int fd = connect_carried();
 	struct timeval tv = {3, 0};
 	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
 	char b[16] = {0};
@@ -852,8 +858,7 @@ static void s_fork(int ls)
 /* SO_RCVLOWAT: readable (poll, recv) only once that many bytes are there. */
 static void c_lowat(void)
 {
-	int fd = connect_block();
-	check_carried(fd);
+	int fd = connect_carried();
 	int lw = 5, got = -1;
 	socklen_t l = sizeof got;
 	int r = setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &lw, sizeof lw);
@@ -887,8 +892,7 @@ static void c_lowat(void)
 
 static void s_lowat(int ls)
 {
-	int fd = accept_one(ls, 0);
-	check_carried(fd);
+	int fd = accept_carried(ls);
 	int e;
 	hear("lowat-send3");
 	ssize_t n = snd(fd, "abc", 3, 0, &e);
@@ -904,8 +908,7 @@ static void s_lowat(int ls)
 /* dup: closing one descriptor of a connection ends nothing; the last close does. */
 static void c_dup(void)
 {
-	int fd = connect_block();
-	check_carried(fd);
+	int fd = connect_carried();
 	int d = dup(fd);
 	check(d >= 0, "dup", "%d", d);
 	close(fd);
@@ -920,8 +923,7 @@ static void c_dup(void)
 
 static void s_dup(int ls)
 {
-	int fd = accept_one(ls, 0);
-	check_carried(fd);
+	int fd = accept_carried(ls);
 	char b[16] = {0};
 	int e;
 	ssize_t n = rcv(fd, b, sizeof b, 0, &e);
@@ -1131,8 +1133,7 @@ static void c_refused(void)
 
 static void c_shutwr(void)
 {
-	int fd = connect_block();
-	check_carried(fd);
+	int fd = connect_carried();
 	int e;
 	ssize_t n = snd(fd, "hello", 5, 0, &e);
 	check(n == 5, "send", "%s", res(n, e));
@@ -1200,8 +1201,7 @@ static void expect_last_bytes_then_eof(int fd, const char *after, const char *wa
 
 static void s_shutwr(int ls)
 {
-	int fd = accept_one(ls, 0);
-	check_carried(fd);
+	int fd = accept_carried(ls);
 	hear("shutwr-shut");
 	expect_last_bytes_then_eof(fd, "after the client's SHUT_WR", "hello", MSG_DONTWAIT);
 	int e;
@@ -1229,8 +1229,7 @@ static void s_shutwr(int ls)
 
 static void c_shutrd(void)
 {
-	int fd = connect_block();
-	check_carried(fd);
+	int fd = connect_carried();
 	hear("shutrd-early");
 	int rev = pollrev(fd, POLLIN, 5000);
 	check(rev == POLLIN, "pollin", "poll(POLLIN) with data queued: %s", pollstr(rev));
@@ -1268,8 +1267,7 @@ static void c_shutrd(void)
 
 static void s_shutrd(int ls)
 {
-	int fd = accept_one(ls, 0);
-	check_carried(fd);
+	int fd = accept_carried(ls);
 	int e;
 	ssize_t n = snd(fd, "early", 5, 0, &e);
 	check(n == 5, "send_early", "%s", res(n, e));
@@ -1289,8 +1287,7 @@ static void s_shutrd(int ls)
 
 static void c_shutrdwr(void)
 {
-	int fd = connect_block();
-	check_carried(fd);
+	int fd = connect_carried();
 	int r = shutdown(fd, SHUT_RDWR);
 	check(r == 0, "shutdown", "shutdown(SHUT_RDWR): %s", res(r, errno));
 	char b[16];
@@ -1311,8 +1308,7 @@ static void c_shutrdwr(void)
 
 static void s_shutrdwr(int ls)
 {
-	int fd = accept_one(ls, 0);
-	check_carried(fd);
+	int fd = accept_carried(ls);
 	hear("shutrdwr-shut");
 	int rev = pollrev_until(fd, POLLIN | POLLRDHUP, POLLIN | POLLRDHUP, 5000);
 	check(rev == (POLLIN | POLLRDHUP), "poll", "poll(IN|RDHUP): %s (want IN|RDHUP)", pollstr(rev));
@@ -1340,8 +1336,7 @@ static int send_until_epipe(int fd, int flags, int *e, ssize_t *last)
 
 static void c_close(void)
 {
-	int fd = connect_block();
-	check_carried(fd);
+	int fd = connect_carried();
 	int e;
 	ssize_t n = snd(fd, "bye", 3, 0, &e);
 	check(n == 3, "send", "%s", res(n, e));
@@ -1353,8 +1348,7 @@ static void c_close(void)
 
 static void s_close(int ls)
 {
-	int fd = accept_one(ls, 0);
-	check_carried(fd);
+	int fd = accept_carried(ls);
 	hear("close-closed");
 	expect_last_bytes_then_eof(fd, "after the peer closed", "bye", 0);
 	char b[16];
@@ -1383,8 +1377,7 @@ static void s_close(int ls)
 
 static void c_linger0(void)
 {
-	int fd = connect_block();
-	check_carried(fd);
+	int fd = connect_carried();
 	struct linger lg = {1, 0}, got = {-1, -1};
 	socklen_t l = sizeof got;
 	int r = setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
@@ -1402,8 +1395,7 @@ static void c_linger0(void)
 
 static void s_linger0(int ls)
 {
-	int fd = accept_one(ls, 0);
-	check_carried(fd);
+	int fd = accept_carried(ls);
 	char b[16] = {0};
 	int e;
 	hear("linger0-closed");
@@ -1469,8 +1461,7 @@ static void s_wake(int ls)
 /* MSG_TRUNC discards (TCP), MSG_WAITALL cut short by the end, MSG_PEEK at the end, select. */
 static void c_flags(void)
 {
-	int fd = connect_block();
-	check_carried(fd);
+	int fd = connect_carried();
 	hear("flags-sent");
 	char b[16] = {0};
 	int e;
@@ -1531,8 +1522,7 @@ static void c_flags(void)
 
 static void s_flags(int ls)
 {
-	int fd = accept_one(ls, 0);
-	check_carried(fd);
+	int fd = accept_carried(ls);
 	int e;
 	ssize_t n = snd(fd, "abcdef", 6, 0, &e);
 	check(n == 6, "send", "%s", res(n, e));
@@ -1549,8 +1539,7 @@ static void s_flags(int ls)
 /* POLLOUT/EPOLLOUT come back once the peer reads what filled the buffers (a waiter is woken). */
 static void c_pollout(void)
 {
-	int fd = connect_block();
-	check_carried(fd);
+	int fd = connect_carried();
 	hear("pollout-full");
 	sleep_ms(200);
 	static char b[64 << 10];
@@ -1653,8 +1642,7 @@ static void s_blocked(int ls)
 /* Closing with data not read resets the connection (Linux, RFC 2525 2.17), SO_LINGER or not. */
 static void c_unread(void)
 {
-	int fd = connect_block();
-	check_carried(fd);
+	int fd = connect_carried();
 	hear("unread-sent");
 	int rev = pollrev(fd, POLLIN, 5000);
 	check(rev == POLLIN, "pollin", "poll(POLLIN): %s", pollstr(rev));
@@ -1666,8 +1654,7 @@ static void c_unread(void)
 
 static void s_unread(int ls)
 {
-	int fd = accept_one(ls, 0);
-	check_carried(fd);
+	int fd = accept_carried(ls);
 	int e;
 	ssize_t n = snd(fd, "unread", 6, 0, &e);
 	check(n == 6, "send", "%s", res(n, e));
@@ -1688,8 +1675,7 @@ static void s_unread(int ls)
 /* The same reset, read through SO_ERROR first (as an event loop does after POLLERR). */
 static void c_resetso(void)
 {
-	int fd = connect_block();
-	check_carried(fd);
+	int fd = connect_carried();
 	struct linger lg = {1, 0};
 	setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
 	int e;
@@ -1703,8 +1689,7 @@ static void c_resetso(void)
 
 static void s_resetso(int ls)
 {
-	int fd = accept_one(ls, 0);
-	check_carried(fd);
+	int fd = accept_carried(ls);
 	hear("resetso-closed");
 	int rev = pollrev_until(fd, POLLIN | POLLRDHUP, POLLIN | POLLRDHUP | POLLHUP, 5000);
 	check(rev == (POLLIN | POLLRDHUP | POLLHUP | POLLERR), "poll", "poll(IN|RDHUP) after the reset: %s (want IN|ERR|HUP|RDHUP)",
@@ -1736,8 +1721,7 @@ static uint8_t pat(size_t i)
 
 static void c_lingern(void)
 {
-	int fd = connect_block();
-	check_carried(fd);
+	int fd = connect_carried();
 	struct linger lg = {1, 3}, got = {-1, -1};
 	socklen_t l = sizeof got;
 	int r = setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
@@ -1769,8 +1753,7 @@ static void c_lingern(void)
 
 static void s_lingern(int ls)
 {
-	int fd = accept_one(ls, 0);
-	check_carried(fd);
+	int fd = accept_carried(ls);
 	hear("lingern-go");
 	sleep_ms(300);
 	static uint8_t b[64 << 10];
