@@ -198,10 +198,85 @@ apps_wait_gone() {
 	return 1
 }
 
+# apps_server_end TAG WHAT PID LOG AFTER: waits up to 10 s for the server PID (a child of this
+# shell) to exit after AFTER (what should end it, for the message); one still running is killed
+# and recorded, an exit status other than 0 is recorded with the tail of its LOG.
+apps_server_end() {
+	local tag=$1 what=$2 pid=$3 log=$4 after=$5 rc
+	if ! apps_wait_gone "$pid" 10; then
+		apps_bad "$tag: $what still running 10 s after $after"
+		dg_kill_tree "$pid"
+	fi
+	wait "$pid" 2>/dev/null
+	rc=$?
+	[ "$rc" -eq 0 ] || { dg_tail "$log" 10; apps_bad "$tag: $what exited $rc"; }
+}
+
 # apps_check_port_free tcp|udp PORT: fails the script when another program already holds PORT
 # (a leftover of an earlier run would otherwise answer in our place).
 apps_check_port_free() {
 	if dg_wait_port "$1" "$2" 0; then
 		dg_fail "$1 port $2 is already in use by another program"
 	fi
+}
+
+# apps_echo WHAT PREFIX UDP TCP CMD...: the echo test of asyncio.sh and node.sh. CMD is an echo
+# program written for the test, run as CMD {udp,tcp}-server PORT and CMD {udp,tcp}-client PORT
+# ARG (the client prints "rate NAME VALUE" lines and lines starting with PREFIX, shown). UDP on
+# DG_PORT (ARG 500: round trips), TCP on DG_PORT+1 (ARG 32: MiB echoed), natively and then with
+# both ends preloaded; then the checks (native runs clean, UDP framed, TCP over RC), the ratios
+# (labelled with UDP and TCP, the protocols' names in WHAT's API) and apps_finish. WHAT names
+# the program in failures.
+declare -A APPS_ECHO_R=()
+APPS_ECHO_WHAT=''
+APPS_ECHO_PREFIX=''
+APPS_ECHO_CMD=()
+apps_echo() {
+	local udp=$3 tcp=$4 tag port env_words d f
+	APPS_ECHO_WHAT=$1 APPS_ECHO_PREFIX=$2
+	shift 4
+	APPS_ECHO_CMD=("$@")
+	dg_log "shim: ${DG_SHIM_ENV[*]}"
+	port=$DG_PORT
+	for tag in native shim; do
+		env_words=()
+		[ "$tag" = shim ] && env_words=("${DG_SHIM_ENV[@]}")
+		apps_echo_pair "$tag" udp "$port" 500 "${env_words[@]}"
+		apps_echo_pair "$tag" tcp $((port + 1)) 32 "${env_words[@]}"
+	done
+	for f in udp-server udp-client tcp-server tcp-client; do apps_native_clean "$DG_TMP/native/$f.log"; done
+	d=$DG_TMP/shim
+	apps_check_udp "$udp server" "$d/udp-server.log" tx rx
+	apps_check_udp "$udp client" "$d/udp-client.log" tx rx
+	apps_check_rc "$tcp server" "$d/tcp-server.log"
+	apps_check_rc "$tcp client" "$d/tcp-client.log"
+	apps_ratio "$udp ping-pong" "/s" "${APPS_ECHO_R[native:udp_pingpong_per_s]:--}" "${APPS_ECHO_R[shim:udp_pingpong_per_s]:--}"
+	apps_ratio "$tcp ping-pong" "/s" "${APPS_ECHO_R[native:tcp_pingpong_per_s]:--}" "${APPS_ECHO_R[shim:tcp_pingpong_per_s]:--}"
+	apps_ratio "$tcp echo 32 MiB" MiB/s "${APPS_ECHO_R[native:tcp_bulk_MiB_per_s]:--}" "${APPS_ECHO_R[shim:tcp_bulk_MiB_per_s]:--}"
+	apps_finish
+}
+
+# apps_echo_pair TAG PROTO PORT CLIENT_ARG ENV...: apps_echo's server and client with ENV; fills
+# APPS_ECHO_R[TAG:NAME] from the client's rate lines.
+apps_echo_pair() {
+	local tag=$1 proto=$2 p=$3 arg=$4 what=$APPS_ECHO_WHAT d spid _ k v
+	shift 4
+	d=$DG_TMP/$tag
+	mkdir -p "$d"
+	apps_check_port_free "$proto" "$p"
+	dg_bg "$d/$proto-server.log" env "$@" timeout -k 5 90 "${APPS_ECHO_CMD[@]}" "$proto-server" "$p"
+	spid=$DG_LAST_PID
+	if ! dg_wait_port "$proto" "$p" 15 "$spid"; then
+		dg_tail "$d/$proto-server.log"
+		apps_bad "$tag: $what $proto server did not bind $p"
+		return
+	fi
+	if env "$@" timeout -k 5 90 "${APPS_ECHO_CMD[@]}" "$proto-client" "$p" "$arg" >"$d/$proto-client.log" 2>&1; then
+		while read -r _ k v; do APPS_ECHO_R[$tag:$k]=$v; done < <(grep '^rate ' "$d/$proto-client.log")
+		grep "^$APPS_ECHO_PREFIX" "$d/$proto-client.log" | sed "s/^/$DG_NAME: $tag: /"
+	else
+		dg_tail "$d/$proto-client.log" 10
+		apps_bad "$tag: $what $proto client failed"
+	fi
+	apps_server_end "$tag" "$what $proto server" "$spid" "$d/$proto-server.log" "its client finished"
 }

@@ -28,7 +28,7 @@ declare -A R
 
 # run_case TAG ENV...: memcached and the three clients, all with ENV. Fills R[TAG:tcp] etc.
 run_case() {
-	local tag=$1 d mpid rc user=() m
+	local tag=$1 d mpid user=() m
 	shift
 	d=$DG_TMP/$tag
 	mkdir -p "$d"
@@ -59,10 +59,7 @@ run_case() {
 		apps_bad "$tag: memcslap failed"
 	fi
 	kill -TERM "$mpid"
-	apps_wait_gone "$mpid" 10 || { apps_bad "$tag: memcached still running 10 s after SIGTERM"; dg_kill_tree "$mpid"; }
-	wait "$mpid" 2>/dev/null
-	rc=$?
-	[ "$rc" -eq 0 ] || { dg_tail "$d/server.log" 10; apps_bad "$tag: memcached exited $rc"; }
+	apps_server_end "$tag" memcached "$mpid" "$d/server.log" SIGTERM
 	dg_log "$tag: TCP ${R[$tag:tcp]:--} UDP ${R[$tag:udp]:--} requests/s, memcslap get ${R[$tag:slap]:--} keys/s"
 }
 

@@ -28,7 +28,7 @@ declare -A RPS
 # run_case TAG ENV...: one redis-server, the 1 MiB check and the benchmarks, all with ENV.
 # Fills RPS[TAG:SET:P1] etc.
 run_case() {
-	local tag=$1 d spid rc p t v
+	local tag=$1 d spid p t v
 	shift
 	d=$DG_TMP/$tag
 	mkdir -p "$d"
@@ -72,13 +72,7 @@ run_case() {
 		fi
 	done
 	env "$@" redis-cli -p "$port" SHUTDOWN NOSAVE >"$d/shutdown.out" 2>>"$d/cli.log"
-	if ! apps_wait_gone "$spid" 10; then
-		apps_bad "$tag: redis-server still running 10 s after SHUTDOWN NOSAVE"
-		dg_kill_tree "$spid"
-	fi
-	wait "$spid" 2>/dev/null
-	rc=$?
-	[ "$rc" -eq 0 ] || { dg_tail "$d/server.log" 10; apps_bad "$tag: redis-server exited $rc"; }
+	apps_server_end "$tag" redis-server "$spid" "$d/server.log" "SHUTDOWN NOSAVE"
 	dg_log "$tag: SET/GET -P1 ${RPS[$tag:SET:P1]:--}/${RPS[$tag:GET:P1]:--} -P16 ${RPS[$tag:SET:P16]:--}/${RPS[$tag:GET:P16]:--} requests/s"
 }
 

@@ -7,15 +7,9 @@
 set -uo pipefail
 src=$1 port=${2:-24000}
 name=install
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/dgshim-install.XXXXXX")
-pids=()
-cleanup() {
-	for p in "${pids[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
-	rm -rf "$tmp"
-}
-trap cleanup EXIT
-fail() { echo "$name: FAIL: $*"; exit 1; }
-say() { echo "$name: $*"; }
+# shellcheck source=install_lib.sh
+. "$(dirname "$0")/install_lib.sh"
+inst_setup
 
 prefix=$tmp/prefix
 # tests off: only what is installed is built (~15 s on 2 cores)

@@ -11,9 +11,9 @@ if [ -n "${DG_ASAN_RT:-}" ]; then
 fi
 L=$1 src=$2
 name=launcher
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/dgshim-launcher.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "$name: FAIL: $*"; exit 1; }
+# shellcheck source=install_lib.sh
+. "$(dirname "$0")/install_lib.sh"
+inst_setup
 n=0
 
 out=$("$L" --help 2>"$tmp/err"); rc=$?

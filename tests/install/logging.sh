@@ -12,9 +12,9 @@ fi
 lib=$1
 name=logging
 py=/usr/bin/python3 # not a wrapper script: one process, one program
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/dgshim-logging.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "$name: FAIL: $*"; exit 1; }
+# shellcheck source=install_lib.sh
+. "$(dirname "$0")/install_lib.sh"
+inst_setup
 pre=${LD_PRELOAD:+$LD_PRELOAD:}$lib # a sanitizer runtime stays first
 # one UDP datagram to a port nobody listens on: the exit summary has sockets=1
 send='import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.sendto(b"x", ("127.0.0.1", 9))'

@@ -16,14 +16,9 @@ name=wireshark
 lua=$src/tools/wireshark/dgshim.lua
 lib=$build/shim/libdgshim.so.0
 py=/usr/bin/python3
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/dgshim-wireshark.XXXXXX")
-pids=()
-cleanup() {
-	for p in "${pids[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
-	rm -rf "$tmp"
-}
-trap cleanup EXIT
-fail() { echo "$name: FAIL: $*"; exit 1; }
+# shellcheck source=install_lib.sh
+. "$(dirname "$0")/install_lib.sh"
+inst_setup
 if ! command -v tshark >/dev/null || ! command -v tcpdump >/dev/null; then
 	export DEBIAN_FRONTEND=noninteractive
 	echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections

@@ -416,6 +416,21 @@ static const char *astr(const struct sockaddr_in *a)
 	return p;
 }
 
+/* The client's and the server's end of a case's connection, checked as carried (under the shim). */
+static int connect_carried(void)
+{
+	int fd = connect_block();
+	check_carried(fd);
+	return fd;
+}
+
+static int accept_carried(int ls)
+{
+	int fd = accept_one(ls, 0);
+	check_carried(fd);
+	return fd;
+}
+
 /* recv into a fresh buffer; the result and errno in *e */
 static ssize_t rcv(int fd, char *buf, size_t len, int flags, int *e)
 {
@@ -433,12 +448,30 @@ static ssize_t snd(int fd, const char *buf, size_t len, int flags, int *e)
 	return r;
 }
 
+/* connect to a; the result, and errno in *e */
+static int conn(int fd, const struct sockaddr_in *a, int *e)
+{
+	errno = 0;
+	int r = connect(fd, (const struct sockaddr *)a, sizeof *a);
+	*e = errno;
+	return r;
+}
+
+/* One recv (flags 0, room for 16 bytes) must return exactly the bytes of want: check "recv". */
+static void expect_recv(int fd, const char *want)
+{
+	char b[16] = {0};
+	size_t len = strlen(want);
+	int e;
+	ssize_t n = rcv(fd, b, sizeof b, 0, &e);
+	check(n == (ssize_t)len && !memcmp(b, want, len), "recv", "%s", res(n, e));
+}
+
 /* ------------------------------------------------------------------ cases */
 
 static void c_names(void)
 {
-	int fd = connect_block();
-	check_carried(fd);
+	int fd = connect_carried();
 	struct sockaddr_in me, peer;
 	socklen_t ml = sizeof me, pl = sizeof peer;
 	memset(&me, 0, sizeof me), memset(&peer, 0, sizeof peer);
@@ -522,8 +555,7 @@ static void s_names(int ls)
 
 static void c_accept4(void)
 {
-	int fd = connect_block();
-	check_carried(fd);
+	int fd = connect_carried();
 	hear("a4-ready");
 	int e;
 	ssize_t n = snd(fd, "four", 4, 0, &e);
@@ -565,8 +597,7 @@ static void s_accept4(int ls)
 
 static void c_reads(void)
 {
-	int fd = connect_block();
-	check_carried(fd);
+	int fd = connect_carried();
 	char b[64];
 	int e, v = -1;
 	ssize_t n = rcv(fd, b, sizeof b, MSG_DONTWAIT, &e);
@@ -653,8 +684,7 @@ static void c_reads(void)
 
 static void s_reads(int ls)
 {
-	int fd = accept_one(ls, 0);
-	check_carried(fd);
+	int fd = accept_carried(ls);
 	hear("reads-send");
 	int e;
 	ssize_t n1 = snd(fd, "abc", 3, 0, &e);
@@ -667,8 +697,7 @@ static void s_reads(int ls)
 
 static void c_sndtimeo(void)
 {
-	int fd = connect_block();
-	check_carried(fd);
+	int fd = connect_carried();
 	struct timeval tv = {0, 200000};
 	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
 	static char chunk[64 << 10];
@@ -696,8 +725,7 @@ static void c_sndtimeo(void)
 
 static void s_sndtimeo(int ls)
 {
-	int fd = accept_one(ls, 0);
-	check_carried(fd);
+	int fd = accept_carried(ls);
 	hear("sndtimeo-done");
 	close(fd);
 }
@@ -706,9 +734,8 @@ static void c_nbconnect(void)
 {
 	int fd = tcp_socket(SOCK_NONBLOCK);
 	struct sockaddr_in a = addr_of(port);
-	errno = 0;
-	int r = connect(fd, (struct sockaddr *)&a, sizeof a);
-	int e = errno;
+	int e;
+	int r = conn(fd, &a, &e);
 	check(r < 0 && e == EINPROGRESS, "einprogress", "non-blocking connect: %s", res(r, e));
 	int rev = pollrev(fd, POLLOUT, 10000);
 	check(rev == POLLOUT, "pollout", "poll(POLLOUT): %s", pollstr(rev));
@@ -716,13 +743,9 @@ static void c_nbconnect(void)
 	socklen_t l = sizeof v;
 	r = getsockopt(fd, SOL_SOCKET, SO_ERROR, &v, &l);
 	check(r == 0 && v == 0, "so_error", "SO_ERROR %s", ename(v));
-	errno = 0;
-	r = connect(fd, (struct sockaddr *)&a, sizeof a);
-	e = errno;
+	r = conn(fd, &a, &e);
 	check(r == 0, "connect_again", "second connect after POLLOUT: %s (want 0, as VLC expects)", res(r, e));
-	errno = 0;
-	r = connect(fd, (struct sockaddr *)&a, sizeof a);
-	e = errno;
+	r = conn(fd, &a, &e);
 	check(r < 0 && e == EISCONN, "connect_third", "third connect: %s (want -1 EISCONN)", res(r, e));
 	check_carried(fd);
 	ssize_t n = snd(fd, "nb", 2, 0, &e);
@@ -734,10 +757,7 @@ static void c_nbconnect(void)
 static void s_nbconnect(int ls)
 {
 	int fd = accept_one(ls, 0);
-	char b[4];
-	int e;
-	ssize_t n = rcv(fd, b, sizeof b, 0, &e);
-	check(n == 2 && !memcmp(b, "nb", 2), "recv", "%s", res(n, e));
+	expect_recv(fd, "nb");
 	say("nb-done");
 	close(fd);
 }
@@ -745,8 +765,7 @@ static void s_nbconnect(int ls)
 /* Edge-triggered and one-shot epoll: one report per arrival; ONESHOT until EPOLL_CTL_MOD. */
 static void c_epollet(void)
 {
-	int fd = connect_block();
-	check_carried(fd);
+	int fd = connect_carried();
 	for (int i = 0; i < 3; i++) {
 		hear("et-next");
 		int e;
@@ -760,8 +779,7 @@ static void c_epollet(void)
 
 static void s_epollet(int ls)
 {
-	int fd = accept_one(ls, 0);
-	check_carried(fd);
+	int fd = accept_carried(ls);
 	int ep = epoll_create1(EPOLL_CLOEXEC);
 	struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.u32 = 5}, out;
 	epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
@@ -806,8 +824,7 @@ static void s_epollet(int ls)
  * (docs/shim.md, "Forking servers"). */
 static void c_fork(void)
 {
-	int fd = connect_block();
-	check_carried(fd);
+	int fd = connect_carried();
 	struct timeval tv = {3, 0};
 	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
 	char b[16] = {0};
@@ -841,8 +858,7 @@ static void s_fork(int ls)
 /* SO_RCVLOWAT: readable (poll, recv) only once that many bytes are there. */
 static void c_lowat(void)
 {
-	int fd = connect_block();
-	check_carried(fd);
+	int fd = connect_carried();
 	int lw = 5, got = -1;
 	socklen_t l = sizeof got;
 	int r = setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &lw, sizeof lw);
@@ -876,8 +892,7 @@ static void c_lowat(void)
 
 static void s_lowat(int ls)
 {
-	int fd = accept_one(ls, 0);
-	check_carried(fd);
+	int fd = accept_carried(ls);
 	int e;
 	hear("lowat-send3");
 	ssize_t n = snd(fd, "abc", 3, 0, &e);
@@ -893,8 +908,7 @@ static void s_lowat(int ls)
 /* dup: closing one descriptor of a connection ends nothing; the last close does. */
 static void c_dup(void)
 {
-	int fd = connect_block();
-	check_carried(fd);
+	int fd = connect_carried();
 	int d = dup(fd);
 	check(d >= 0, "dup", "%d", d);
 	close(fd);
@@ -909,8 +923,7 @@ static void c_dup(void)
 
 static void s_dup(int ls)
 {
-	int fd = accept_one(ls, 0);
-	check_carried(fd);
+	int fd = accept_carried(ls);
 	char b[16] = {0};
 	int e;
 	ssize_t n = rcv(fd, b, sizeof b, 0, &e);
@@ -1009,9 +1022,8 @@ static void c_preaccept(void)
 	int nb = tcp_socket(SOCK_NONBLOCK);
 	struct sockaddr_in a = addr_of(port);
 	say("pa-go2");
-	errno = 0;
-	int r = connect(nb, (struct sockaddr *)&a, sizeof a);
-	int e = errno;
+	int e;
+	int r = conn(nb, &a, &e);
 	int rev = pollrev(nb, POLLOUT, 300);
 	check(r < 0 && e == EINPROGRESS, "nb_einprogress", "non-blocking connect: %s", res(r, e));
 	check_known(rev == POLLOUT, "nb_pollout", "poll(POLLOUT, 300 ms) while the server has not accepted yet: %s "
@@ -1038,10 +1050,7 @@ static void s_preaccept(int ls)
 	hear("pa-go2");
 	sleep_ms(600);
 	int a2 = accept_one(ls, 0);
-	char b[4];
-	int e;
-	ssize_t n = rcv(a2, b, sizeof b, 0, &e);
-	check(n == 2 && !memcmp(b, "pa", 2), "recv", "%s", res(n, e));
+	expect_recv(a2, "pa");
 	say("pa-done");
 	close(a1);
 	close(a2);
@@ -1053,18 +1062,13 @@ static void c_ealready(void)
 {
 	struct sockaddr_in a = addr_of(port + 1);
 	int c1 = tcp_socket(SOCK_NONBLOCK), c2 = tcp_socket(SOCK_NONBLOCK);
-	errno = 0;
-	int r = connect(c1, (struct sockaddr *)&a, sizeof a);
-	int e = errno;
+	int e;
+	int r = conn(c1, &a, &e);
 	check(r < 0 && e == EINPROGRESS, "first_einprogress", "first connect: %s", res(r, e));
 	sleep_ms(100); /* its handshake is done: it fills the queue */
-	errno = 0;
-	r = connect(c2, (struct sockaddr *)&a, sizeof a);
-	e = errno;
+	r = conn(c2, &a, &e);
 	check(r < 0 && e == EINPROGRESS, "einprogress", "second socket's connect: %s", res(r, e));
-	errno = 0;
-	r = connect(c2, (struct sockaddr *)&a, sizeof a);
-	e = errno;
+	r = conn(c2, &a, &e);
 	check(r < 0 && e == EALREADY, "ealready", "connect again while in progress: %s (want -1 EALREADY)", res(r, e));
 	int rev = pollrev(c2, POLLOUT, 0);
 	check(rev == 0, "no_pollout_yet", "poll(POLLOUT) while in progress: %s", pollstr(rev));
@@ -1080,13 +1084,9 @@ static void c_ealready(void)
 		r = getsockopt(fd, SOL_SOCKET, SO_ERROR, &v, &l);
 		check(r == 0 && v == 0, i ? "so_error" : "first_so_error", "%s: SO_ERROR %s", w, ename(v));
 	}
-	errno = 0;
-	r = connect(c2, (struct sockaddr *)&a, sizeof a);
-	e = errno;
+	r = conn(c2, &a, &e);
 	check(r == 0, "connect_done", "connect once connected: %s (want 0)", res(r, e));
-	errno = 0;
-	r = connect(c2, (struct sockaddr *)&a, sizeof a);
-	e = errno;
+	r = conn(c2, &a, &e);
 	check(r < 0 && e == EISCONN, "connect_isconn", "and again: %s (want -1 EISCONN)", res(r, e));
 	check_carried(c2);
 	ssize_t n = snd(c2, "c2", 2, 0, &e);
@@ -1101,10 +1101,7 @@ static void s_ealready(int ls2)
 	hear("ea-accept");
 	int a1 = accept_one(ls2, 0);
 	int a2 = accept_one(ls2, 0); /* the second's SYN comes again after 1 s */
-	char b[4];
-	int e;
-	ssize_t n = rcv(a2, b, sizeof b, 0, &e);
-	check(n == 2 && !memcmp(b, "c2", 2), "recv", "%s", res(n, e));
+	expect_recv(a2, "c2");
 	say("ea-done");
 	close(a1);
 	close(a2);
@@ -1114,9 +1111,8 @@ static void c_refused(void)
 {
 	struct sockaddr_in a = addr_of(port + 2);
 	int fd = tcp_socket(SOCK_NONBLOCK);
-	errno = 0;
-	int r = connect(fd, (struct sockaddr *)&a, sizeof a);
-	int e = errno;
+	int e;
+	int r = conn(fd, &a, &e);
 	check(r < 0 && e == EINPROGRESS, "einprogress", "non-blocking connect to a closed port: %s", res(r, e));
 	int rev = pollrev(fd, POLLOUT, 5000);
 	check(rev >= 0 && (rev & POLLOUT) && (rev & POLLERR) && (rev & POLLHUP), "poll", "poll(POLLOUT): %s",
@@ -1130,17 +1126,14 @@ static void c_refused(void)
 	check(r == 0 && v == 0, "so_error_cleared", "SO_ERROR read again: %s", ename(v));
 	close(fd);
 	fd = tcp_socket(0);
-	errno = 0;
-	r = connect(fd, (struct sockaddr *)&a, sizeof a);
-	e = errno;
+	r = conn(fd, &a, &e);
 	check(r < 0 && e == ECONNREFUSED, "blocking", "blocking connect to a closed port: %s", res(r, e));
 	close(fd);
 }
 
 static void c_shutwr(void)
 {
-	int fd = connect_block();
-	check_carried(fd);
+	int fd = connect_carried();
 	int e;
 	ssize_t n = snd(fd, "hello", 5, 0, &e);
 	check(n == 5, "send", "%s", res(n, e));
@@ -1188,25 +1181,32 @@ static void c_shutwr(void)
 	close(fd);
 }
 
-static void s_shutwr(int ls)
+/* The peer's last bytes want and its FIN, as the reader sees them: poll and epoll report IN|RDHUP
+ * (after: what the peer did, for the message), recv returns those bytes, then 0, then 0 again
+ * (recv flags again_flags). */
+static void expect_last_bytes_then_eof(int fd, const char *after, const char *want, int again_flags)
 {
-	int fd = accept_one(ls, 0);
-	check_carried(fd);
-	hear("shutwr-shut");
 	int rev = pollrev_until(fd, POLLIN | POLLRDHUP, POLLIN | POLLRDHUP, 5000);
-	check(rev == (POLLIN | POLLRDHUP), "poll", "poll(IN|RDHUP) after the client's SHUT_WR: %s (want IN|RDHUP)",
-	      pollstr(rev));
+	check(rev == (POLLIN | POLLRDHUP), "poll", "poll(IN|RDHUP) %s: %s (want IN|RDHUP)", after, pollstr(rev));
 	rev = epollrev(fd, EPOLLIN | EPOLLRDHUP, 5000);
 	check(rev == (EPOLLIN | EPOLLRDHUP), "epoll", "epoll(IN|RDHUP): %s (want IN|RDHUP)", pollstr(rev));
-	char b[16] = {0};
+	expect_recv(fd, want);
+	char b[16];
 	int e;
 	ssize_t n = rcv(fd, b, sizeof b, 0, &e);
-	check(n == 5 && !memcmp(b, "hello", 5), "recv", "%s", res(n, e));
-	n = rcv(fd, b, sizeof b, 0, &e);
 	check(n == 0, "recv_eof", "%s", res(n, e));
-	n = rcv(fd, b, sizeof b, MSG_DONTWAIT, &e);
+	n = rcv(fd, b, sizeof b, again_flags, &e);
 	check(n == 0, "recv_eof_again", "%s", res(n, e));
-	rev = pollrev(fd, POLLIN | POLLOUT | POLLRDHUP, 0);
+}
+
+static void s_shutwr(int ls)
+{
+	int fd = accept_carried(ls);
+	hear("shutwr-shut");
+	expect_last_bytes_then_eof(fd, "after the client's SHUT_WR", "hello", MSG_DONTWAIT);
+	int e;
+	ssize_t n;
+	int rev = pollrev(fd, POLLIN | POLLOUT | POLLRDHUP, 0);
 	check(rev == (POLLIN | POLLOUT | POLLRDHUP), "poll_drained", "poll(IN|OUT|RDHUP) after reading 0: %s",
 	      pollstr(rev));
 	n = snd(fd, "reply", 5, 0, &e);
@@ -1229,8 +1229,7 @@ static void s_shutwr(int ls)
 
 static void c_shutrd(void)
 {
-	int fd = connect_block();
-	check_carried(fd);
+	int fd = connect_carried();
 	hear("shutrd-early");
 	int rev = pollrev(fd, POLLIN, 5000);
 	check(rev == POLLIN, "pollin", "poll(POLLIN) with data queued: %s", pollstr(rev));
@@ -1268,8 +1267,7 @@ static void c_shutrd(void)
 
 static void s_shutrd(int ls)
 {
-	int fd = accept_one(ls, 0);
-	check_carried(fd);
+	int fd = accept_carried(ls);
 	int e;
 	ssize_t n = snd(fd, "early", 5, 0, &e);
 	check(n == 5, "send_early", "%s", res(n, e));
@@ -1289,8 +1287,7 @@ static void s_shutrd(int ls)
 
 static void c_shutrdwr(void)
 {
-	int fd = connect_block();
-	check_carried(fd);
+	int fd = connect_carried();
 	int r = shutdown(fd, SHUT_RDWR);
 	check(r == 0, "shutdown", "shutdown(SHUT_RDWR): %s", res(r, errno));
 	char b[16];
@@ -1311,8 +1308,7 @@ static void c_shutrdwr(void)
 
 static void s_shutrdwr(int ls)
 {
-	int fd = accept_one(ls, 0);
-	check_carried(fd);
+	int fd = accept_carried(ls);
 	hear("shutrdwr-shut");
 	int rev = pollrev_until(fd, POLLIN | POLLRDHUP, POLLIN | POLLRDHUP, 5000);
 	check(rev == (POLLIN | POLLRDHUP), "poll", "poll(IN|RDHUP): %s (want IN|RDHUP)", pollstr(rev));
@@ -1340,8 +1336,7 @@ static int send_until_epipe(int fd, int flags, int *e, ssize_t *last)
 
 static void c_close(void)
 {
-	int fd = connect_block();
-	check_carried(fd);
+	int fd = connect_carried();
 	int e;
 	ssize_t n = snd(fd, "bye", 3, 0, &e);
 	check(n == 3, "send", "%s", res(n, e));
@@ -1353,22 +1348,12 @@ static void c_close(void)
 
 static void s_close(int ls)
 {
-	int fd = accept_one(ls, 0);
-	check_carried(fd);
+	int fd = accept_carried(ls);
 	hear("close-closed");
-	int rev = pollrev_until(fd, POLLIN | POLLRDHUP, POLLIN | POLLRDHUP, 5000);
-	check(rev == (POLLIN | POLLRDHUP), "poll", "poll(IN|RDHUP) after the peer closed: %s (want IN|RDHUP)",
-	      pollstr(rev));
-	rev = epollrev(fd, EPOLLIN | EPOLLRDHUP, 5000);
-	check(rev == (EPOLLIN | EPOLLRDHUP), "epoll", "epoll(IN|RDHUP): %s (want IN|RDHUP)", pollstr(rev));
-	char b[16] = {0};
-	int e;
-	ssize_t n = rcv(fd, b, sizeof b, 0, &e);
-	check(n == 3 && !memcmp(b, "bye", 3), "recv", "%s", res(n, e));
-	n = rcv(fd, b, sizeof b, 0, &e);
-	check(n == 0, "recv_eof", "%s", res(n, e));
-	n = rcv(fd, b, sizeof b, 0, &e);
-	check(n == 0, "recv_eof_again", "%s", res(n, e));
+	expect_last_bytes_then_eof(fd, "after the peer closed", "bye", 0);
+	char b[16];
+	int e, rev;
+	ssize_t n;
 	int pe = peer_err(fd);
 	check(pe == 0, "getpeername", "after the peer's close: %s (want 0: half-closed, not closed)", ename(pe));
 	int before = sigpipes;
@@ -1392,8 +1377,7 @@ static void s_close(int ls)
 
 static void c_linger0(void)
 {
-	int fd = connect_block();
-	check_carried(fd);
+	int fd = connect_carried();
 	struct linger lg = {1, 0}, got = {-1, -1};
 	socklen_t l = sizeof got;
 	int r = setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
@@ -1411,8 +1395,7 @@ static void c_linger0(void)
 
 static void s_linger0(int ls)
 {
-	int fd = accept_one(ls, 0);
-	check_carried(fd);
+	int fd = accept_carried(ls);
 	char b[16] = {0};
 	int e;
 	hear("linger0-closed");
@@ -1478,8 +1461,7 @@ static void s_wake(int ls)
 /* MSG_TRUNC discards (TCP), MSG_WAITALL cut short by the end, MSG_PEEK at the end, select. */
 static void c_flags(void)
 {
-	int fd = connect_block();
-	check_carried(fd);
+	int fd = connect_carried();
 	hear("flags-sent");
 	char b[16] = {0};
 	int e;
@@ -1540,8 +1522,7 @@ static void c_flags(void)
 
 static void s_flags(int ls)
 {
-	int fd = accept_one(ls, 0);
-	check_carried(fd);
+	int fd = accept_carried(ls);
 	int e;
 	ssize_t n = snd(fd, "abcdef", 6, 0, &e);
 	check(n == 6, "send", "%s", res(n, e));
@@ -1558,8 +1539,7 @@ static void s_flags(int ls)
 /* POLLOUT/EPOLLOUT come back once the peer reads what filled the buffers (a waiter is woken). */
 static void c_pollout(void)
 {
-	int fd = connect_block();
-	check_carried(fd);
+	int fd = connect_carried();
 	hear("pollout-full");
 	sleep_ms(200);
 	static char b[64 << 10];
@@ -1662,8 +1642,7 @@ static void s_blocked(int ls)
 /* Closing with data not read resets the connection (Linux, RFC 2525 2.17), SO_LINGER or not. */
 static void c_unread(void)
 {
-	int fd = connect_block();
-	check_carried(fd);
+	int fd = connect_carried();
 	hear("unread-sent");
 	int rev = pollrev(fd, POLLIN, 5000);
 	check(rev == POLLIN, "pollin", "poll(POLLIN): %s", pollstr(rev));
@@ -1675,8 +1654,7 @@ static void c_unread(void)
 
 static void s_unread(int ls)
 {
-	int fd = accept_one(ls, 0);
-	check_carried(fd);
+	int fd = accept_carried(ls);
 	int e;
 	ssize_t n = snd(fd, "unread", 6, 0, &e);
 	check(n == 6, "send", "%s", res(n, e));
@@ -1697,8 +1675,7 @@ static void s_unread(int ls)
 /* The same reset, read through SO_ERROR first (as an event loop does after POLLERR). */
 static void c_resetso(void)
 {
-	int fd = connect_block();
-	check_carried(fd);
+	int fd = connect_carried();
 	struct linger lg = {1, 0};
 	setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
 	int e;
@@ -1712,8 +1689,7 @@ static void c_resetso(void)
 
 static void s_resetso(int ls)
 {
-	int fd = accept_one(ls, 0);
-	check_carried(fd);
+	int fd = accept_carried(ls);
 	hear("resetso-closed");
 	int rev = pollrev_until(fd, POLLIN | POLLRDHUP, POLLIN | POLLRDHUP | POLLHUP, 5000);
 	check(rev == (POLLIN | POLLRDHUP | POLLHUP | POLLERR), "poll", "poll(IN|RDHUP) after the reset: %s (want IN|ERR|HUP|RDHUP)",
@@ -1745,8 +1721,7 @@ static uint8_t pat(size_t i)
 
 static void c_lingern(void)
 {
-	int fd = connect_block();
-	check_carried(fd);
+	int fd = connect_carried();
 	struct linger lg = {1, 3}, got = {-1, -1};
 	socklen_t l = sizeof got;
 	int r = setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
@@ -1778,8 +1753,7 @@ static void c_lingern(void)
 
 static void s_lingern(int ls)
 {
-	int fd = accept_one(ls, 0);
-	check_carried(fd);
+	int fd = accept_carried(ls);
 	hear("lingern-go");
 	sleep_ms(300);
 	static uint8_t b[64 << 10];

@@ -99,6 +99,40 @@ static unsigned count_lines(const char *s)
 	return n;
 }
 
+/* What one call that builds rules returned, and what it wrote on stderr (capture_end's buffer). */
+struct loaded {
+	int rc;
+	const char *err;
+};
+
+static struct loaded load_env(struct dg_rules **r)
+{
+	capture_begin();
+	int rc = dg_rules_from_env(r);
+	return (struct loaded){rc, capture_end()};
+}
+
+static struct loaded load_file(const char *path, struct dg_rules **r)
+{
+	capture_begin();
+	int rc = dg_rules_load(path, r);
+	return (struct loaded){rc, capture_end()};
+}
+
+static struct loaded load_cfg(const struct dg_rules_config *cfg, struct dg_rules **r)
+{
+	capture_begin();
+	int rc = dg_rules_build(cfg, r);
+	return (struct loaded){rc, capture_end()};
+}
+
+/* Success, and not a word on stderr; what names the case in a failure. */
+static void assert_quiet_ok(struct loaded l, const char *what)
+{
+	cr_assert_eq(l.rc, 0, "%s: rc %d, stderr: %s", what, l.rc, l.err);
+	cr_assert_str_empty(l.err, "%s", what);
+}
+
 struct addr {
 	struct sockaddr_storage ss;
 	socklen_t len;
@@ -137,12 +171,9 @@ static struct dg_rules *rules_for(const char *text, const char *exe, enum iwarp_
 	struct dg_rules_config cfg = {.path = write_rules(text), .path_required = 1,
 				      .fallback = fallback, .exe = exe, .argv0 = exe};
 	struct dg_rules *r = NULL;
-	capture_begin();
-	int rc = dg_rules_build(&cfg, &r);
-	const char *err = capture_end();
+	struct loaded l = load_cfg(&cfg, &r);
 	unlink(cfg.path);
-	cr_assert_eq(rc, 0, "rc %d, stderr: %s", rc, err);
-	cr_assert_str_empty(err);
+	assert_quiet_ok(l, text);
 	cr_assert_not_null(r);
 	cr_assert_eq(dg_rules_disabled(r), 0);
 	return r;
@@ -169,6 +200,18 @@ static void assert_all_off(const struct dg_rules *r)
 	cr_assert_eq(dg_rules_match(r, TCP, RCV, NULL, 0), IWARP_MODE_OFF);
 	cr_assert_eq(dg_rules_disabled(r), 1);
 	cr_assert_eq(dg_rules_count(r), 0u);
+}
+
+/* The error rc, exactly one line on stderr, holding needle (unless NULL), and rules r that leave
+ * every socket to the OS. */
+static void assert_one_error(struct loaded l, int rc, const char *needle, const struct dg_rules *r)
+{
+	cr_assert_eq(l.rc, rc, "rc %d, stderr: %s", l.rc, l.err);
+	cr_assert_eq(count_lines(l.err), 1u, "expected one line, got: %s", l.err);
+	if (needle)
+		cr_assert_not_null(strstr(l.err, needle), "'%s' not in: %s", needle, l.err);
+	cr_assert_not_null(r);
+	assert_all_off(r);
 }
 
 /* ------------------------------------------------------------------ modes */
@@ -708,11 +751,7 @@ Test(env, dgshim_mode_good_values)
 	for (unsigned i = 0; i < sizeof cases / sizeof *cases; i++) {
 		setenv("DGSHIM_MODE", cases[i].s, 1);
 		struct dg_rules *r = NULL;
-		capture_begin();
-		int rc = dg_rules_from_env(&r);
-		const char *err = capture_end();
-		cr_assert_eq(rc, 0, "%s", cases[i].s);
-		cr_assert_str_empty(err);
+		assert_quiet_ok(load_env(&r), cases[i].s);
 		cr_assert_eq(M(r, UDP, SND, "10.0.0.1", 9), cases[i].udp, "%s", cases[i].s);
 		cr_assert_eq(M(r, TCP, SND, "10.0.0.1", 9), cases[i].tcp, "%s", cases[i].s);
 		cr_assert_eq(M(r, UDP, SND, "10.0.0.1", 5000), IWARP_MODE_RD, "the rules come first");
@@ -730,15 +769,9 @@ Test(env, dgshim_mode_bad_value)
 	for (unsigned i = 0; i < sizeof bad / sizeof *bad; i++) {
 		setenv("DGSHIM_MODE", bad[i], 1);
 		struct dg_rules *r = NULL;
-		capture_begin();
-		int rc = dg_rules_from_env(&r);
-		const char *err = capture_end();
-		cr_assert_eq(rc, -EINVAL);
-		cr_assert_eq(count_lines(err), 1u, "%s", err);
-		cr_assert_not_null(strstr(err, "DGSHIM_MODE"), "%s", err);
-		cr_assert_not_null(strstr(err, "error"), "%s", err);
-		cr_assert_not_null(r);
-		assert_all_off(r);
+		struct loaded l = load_env(&r);
+		assert_one_error(l, -EINVAL, "DGSHIM_MODE", r);
+		cr_assert_not_null(strstr(l.err, "error"), "%s", l.err);
 		dg_rules_free(r);
 	}
 	unlink(path);
@@ -750,28 +783,16 @@ Test(env, missing_default_file_is_fine)
 	if (stat(DG_RULES_DEFAULT_PATH, &st) == 0)
 		cr_skip_test("%s exists on this host", DG_RULES_DEFAULT_PATH);
 	struct dg_rules *r = NULL;
-	capture_begin();
-	int rc = dg_rules_from_env(&r);
-	const char *err = capture_end();
-	cr_assert_eq(rc, 0);
-	cr_assert_str_empty(err);
+	assert_quiet_ok(load_env(&r), "no DGSHIM_CONF");
 	cr_assert_eq(M(r, UDP, SND, "10.0.0.1", 9), IWARP_MODE_AUTO);
 	cr_assert_eq(M(r, UDP, SND, "10.0.0.1", 53), IWARP_MODE_OFF);
 	dg_rules_free(r);
 	/* an empty DGSHIM_CONF means the default too */
 	setenv("DGSHIM_CONF", "", 1);
-	capture_begin();
-	rc = dg_rules_from_env(&r);
-	err = capture_end();
-	cr_assert_eq(rc, 0);
-	cr_assert_str_empty(err);
+	assert_quiet_ok(load_env(&r), "empty DGSHIM_CONF");
 	dg_rules_free(r);
 	/* and dg_rules_load(NULL) */
-	capture_begin();
-	rc = dg_rules_load(NULL, &r);
-	err = capture_end();
-	cr_assert_eq(rc, 0);
-	cr_assert_str_empty(err);
+	assert_quiet_ok(load_file(NULL, &r), "dg_rules_load(NULL)");
 	dg_rules_free(r);
 }
 
@@ -780,11 +801,7 @@ Test(env, missing_default_path_in_config_is_fine)
 	struct dg_rules_config cfg = {.path = "/nonexistent/dir/dgshim.conf", .path_required = 0,
 				      .fallback = IWARP_MODE_RD};
 	struct dg_rules *r;
-	capture_begin();
-	int rc = dg_rules_build(&cfg, &r);
-	const char *err = capture_end();
-	cr_assert_eq(rc, 0);
-	cr_assert_str_empty(err);
+	assert_quiet_ok(load_cfg(&cfg, &r), cfg.path);
 	cr_assert_eq(M(r, UDP, SND, "10.0.0.1", 9), IWARP_MODE_RD);
 	dg_rules_free(r);
 }
@@ -794,21 +811,12 @@ Test(env, explicit_missing_file_is_an_error)
 	setenv("DGSHIM_CONF", "/nonexistent/dgshim.conf", 1);
 	setenv("DGSHIM_MODE", "ud", 1);
 	struct dg_rules *r = NULL;
-	capture_begin();
-	int rc = dg_rules_from_env(&r);
-	const char *err = capture_end();
-	cr_assert_eq(rc, -ENOENT);
-	cr_assert_eq(count_lines(err), 1u, "%s", err);
-	cr_assert_not_null(strstr(err, "/nonexistent/dgshim.conf: cannot open"), "%s", err);
-	assert_all_off(r);
+	struct loaded l = load_env(&r);
+	assert_one_error(l, -ENOENT, "/nonexistent/dgshim.conf: cannot open", r);
 	dg_rules_free(r);
 	/* dg_rules_load with a path: the caller named it */
-	capture_begin();
-	rc = dg_rules_load("/nonexistent/x.conf", &r);
-	err = capture_end();
-	cr_assert_eq(rc, -ENOENT);
-	cr_assert_eq(count_lines(err), 1u, "%s", err);
-	assert_all_off(r);
+	l = load_file("/nonexistent/x.conf", &r);
+	assert_one_error(l, -ENOENT, NULL, r);
 	dg_rules_free(r);
 }
 
@@ -818,11 +826,7 @@ Test(env, dgshim_rules_inline_before_the_file)
 	setenv("DGSHIM_CONF", path, 1);
 	setenv("DGSHIM_RULES", "mode=ud port=5500; mode=off addr=10.0.0.9\n mode=rc port=80 ;;", 1);
 	struct dg_rules *r = NULL;
-	capture_begin();
-	int rc = dg_rules_from_env(&r);
-	const char *err = capture_end();
-	cr_assert_eq(rc, 0, "%s", err);
-	cr_assert_str_empty(err);
+	assert_quiet_ok(load_env(&r), "DGSHIM_RULES");
 	cr_assert_eq(M(r, UDP, SND, "10.0.0.1", 5500), IWARP_MODE_UD);
 	cr_assert_eq(M(r, UDP, SND, "10.0.0.1", 5501), IWARP_MODE_RD);
 	cr_assert_eq(M(r, UDP, SND, "10.0.0.9", 5501), IWARP_MODE_OFF);
@@ -840,25 +844,17 @@ Test(env, dgshim_rules_bad_rule)
 	setenv("DGSHIM_CONF", "/nonexistent/dgshim.conf", 1); /* never reached */
 	setenv("DGSHIM_RULES", "mode=ud port=5500;mode=fast", 1);
 	struct dg_rules *r = NULL;
-	capture_begin();
-	int rc = dg_rules_from_env(&r);
-	const char *err = capture_end();
-	cr_assert_eq(rc, -EINVAL);
-	cr_assert_eq(count_lines(err), 1u, "%s", err);
-	cr_assert_not_null(strstr(err, "DGSHIM_RULES:2: unknown mode 'fast'"), "%s", err);
-	assert_all_off(r);
+	struct loaded l = load_env(&r);
+	assert_one_error(l, -EINVAL, "DGSHIM_RULES:2: unknown mode 'fast'", r);
 	dg_rules_free(r);
 }
 
 Test(env, out_may_be_null)
 {
 	const char *path = write_rules("mode=ud\n");
-	capture_begin();
-	int rc = dg_rules_load(path, NULL);
-	const char *err = capture_end();
+	struct loaded l = load_file(path, NULL);
 	unlink(path);
-	cr_assert_eq(rc, 0);
-	cr_assert_str_empty(err);
+	assert_quiet_ok(l, path);
 	dg_rules_free(NULL);
 }
 
@@ -872,18 +868,12 @@ static void expect_bad_n(const char *text, size_t len, unsigned line, const char
 	char want[128];
 	snprintf(want, sizeof want, "%s:%u: ", path, line);
 	struct dg_rules *r = NULL;
-	capture_begin();
-	int rc = dg_rules_load(path, &r);
-	const char *err = capture_end();
+	struct loaded l = load_file(path, &r);
 	unlink(path);
-	cr_assert_eq(rc, -EINVAL, "rc %d for %s", rc, what);
-	cr_assert_eq(count_lines(err), 1u, "expected one line, got: %s", err);
-	cr_assert_not_null(strstr(err, want), "'%s' not in: %s", want, err);
-	cr_assert_not_null(strstr(err, what), "'%s' not in: %s", what, err);
-	cr_assert_not_null(strstr(err, "all sockets left to the OS"), "%s", err);
-	cr_assert_not_null(strstr(err, "error: "), "%s", err);
-	cr_assert_not_null(r);
-	assert_all_off(r);
+	assert_one_error(l, -EINVAL, want, r);
+	cr_assert_not_null(strstr(l.err, what), "'%s' not in: %s", what, l.err);
+	cr_assert_not_null(strstr(l.err, "all sockets left to the OS"), "%s", l.err);
+	cr_assert_not_null(strstr(l.err, "error: "), "%s", l.err);
 	const char *where;
 	cr_assert_eq(dg_rules_match_where(r, UDP, SND, NULL, 0, &where), IWARP_MODE_OFF);
 	cr_assert_str_eq(where, "disabled (rules error)");
@@ -1052,13 +1042,8 @@ Test(malformed, long_token_is_cut_in_the_message)
 Test(malformed, a_directory_is_not_a_rules_file)
 {
 	struct dg_rules *r = NULL;
-	capture_begin();
-	int rc = dg_rules_load("/tmp", &r);
-	const char *err = capture_end();
-	cr_assert_eq(rc, -EISDIR, "%d", rc);
-	cr_assert_eq(count_lines(err), 1u, "%s", err);
-	cr_assert_not_null(strstr(err, "/tmp: cannot"), "%s", err);
-	assert_all_off(r);
+	struct loaded l = load_file("/tmp", &r);
+	assert_one_error(l, -EISDIR, "/tmp: cannot", r);
 	dg_rules_free(r);
 }
 
@@ -1067,13 +1052,8 @@ Test(malformed, endless_files_end)
 	/* no newline ever: stopped at the first byte, one line, no hang */
 	setenv("DGSHIM_CONF", "/dev/zero", 1);
 	struct dg_rules *r = NULL;
-	capture_begin();
-	int rc = dg_rules_from_env(&r);
-	const char *err = capture_end();
-	cr_assert_eq(rc, -EINVAL);
-	cr_assert_eq(count_lines(err), 1u, "%s", err);
-	cr_assert_not_null(strstr(err, "/dev/zero:1: NUL byte"), "%s", err);
-	assert_all_off(r);
+	struct loaded l = load_env(&r);
+	assert_one_error(l, -EINVAL, "/dev/zero:1: NUL byte", r);
 	dg_rules_free(r);
 	/* too many lines, even of comments */
 	size_t n = (DG_RULES_MAX_LINES + 1) * 2;
@@ -1089,11 +1069,7 @@ Test(env, dev_null_means_no_file)
 {
 	struct dg_rules *r = NULL;
 	setenv("DGSHIM_CONF", "/dev/null", 1);
-	capture_begin();
-	int rc = dg_rules_from_env(&r);
-	const char *err = capture_end();
-	cr_assert_eq(rc, 0);
-	cr_assert_str_empty(err);
+	assert_quiet_ok(load_env(&r), "/dev/null");
 	cr_assert_eq(dg_rules_count(r), 9u);
 	dg_rules_free(r);
 }
@@ -1102,12 +1078,8 @@ Test(malformed, bad_fallback_in_config)
 {
 	struct dg_rules_config cfg = {.fallback = (enum iwarp_mode)42};
 	struct dg_rules *r = NULL;
-	capture_begin();
-	int rc = dg_rules_build(&cfg, &r);
-	const char *err = capture_end();
-	cr_assert_eq(rc, -EINVAL);
-	cr_assert_eq(count_lines(err), 1u, "%s", err);
-	assert_all_off(r);
+	struct loaded l = load_cfg(&cfg, &r);
+	assert_one_error(l, -EINVAL, NULL, r);
 	dg_rules_free(r);
 }
 
@@ -1125,11 +1097,7 @@ Test(file, example_parses)
 	struct dg_rules_config cfg = {.path = path, .path_required = 1, .fallback = IWARP_MODE_AUTO,
 				      .exe = "/usr/bin/vlc", .argv0 = "vlc"};
 	struct dg_rules *r = NULL;
-	capture_begin();
-	int rc = dg_rules_build(&cfg, &r);
-	const char *err = capture_end();
-	cr_assert_eq(rc, 0, "%s", err);
-	cr_assert_str_empty(err);
+	assert_quiet_ok(load_cfg(&cfg, &r), path);
 	cr_assert_gt(dg_rules_count(r), 9u);
 	dg_rules_free(r);
 }

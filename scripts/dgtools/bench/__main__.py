@@ -1,0 +1,59 @@
+"""scripts/bench: python3 -m dgtools.bench [options] (the shell entry point scripts/bench installs
+what it measures and builds first; its header describes the options)."""
+import json, os, sys, time
+
+from . import ctx
+from .ctx import RunFailed, cleanup, failed, log, machine
+from .verbs import verbs, loss
+from .sock import sock
+from .vlc import vlc
+from .sipp import sipp
+from .page import page
+from .. import plots, runner
+
+def main():
+    if ctx.SAVED:
+        R, M = ctx.SAVED["results"], ctx.SAVED["machine"]
+        ctx.FAILED.extend(ctx.SAVED["failed"])
+        made = plots.bench(R, ctx.IMG, ctx.MODE)
+        open(os.path.join(ctx.OUT, "results.md"), "w").write(page(R, M, made, ctx.SAVED["elapsed_s"]))
+        log("rewrote %s and %d plot(s) from %s" % (os.path.join(ctx.OUT, "results.md"), len(made), ctx.A.from_json))
+        return 0
+    M = machine()
+    log("bench (%s mode), sections %s, output %s" % (ctx.MODE, ",".join(ctx.SECTIONS), ctx.OUT))
+    R = {}
+    for sec, fn in (("verbs", verbs), ("loss", loss), ("sock", sock), ("vlc", vlc), ("sipp", sipp)):
+        if sec not in ctx.SECTIONS:
+            continue
+        t = time.monotonic()
+        try:
+            R[sec] = fn()
+        except RunFailed as e:
+            failed(sec, str(e))
+        log("%s: %.0f s" % (sec, time.monotonic() - t))
+    elapsed = time.monotonic() - ctx.T0
+    made = []
+    try:
+        made = plots.bench(R, ctx.IMG, ctx.MODE)
+    except Exception as e:   # a plot must not hide the measurements
+        failed("plots", "%s: %s" % (type(e).__name__, e))
+    json.dump({"machine": M, "mode": ctx.MODE, "command": ctx.CMDLINE, "started": ctx.STARTED.isoformat(),
+               "elapsed_s": elapsed, "failed": ctx.FAILED, "results": R},
+              open(os.path.join(ctx.IMG, "results.json"), "w"), indent=1, default=str)
+    open(os.path.join(ctx.OUT, "results.md"), "w").write(page(R, M, made, elapsed))
+    log("wrote %s and %d plot(s) in %s (%.1f min)" % (os.path.join(ctx.OUT, "results.md"), len(made), ctx.IMG, elapsed / 60))
+    if ctx.FAILED:
+        log("%d measurement run(s) FAILED:" % len(ctx.FAILED))
+        for f in ctx.FAILED:
+            print("  " + f, flush=True)
+        return 1
+    return 0
+
+
+def run(argv):
+    ctx.setup(argv)
+    return runner.run(main, cleanup)
+
+
+if __name__ == "__main__":
+    sys.exit(run(sys.argv[1:]))
