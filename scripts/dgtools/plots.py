@@ -228,4 +228,7 @@ def bench(R, img, mode):
                       "UD 24.1 %% less memory than RC at 10 000 clients (28.1 %% predicted)" % (
                           "; K pairs: all 2K processes summed" if split else ""), fontsize=9)
         save(fig, "sipp.png")
+    if "twohost" in R:
+        from .bench import twohost
+        twohost.plots(R["twohost"], save, plt)
     return made

@@ -8,6 +8,7 @@ from .verbs import verbs, loss
 from .sock import sock
 from .vlc import vlc
 from .sipp import sipp
+from .twohost import twohost
 from .page import page
 from .. import plots, runner
 
@@ -22,7 +23,7 @@ def main():
     M = machine()
     log("bench (%s mode), sections %s, output %s" % (ctx.MODE, ",".join(ctx.SECTIONS), ctx.OUT))
     R = {}
-    for sec, fn in (("verbs", verbs), ("loss", loss), ("sock", sock), ("vlc", vlc), ("sipp", sipp)):
+    for sec, fn in (("verbs", verbs), ("loss", loss), ("sock", sock), ("vlc", vlc), ("sipp", sipp), ("twohost", twohost)):
         if sec not in ctx.SECTIONS:
             continue
         t = time.monotonic()

@@ -28,7 +28,7 @@ def setup(argv):
     ap = argparse.ArgumentParser(prog="scripts/bench", add_help=False)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default="docs")
-    ap.add_argument("--only", default="verbs,loss,sock,vlc,sipp")
+    ap.add_argument("--only", default="verbs,loss,sock,vlc,sipp,twohost")
     ap.add_argument("--trials", type=int)
     ap.add_argument("--from-json")   # rewrite the page and plots from a run's img/results.json
     try:
@@ -37,8 +37,8 @@ def setup(argv):
         sys.exit(2)
     SECTIONS = [s for s in A.only.split(",") if s]
     for s in SECTIONS:
-        if s not in ("verbs", "loss", "sock", "vlc", "sipp"):
-            print("bench: unknown section %r (verbs, loss, sock, vlc, sipp)" % s, file=sys.stderr)
+        if s not in ("verbs", "loss", "sock", "vlc", "sipp", "twohost"):
+            print("bench: unknown section %r (verbs, loss, sock, vlc, sipp, twohost)" % s, file=sys.stderr)
             sys.exit(2)
     SAVED = json.load(open(A.from_json)) if A.from_json else None
     QUICK = A.quick if not SAVED else SAVED["mode"] == "quick"

@@ -1,5 +1,5 @@
 """scripts/bench: the results page (results.md) from a run's results."""
-from . import ctx
+from . import ctx, twohost
 from .ctx import med
 from .verbs import LOSS_TESTS
 from .sock import SOCK
@@ -538,6 +538,14 @@ def page(R, M, made, elapsed):
                                                  fmt(s10, " % less", 1), max(nb) if nb else 0,
                                                  fmt(max_both_sav(Sp, Ns), " % less", 1)),
                             "not measured (with the extrapolation: %s)" % ("yes" if s10 is not None and s10 >= 30 else "no")))
+    if "twohost" in R:
+        twohost.page_section(R["twohost"], w, fmt, made)
+        A = R["twohost"]["apps"]
+        for key, what, limit in (("udpbench", "UDP ping-pong across two hosts, shim/native <= 1.10x", 1.10),
+                                 ("sockperf_tcp", "TCP ping-pong across two hosts, shim/native <= 1.15x", 1.15)):
+            d = A.get(key)
+            if d and d["shim"] and d["native"]:
+                summary.append((what, "%.2fx" % (d["shim"] / d["native"]), d["shim"] / d["native"] <= limit))
     # ---- summary at the top
     if summary:
         head = ["## Where we stand against the targets", "",
