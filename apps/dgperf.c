@@ -19,6 +19,7 @@
  * array are prepared before a size starts.
  */
 #include "dgperf.h"
+#include "env.h"
 #include "wire.h" /* only for the per-datagram overhead fallback of write_bw on UD */
 
 /* ---------------------------------------------------------------- errors */
@@ -345,7 +346,7 @@ int main(int argc, char **argv)
 	if (g_server) {
 		server_phases();
 	} else {
-		const char *env_tx = getenv("DGSHIM_FAULT_TX"), *env_rx = getenv("DGSHIM_FAULT_RX");
+		const char *env_tx = dg_env_str(DG_ENV_FAULT_TX), *env_rx = dg_env_str(DG_ENV_FAULT_RX);
 		int n = 0;
 		uint64_t phase = 0;
 
