@@ -331,6 +331,11 @@ void report_get(const struct ctl_msg *m, uint64_t phase, struct report *r);
 
 /* dgperf_verbs.c */
 void watch_client(struct watch *w, uint64_t t, const struct report *rep, uint64_t size);
+/* A server's look at the control connection, at most every CTL_POLL_NS (*next_ctl): true when
+ * the client's DONE came (and was read); dies when the client went silent or the size ran past
+ * its time budget (budget_dl). */
+bool server_tick(uint64_t t, uint64_t *next_ctl, struct watch *w, const struct report *rep, uint64_t size,
+		 uint64_t budget_dl);
 void check_wc(const struct dgv_wc *wc, const char *cq);
 bool transient(int r);
 int drain_scq(void);

@@ -172,7 +172,6 @@ void raw_server_lat(uint64_t size, uint64_t budget_dl, struct report *rep)
 	uint64_t need = test_kind() == K_READ ? RAW_READ_REQ : size, got = 0, last_rx = 0;
 	uint64_t next_ctl = now_ns() + CTL_POLL_NS;
 	struct watch w = { 0, 0, 0 };
-	struct ctl_msg m;
 
 	for (;;) {
 		size_t r = raw_recv();
@@ -196,16 +195,8 @@ void raw_server_lat(uint64_t size, uint64_t budget_dl, struct report *rep)
 			last_rx = t;
 		if (got && t - last_rx > REASM_NS)
 			got = 0;
-		if (t >= next_ctl) {
-			next_ctl = t + CTL_POLL_NS;
-			if (ctl_readable()) {
-				ctl_recv(CTL_DONE, &m, CTL_TIMEOUT_MS, "DONE");
-				return;
-			}
-			watch_client(&w, t, rep, size);
-			if (t > budget_dl)
-				die(1, "the client did not finish size %" PRIu64 " in time", size);
-		}
+		if (server_tick(t, &next_ctl, &w, rep, size, budget_dl))
+			return;
 	}
 }
 

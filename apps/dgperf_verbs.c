@@ -37,6 +37,24 @@ void watch_client(struct watch *w, uint64_t t, const struct report *rep, uint64_
 	}
 }
 
+bool server_tick(uint64_t t, uint64_t *next_ctl, struct watch *w, const struct report *rep, uint64_t size,
+		 uint64_t budget_dl)
+{
+	if (t < *next_ctl)
+		return false;
+	*next_ctl = t + CTL_POLL_NS;
+	if (ctl_readable()) {
+		struct ctl_msg m;
+
+		ctl_recv(CTL_DONE, &m, CTL_TIMEOUT_MS, "DONE");
+		return true;
+	}
+	watch_client(w, t, rep, size);
+	if (t > budget_dl)
+		die(1, "the client did not finish size %" PRIu64 " in time", size);
+	return false;
+}
+
 static const char *wc_status_str(enum dgv_wc_status s)
 {
 	switch (s) {

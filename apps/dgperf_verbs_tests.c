@@ -159,7 +159,6 @@ void vb_server_lat(uint64_t size, uint64_t budget_dl, struct report *rep)
 	uint8_t seen = 0;
 	uint64_t next_ctl = now_ns() + CTL_POLL_NS, i = 0;
 	struct watch w = { 0, 0, 0 };
-	struct ctl_msg m;
 
 	prepare_wr(&wr, &sge, size, true);
 	for (;;) {
@@ -223,16 +222,8 @@ void vb_server_lat(uint64_t size, uint64_t budget_dl, struct report *rep)
 		if (!arrivals) {
 			uint64_t t = now_ns();
 
-			if (t >= next_ctl) {
-				next_ctl = t + CTL_POLL_NS;
-				if (ctl_readable()) {
-					ctl_recv(CTL_DONE, &m, CTL_TIMEOUT_MS, "DONE");
-					break;
-				}
-				watch_client(&w, t, rep, size);
-				if (t > budget_dl)
-					die(1, "the client did not finish size %" PRIu64 " in time", size);
-			}
+			if (server_tick(t, &next_ctl, &w, rep, size, budget_dl))
+				break;
 		}
 	}
 }

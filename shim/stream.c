@@ -1705,14 +1705,27 @@ static int wait_connected(struct sock *s, struct stream *t, bool nb)
 	return t->state == SS_ESTAB ? 0 : -(t->err ? t->err : ENOTCONN);
 }
 
-ssize_t stream_send(struct sock *s, int fd, const struct iovec *iov, int iovcnt, int flags)
+/* The start of a send or receive: takes s->lock and answers a waiting MPA Request. Returns the
+ * stream with s->lock held when the shim carries the call, or NULL (lock released) when the
+ * kernel does (not carried, or a listener). *nb: the call must not block. */
+static struct stream *io_begin(struct sock *s, int fd, int flags, bool *nb)
 {
 	sock_lock(s);
 	struct stream *t = s->strm;
 	answer(s, t, fd);
-	bool nb = s->user_nonblock || (flags & MSG_DONTWAIT);
+	*nb = s->user_nonblock || (flags & MSG_DONTWAIT);
 	if (t->state == SS_NEW || t->state == SS_LISTEN) {
 		sock_unlock(s);
+		return NULL;
+	}
+	return t;
+}
+
+ssize_t stream_send(struct sock *s, int fd, const struct iovec *iov, int iovcnt, int flags)
+{
+	bool nb;
+	struct stream *t = io_begin(s, fd, flags, &nb);
+	if (!t) {
 		if (flags & MSG_FASTOPEN)
 			return -EOPNOTSUPP; /* as a kernel without TCP Fast Open: the program connects */
 		struct msghdr m = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)iovcnt};
@@ -1817,12 +1830,9 @@ static size_t copy_out(struct stream *t, const struct iovec *iov, int iovcnt, si
 
 ssize_t stream_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt, int flags)
 {
-	sock_lock(s);
-	struct stream *t = s->strm;
-	answer(s, t, fd);
-	bool nb = s->user_nonblock || (flags & MSG_DONTWAIT);
-	if (t->state == SS_NEW || t->state == SS_LISTEN) {
-		sock_unlock(s);
+	bool nb;
+	struct stream *t = io_begin(s, fd, flags, &nb);
+	if (!t) {
 		struct msghdr m = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)iovcnt};
 		ssize_t r = real.recvmsg(fd, &m, flags);
 		return r < 0 ? -errno : r;
