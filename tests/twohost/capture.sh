@@ -42,11 +42,11 @@ cap_start() {
 }
 
 cap_stop() {
-	local i log=$DG_TMP/$CAP_TAG.cap.log drops
+	local log=$DG_TMP/$CAP_TAG.cap.log drops
 	[ -n "$CAP_PID" ] || return 0
 	sleep 0.2 # what is on the wire now reaches the capture
 	kill -INT "$CAP_PID" 2>/dev/null
-	for i in $(seq 50); do kill -0 "$CAP_PID" 2>/dev/null || break; sleep 0.1; done
+	for _ in $(seq 50); do kill -0 "$CAP_PID" 2>/dev/null || break; sleep 0.1; done
 	CAP_PID=
 	drops=$(sed -n 's/^\([0-9]*\) packets dropped by kernel.*/\1/p; s/.*Packets received\/dropped on interface.*: [0-9]*\/\([0-9]*\).*/\1/p' "$log" | head -n 1)
 	if [ -n "$drops" ] && [ "$drops" -gt 0 ]; then

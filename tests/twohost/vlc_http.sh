@@ -127,7 +127,9 @@ http.server.ThreadingHTTPServer((sys.argv[1], int(sys.argv[2])), h).serve_foreve
 	fi
 }
 
+# shellcheck disable=SC2034 # used through namerefs (run_case)
 none=()
+# shellcheck disable=SC2034
 shim=("${DG_SHIM_ENV[@]}")
 cap_start native
 run_case native vlc none none || dg_fail "native VLC HTTP run between the hosts failed: the test bed, not the shim"

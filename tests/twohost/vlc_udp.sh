@@ -130,7 +130,9 @@ run_exact() {
 	return 2
 }
 
+# shellcheck disable=SC2034 # used through namerefs (run_case)
 none=()
+# shellcheck disable=SC2034
 shim=("${DG_SHIM_ENV[@]}")
 run_exact native "$media" none none ||
 	dg_fail "native VLC run between the hosts failed or differs from the media: the test bed, not the shim"
