@@ -23,7 +23,7 @@ cap_need() {
 
 cap_start() {
 	CAP_TAG=$1
-	local f=$DG_TMP/$1.pcap i
+	local f=$DG_TMP/$1.pcap
 	rm -f "$f"
 	if command -v tcpdump >/dev/null 2>&1; then
 		# -Z root: do not drop to the tcpdump user, who cannot write in DG_TMP
@@ -32,7 +32,7 @@ cap_start() {
 		th_bg a "$DG_TMP/$1.cap.log" dumpcap -i "veth-$$a" -q -s 0 -B 32 -F pcap -f ip -w "$f"
 	fi
 	CAP_PID=$TH_LAST_PID
-	for i in $(seq 100); do
+	for _ in $(seq 100); do
 		grep -qs "listening on\|Capturing on" "$DG_TMP/$1.cap.log" && [ -s "$f" ] && return 0
 		kill -0 "$CAP_PID" 2>/dev/null || break
 		sleep 0.05
