@@ -27,7 +27,7 @@ cap_start() {
 	rm -f "$f"
 	if command -v tcpdump >/dev/null 2>&1; then
 		# -Z root: do not drop to the tcpdump user, who cannot write in DG_TMP
-		th_bg a "$DG_TMP/$1.cap.log" tcpdump -i "veth-$$a" -n -s 0 -B 32768 -U -Z root -w "$f" ip
+		th_bg a "$DG_TMP/$1.cap.log" tcpdump -i "veth-$$a" -n -s 0 -B 32768 -U --immediate-mode -Z root -w "$f" ip
 	else
 		th_bg a "$DG_TMP/$1.cap.log" dumpcap -i "veth-$$a" -q -s 0 -B 32 -F pcap -f ip -w "$f"
 	fi

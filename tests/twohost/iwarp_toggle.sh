@@ -53,7 +53,20 @@ run_case() {
 	return 0
 }
 
-if run_case both 1; then
+# Each phase starts 150 ms after the last: longer than the discovery lease (100 ms), so its first
+# datagram asks host a again (docs/shim.md). On a loaded machine the answer can come after the
+# phase's 4 datagrams: a run where only that happened (a ud/rd phase that ended plain) runs
+# again, at most 3 times, and says so.
+both_ok=0
+for try in 1 2 3; do
+	both_ok=0
+	run_case both 1 || break
+	both_ok=1
+	[ "$try" -lt 3 ] && awk '/^ *[0-9]+  mode/ && $3 != "off" && $1 % 4 == 3 && $5 != "framed" { f = 1 }
+		END { exit !f }' "$DG_TMP/both.send.log" || break
+	dg_log "both: run $try: a ud/rd phase ended plain (a discovery answer later than its 4 datagrams): again"
+done
+if [ "$both_ok" -eq 1 ]; then
 	slog=$DG_TMP/both.send.log
 	# every datagram intact; off always plain; each ud/rd phase ends framed
 	bad=$(awk '/^ *[0-9]+  mode/ {
@@ -69,7 +82,8 @@ if run_case both 1; then
 	dg_log "both: sender tx_framed=$fr tx_plain=$(dg_sum "$slog" tx_plain), echo end tx_framed=$(dg_sum "$DG_TMP/both.recv.log" tx_framed) rx_framed=$(dg_sum "$DG_TMP/both.recv.log" rx_framed)"
 	[ "$(dg_sum "$DG_TMP/both.recv.log" rx_framed)" -ge "$fr" ] && [ "$fr" -ge 8 ] ||
 		failed+=("both: the exit summaries do not show the framed datagrams received")
-	cap_check both --want-framed $((2 * fr)) || failed+=("both: the capture shows too few framed datagrams")
+	cap_check both --want-framed $((fr + $(dg_sum "$DG_TMP/both.recv.log" tx_framed))) ||
+		failed+=("both: the capture shows fewer framed datagrams than the two ends sent")
 else
 	failed+=("both: the echo end failed")
 fi

@@ -58,7 +58,21 @@ run() {
 run native -u LD_PRELOAD STREAMAPI_EXPECT=native ||
 	dg_fail "native: an expectation is not the kernel's between two hosts (fix the test)"
 cap_check native --plain-host "$TH_A_IP" --plain-host "$TH_B_IP" || dg_fail "native: MPA bytes without the shim?"
-run shim "${DG_SHIM_ENV[@]}" STREAMAPI_EXPECT=preload || failed+=("shim: the shim differs from the kernel")
+# A connect to another host whose last discovery answer is older than its lease (100 ms) asks
+# again and waits at most 10 ms (docs/shim.md): on a loaded machine a later answer leaves that
+# connection plain, and streamapi's "carried" check fails. Such a run (every failure a "carried"
+# one) runs again, at most 3 times, and says so; any other failure fails at once.
+for try in 1 2 3; do
+	if run shim "${DG_SHIM_ENV[@]}" STREAMAPI_EXPECT=preload; then
+		break
+	fi
+	if [ "$try" -lt 3 ] && ! grep -a '^FAIL' "$DG_TMP/shim.log" | grep -qv '^FAIL [a-z0-9]*\.carried: '; then
+		dg_log "shim: run $try: connections went plain (a discovery answer later than 10 ms): again"
+		continue
+	fi
+	failed+=("shim: the shim differs from the kernel")
+	break
+done
 if ! dg_rc_summary shim "$DG_TMP/shim.log"; then
 	failed+=("shim: no exit summary")
 else

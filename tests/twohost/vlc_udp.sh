@@ -140,14 +140,25 @@ cap_check native --plain-host "$TH_A_IP" --plain-host "$TH_B_IP" || dg_fail "nat
 dg_log "native dump identical to the media file"
 dg_log "shim: ${DG_SHIM_ENV[*]}"
 failed=()
-if run_exact shim "$vdir/native.ts" shim shim; then
+# The sender re-asks host a every 50 ms and believes a "yes" for 100 ms (docs/shim.md): on a
+# loaded machine an answer later than that leaves datagrams plain until it comes. A run with
+# fewer than 90 % framed (but exact) runs again, at most 3 times, and says so.
+for try in 1 2 3; do
+	if ! run_exact shim "$vdir/native.ts" shim shim; then
+		failed+=("shim: the run failed or its dump differs from the native one")
+		break
+	fi
 	dg_log "shim: dump identical to the native dump"
+	if [ "$try" -lt 3 ] && { ! dg_check_framed "sender" "$vdir/shim.send.log" tx >/dev/null ||
+		! dg_check_framed "receiver" "$vdir/shim.recv.log" rx >/dev/null; }; then
+		dg_log "shim: run $try: $(dg_sum "$vdir/shim.send.log" tx_plain) of $ndgram datagrams went plain (a discovery answer later than the lease): again"
+		continue
+	fi
 	dg_check_framed "sender" "$vdir/shim.send.log" tx || failed+=("shim: the sender did not frame")
 	dg_check_framed "receiver" "$vdir/shim.recv.log" rx || failed+=("shim: the receiver did not receive framed")
 	cap_check shim --want-framed $((ndgram * 9 / 10)) || failed+=("shim: the capture shows too few framed datagrams")
-else
-	failed+=("shim: the run failed or its dump differs from the native one")
-fi
+	break
+done
 if run_exact plain-recv "$vdir/native.ts" none shim; then
 	dg_log "plain-recv: the unmodified receiver's dump is identical to the native dump"
 	dg_summaries "$vdir/plain-recv.send.log" | sed "s/^/$DG_NAME: plain-recv sender: /"
