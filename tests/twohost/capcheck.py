@@ -19,6 +19,10 @@ Checks (exit 1 when one fails, after printing why):
                    no TCP stream to or from it contains an MPA key
   --want-framed N  at least N framed datagrams crossed (a carried run: the capture is not blind)
   --want-mpa N     at least N TCP directions began with an MPA key (RC connections)
+  --dropped N      the kernel dropped N packets before the capture saw them: with a
+                   --plain-host that fails (the proof has holes)
+  --min-seen N     the capture saw at least N UDP datagrams to the plain host plus TCP
+                   directions with it (the plain-host check cannot pass on an empty capture)
 Prints one summary line: packets, UDP datagrams, framed ones (and to the plain host), TCP
 directions with payload, MPA ones (and with the plain host).
 """
@@ -112,6 +116,8 @@ def main():
     ap.add_argument("--plain-host", action="append", default=[])
     ap.add_argument("--want-framed", type=int, default=0)
     ap.add_argument("--want-mpa", type=int, default=0)
+    ap.add_argument("--min-seen", type=int, default=0)
+    ap.add_argument("--dropped", type=int, default=0)
     ap.add_argument("--label", default="capture")
     a = ap.parse_args()
     plain = set(a.plain_host)
@@ -170,9 +176,10 @@ def main():
             p = l4[doff:]
             if p:
                 flows.setdefault((src, sport, dst, dport), {})[seq] = bytes(p)
-    ntcp = nmpa = nmpa_plain = 0
+    ntcp = nmpa = nmpa_plain = ntcp_plain = 0
     for (src, sport, dst, dport), segs in flows.items():
         ntcp += 1
+        ntcp_plain += src in plain or dst in plain
         # reassemble: segments by sequence number (wraparound relative to the lowest seen)
         base = min(segs)
         if max(segs) - base > 1 << 31:
@@ -195,18 +202,25 @@ def main():
                 nmpa_plain += 1
                 bad.append(f"MPA key in the TCP stream {src}:{sport} -> {dst}:{dport} "
                            f"({'at its start' if head in KEYS else 'inside'})")
-    what = (f"{a.label}: {n} packets ({truncated} truncated); {nudp} UDP datagrams, "
+    what = (f"{a.label}: {n} packets ({truncated} truncated, {a.dropped} dropped); {nudp} UDP datagrams, "
             f"{nframed} framed ({nfrag} reassembled from fragments), {nudp_plain} to the unmodified "
-            f"host ({nframed_plain} framed); {ntcp} TCP directions with payload, {nmpa} beginning "
-            f"with an MPA key, {nmpa_plain} MPA with the unmodified host")
+            f"host ({nframed_plain} framed); {ntcp} TCP directions with payload ({ntcp_plain} with "
+            f"the unmodified host), {nmpa} beginning with an MPA key ({nmpa_plain} with the "
+            f"unmodified host)")
     print(what)
     fail = []
     if plain and (nframed_plain or nmpa_plain):
         fail.append("iWARP bytes reached the unmodified host " + ", ".join(sorted(plain)))
+    if plain and a.dropped:
+        fail.append(f"the kernel dropped {a.dropped} packets before the capture saw them: "
+                    "the check is blind there")
     if truncated:
         fail.append(f"{truncated} packets truncated by the capture (snaplen): the check is blind there")
     if nframed < a.want_framed:
         fail.append(f"{nframed} framed datagrams crossed the veth, want >= {a.want_framed}")
+    if nudp_plain + ntcp_plain < a.min_seen:
+        fail.append(f"the capture saw {nudp_plain} datagrams to the unmodified host and "
+                    f"{ntcp_plain} TCP directions with it, want >= {a.min_seen} in all")
     if nmpa < a.want_mpa:
         fail.append(f"{nmpa} TCP directions began with an MPA key, want >= {a.want_mpa}")
     for b in bad:

@@ -51,7 +51,7 @@ shim_case() {
 		ok=1
 		cap_start "$tag"
 		sipp_run_pair "$tag" "$mode" || ok=0
-		cap_stop || failed+=("$tag: the capture dropped packets")
+		cap_stop
 		[ $ok -eq 1 ] || { failed+=("$tag: SIPp -t $mode calls failed (preloaded: $who)"); return; }
 		if [ "$who" = both ] && [ "$try" -lt 3 ] && [ "$(dg_sum "$SIPP_DIR/$tag.uac.log" rc_plain)" -eq 1 ]; then
 			dg_log "$tag: run $try: the UAC's first connection went plain (host a's discovery answer came after 10 ms?): again"
@@ -72,7 +72,7 @@ shim_case() {
 		[ "$who" = uas ] && other=$TH_B_IP
 		dg_check_rc_plain "$tag ${who^^} (peer unmodified)" "$SIPP_DIR/$tag.$who.log" ||
 			failed+=("$tag ${who^^}: no plain fallback")
-		cap_check "$tag" --plain-host "$other" || failed+=("$tag: iWARP bytes reached the unmodified side")
+		cap_check "$tag" --plain-host "$other" --min-seen $((2 * SIPP_CALLS)) || failed+=("$tag: iWARP bytes reached the unmodified side")
 		;;
 	esac
 }

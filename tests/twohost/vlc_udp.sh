@@ -117,7 +117,7 @@ run_exact() {
 		e0=$(rcvbuf_errors)
 		cap_start "$tag"
 		run_case "$tag" "$3" "$4" || { cap_stop; return 1; }
-		cap_stop || { dg_log "$tag: the capture dropped packets"; return 1; }
+		cap_stop
 		e1=$(rcvbuf_errors)
 		cmp -s "$ref" "$vdir/$tag.ts" && return 0
 		dg_diff_report "$ref" "$vdir/$tag.ts"
@@ -167,7 +167,7 @@ if run_exact plain-recv "$vdir/native.ts" none shim; then
 		[ "$(dg_sum "$vdir/plain-recv.send.log" tx_plain)" -lt "$ndgram" ]; then
 		failed+=("plain-recv: the preloaded sender did not send every datagram plain")
 	fi
-	cap_check plain-recv --plain-host "$TH_A_IP" || failed+=("plain-recv: framed datagrams reached the unmodified receiver")
+	cap_check plain-recv --plain-host "$TH_A_IP" --min-seen "$ndgram" || failed+=("plain-recv: framed datagrams reached the unmodified receiver")
 else
 	failed+=("plain-recv: the run failed or the unmodified receiver's dump differs from the native one")
 fi
