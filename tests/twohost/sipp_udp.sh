@@ -42,10 +42,24 @@ shim_case() {
 	SIPP_UAS_ENV=() SIPP_UAC_ENV=()
 	[ "$who" = uac ] || SIPP_UAS_ENV=("${DG_SHIM_ENV[@]}")
 	[ "$who" = uas ] || SIPP_UAC_ENV=("${DG_SHIM_ENV[@]}")
-	cap_start "$tag"
-	sipp_run_pair "$tag" "$mode" || ok=0
-	cap_stop
-	[ $ok -eq 1 ] || { failed+=("$tag: SIPp -t $mode calls failed (preloaded: $who)"); return; }
+	local try
+	for try in 1 2 3; do
+		ok=1
+		cap_start "$tag"
+		sipp_run_pair "$tag" "$mode" || ok=0
+		cap_stop
+		[ $ok -eq 1 ] || { failed+=("$tag: SIPp -t $mode calls failed (preloaded: $who)"); return; }
+		# a sender believes host a's "yes" for 100 ms and asks again every 50 ms
+		# (docs/shim.md): on a loaded machine a later answer leaves datagrams plain until it
+		# comes; a run with fewer than 90 % framed runs again, at most 3 times, said
+		[ "$who" = both ] && [ "$try" -lt 3 ] || break
+		for role in uas uac; do
+			dg_check_framed x "$SIPP_DIR/$tag.$role.log" rx >/dev/null &&
+				dg_check_framed x "$SIPP_DIR/$tag.$role.log" tx >/dev/null || continue 2
+		done
+		break
+	done
+	[ "$try" -eq 1 ] || dg_log "$tag: $try runs: in the ones before, fewer than 90 % of the datagrams went framed (a discovery answer later than the lease)"
 	case $who in
 	both)
 		for role in uas uac; do
