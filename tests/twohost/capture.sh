@@ -13,26 +13,28 @@
 #                          or when the capture dropped packets and a --plain-host is checked (the
 #                          proof would have holes; a count of framed traffic is only a floor)
 #
-# One capture at a time. tcpdump is needed (Debian's tcpdump; scripts/install-deps installs
-# tshark, whose dumpcap works as well: CAP_TOOL=dumpcap).
+# One capture at a time, with tcpdump (scripts/install-deps installs it), or tshark's dumpcap
+# where there is no tcpdump (or CAP_TOOL=dumpcap).
 CAP_PID=
 CAP_TAG=
 CAP_DROPS=0
 CAP_HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
+cap_use_tcpdump() { [ "${CAP_TOOL:-tcpdump}" = tcpdump ] && command -v tcpdump >/dev/null 2>&1; }
+
 cap_need() {
-	command -v tcpdump >/dev/null 2>&1 || dg_need dumpcap tshark
+	cap_use_tcpdump || dg_need dumpcap tshark
 }
 
 cap_start() {
 	CAP_TAG=$1
 	local f=$DG_TMP/$1.pcap
 	rm -f "$f"
-	if command -v tcpdump >/dev/null 2>&1; then
+	if cap_use_tcpdump; then
 		# -Z root: do not drop to the tcpdump user, who cannot write in DG_TMP
 		th_bg a "$DG_TMP/$1.cap.log" tcpdump -i "veth-$$a" -n -s 70000 -B 131072 -U --immediate-mode -Z root -w "$f" ip
 	else
-		th_bg a "$DG_TMP/$1.cap.log" dumpcap -i "veth-$$a" -q -s 70000 -B 128 -F pcap -f ip -w "$f"
+		th_bg a "$DG_TMP/$1.cap.log" dumpcap -i "veth-$$a" -q -s 70000 -B 128 -P -f ip -w "$f"
 	fi
 	CAP_PID=$TH_LAST_PID
 	for _ in $(seq 100); do
