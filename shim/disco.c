@@ -225,7 +225,11 @@ int disco_ask(const union dgv_sockaddr *to, uint64_t nonce)
 	int fd = ask_socket(to->sa.sa_family);
 	if (fd < 0)
 		return -errno;
-	union dgv_sockaddr d = *to;
+	union dgv_sockaddr d; /* to may be the program's own sockaddr_in: copy only what it has */
+	if (to->sa.sa_family == AF_INET)
+		d.sin = to->sin;
+	else
+		d.sin6 = to->sin6;
 	socklen_t dl;
 	unsigned port;
 	if (to->sa.sa_family == AF_INET)

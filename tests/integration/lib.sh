@@ -13,6 +13,11 @@ DG_HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 DG_PIDS=()
 DG_LAST_PID=
 DG_SHIM=
+# Hooks for tests that run a side elsewhere (tests/twohost: in a network namespace): the command
+# dg_wait_port runs to list sockets, and the address it accepts besides 127.0.0.1 and the
+# wildcards.
+DG_SS=(ss)
+DG_WAIT_IP=127.0.0.1
 
 dg_log() { printf '%s: %s\n' "$DG_NAME" "$*"; }
 dg_fail() { printf '%s: FAIL: %s\n' "$DG_NAME" "$*"; exit 1; }
@@ -150,8 +155,9 @@ dg_bg() {
 }
 
 # dg_wait_port udp|tcp PORT SECONDS [PID]: waits until a UDP socket is bound to (udp), or a TCP
-# socket listens on (tcp), 127.0.0.1:PORT (or *:PORT). Returns 1 on timeout, 2 as soon as PID
-# (the process expected to bind or listen) has exited. SECONDS 0: one look, no wait.
+# socket listens on (tcp), 127.0.0.1:PORT, DG_WAIT_IP:PORT (or *:PORT), as DG_SS lists them.
+# Returns 1 on timeout, 2 as soon as PID (the process expected to bind or listen) has exited.
+# SECONDS 0: one look, no wait.
 dg_wait_port() {
 	local proto=$1 port=$2 secs=$3 pid=${4:-} i flags
 	case $proto in
@@ -160,7 +166,8 @@ dg_wait_port() {
 	*) dg_fail "dg_wait_port: protocol '$proto' is neither udp nor tcp" ;;
 	esac
 	for i in $(seq 0 $((secs * 10))); do
-		ss "$flags" 2>/dev/null | awk '{print $4}' | grep -Eq "^(127\.0\.0\.1|0\.0\.0\.0|\*|\[::\]):$port\$" && return 0
+		"${DG_SS[@]}" "$flags" 2>/dev/null | awk '{print $4}' |
+			grep -Eq "^(127\.0\.0\.1|${DG_WAIT_IP//./\\.}|0\.0\.0\.0|\*|\[::\]):$port\$" && return 0
 		[ -z "$pid" ] || kill -0 "$pid" 2>/dev/null || return 2
 		[ "$i" -lt $((secs * 10)) ] && sleep 0.1
 	done

@@ -3,6 +3,11 @@
 # for both transports but where a line says udp or tcp. Source it after lib.sh; after dg_init
 # call sipp_init TRANSPORT CALLS RATE HOLD_MS, then sipp_native MODE... and sipp_run_pair.
 #
+# Hooks (tests/twohost runs the UAS on one host and the UAC on another): SIPP_UAS_PRE and
+# SIPP_UAC_PRE, a command prefix for each side (e.g. ip netns exec NS); SIPP_UAS_ENV and
+# SIPP_UAC_ENV, NAME=VALUE words for one side only (after the ENV both get); SIPP_UAS_IP and
+# SIPP_UAC_IP, each side's address (default 127.0.0.1, set by sipp_init).
+#
 # Ports (from DG_PORT, "BASE"): UAS SIP BASE, UAC SIP BASE+1, media (-mp, SIPp binds mp and
 # mp+2) BASE+2 (UAS) and BASE+3 (UAC), control ports (-cp, UDP) BASE+6 and BASE+7.
 
@@ -27,7 +32,9 @@ sipp_init() {
 	# -max_socket 19800 is required (the default exceeds ulimit -n); over UDP SIPp then warns
 	# that 19800 + open calls exceeds the open-file limit "to allow for media support": harmless
 	# here.
-	SIPP_COMMON=(-i 127.0.0.1 -max_socket 19800 -nostdin -trace_stat -fd 1 -trace_screen
+	SIPP_UAS_PRE=() SIPP_UAC_PRE=() SIPP_UAS_ENV=() SIPP_UAC_ENV=()
+	SIPP_UAS_IP=127.0.0.1 SIPP_UAC_IP=127.0.0.1
+	SIPP_COMMON=(-max_socket 19800 -nostdin -trace_stat -fd 1 -trace_screen
 		-timeout 60s -timeout_error)
 }
 
@@ -118,8 +125,9 @@ sipp_run_pair() {
 		return 1
 	fi
 	t0=$(date +%s.%N)
-	dg_bg "$p.uas.log" bash -c 'cd "$1" && shift && exec "$@"' _ "$SIPP_DIR" \
-		timeout -k 5 90 env "$@" sipp -sn uas -p "$base" -t "$SIPP_UAS_MODE" -m "$SIPP_CALLS" \
+	dg_bg "$p.uas.log" "${SIPP_UAS_PRE[@]}" bash -c 'cd "$1" && shift && exec "$@"' _ "$SIPP_DIR" \
+		timeout -k 5 90 env "$@" "${SIPP_UAS_ENV[@]}" sipp -sn uas -i "$SIPP_UAS_IP" -p "$base" \
+		-t "$SIPP_UAS_MODE" -m "$SIPP_CALLS" \
 		-mp $((base + 2)) -cp $((base + 6)) "${SIPP_COMMON[@]}" \
 		-stf "$p.uas.csv" -screen_file "$p.uas.screen"
 	upid=$DG_LAST_PID
@@ -130,8 +138,9 @@ sipp_run_pair() {
 	1:tcp) dg_log "$tag: warning: UAS not listening on TCP port $base after 20 s" ;;
 	2:tcp) dg_log "$tag: UAS exited before it listened" ;;
 	esac
-	dg_bg "$p.uac.log" bash -c 'cd "$1" && shift && exec "$@"' _ "$SIPP_DIR" \
-		timeout -k 5 90 env "$@" sipp -sn uac "127.0.0.1:$base" -p $((base + 1)) -t "$mode" \
+	dg_bg "$p.uac.log" "${SIPP_UAC_PRE[@]}" bash -c 'cd "$1" && shift && exec "$@"' _ "$SIPP_DIR" \
+		timeout -k 5 90 env "$@" "${SIPP_UAC_ENV[@]}" sipp -sn uac "$SIPP_UAS_IP:$base" \
+		-i "$SIPP_UAC_IP" -p $((base + 1)) -t "$mode" \
 		-m "$SIPP_CALLS" -l "$SIPP_CALLS" -r "$SIPP_RATE" -d "$SIPP_HOLD_MS" \
 		-mp $((base + 3)) -cp $((base + 7)) "${SIPP_COMMON[@]}" \
 		-stf "$p.uac.csv" -screen_file "$p.uac.screen"
