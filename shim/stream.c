@@ -68,7 +68,7 @@
  * client sends its MPA Request as soon as TCP is up, so the wait is about one round trip. */
 #define PROBE_WAIT_MS 20
 /* A connect to another host waits this long at most for its discovery port's first answer
- * (one round trip; later connects find it cached). */
+ * (one round trip; connects within the answer's lease find it cached). */
 #define DISCO_CONNECT_WAIT_MS 10
 
 enum { WR_DATA = 1, WR_CTL = 2, WR_SENTINEL = 3 };
