@@ -49,7 +49,7 @@ else
 fi
 
 # A sanitizer build needs its runtime first among the preloaded libraries (as lib.sh does).
-asan=$(ldd "$lib" 2>/dev/null | awk '/libasan\.so/ {print $3; exit}')
+asan=$(ldd "$lib" 2>/dev/null | awk '/lib[at]san\.so/ {print $3; exit}') # ASan or TSan
 maps=$(env -u DGSHIM_PROVIDER ASAN_OPTIONS=detect_leaks=0 DGSHIM_CONF=/dev/null \
 	LD_PRELOAD="${asan:+$asan }$lib" cat /proc/self/maps 2>&1)
 if ! echo "$maps" | grep -q libdgshim; then
