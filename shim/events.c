@@ -328,7 +328,9 @@ struct reg {
 	bool pending;         /* a stream not carried yet: attach once it connects */
 	/* ADD, MOD or attaching looked at the kernel socket when the shim may already hold its
 	 * data (a stream's exchange read the first records): the next wait reports what is
-	 * ready once, as the kernel's ADD/MOD of a ready file does, also for EPOLLET */
+	 * ready once, as the kernel's ADD/MOD of a ready file does, also for EPOLLET. Set under
+	 * ep->lock, consumed without it by whichever thread's epoll_wait rescans first: always
+	 * accessed atomically (exchanged when consumed, so two waiting threads take it once) */
 	bool kick;
 	/* EPOLLET on a carried stream: stream_news() when EPOLLIN was last reported; an event with
 	 * nothing new for the reader (a control record, credit) does not report it again, as the
@@ -546,7 +548,7 @@ static bool reg_attach(struct ep *ep, struct reg *r, uint32_t idx)
 	if (real.epoll_ctl(ep->inner, EPOLL_CTL_ADD, cqfd, &cev) == 0)
 		r->cqfd = cqfd;
 	r->s = s;
-	r->kick = true;
+	__atomic_store_n(&r->kick, true, __ATOMIC_RELAXED);
 	atomic_fetch_add(&ep->ntaken, 1);
 	if (sock_is_stream(s)) {
 		struct epoll_event kev = {.events = kernel_events(r), .data.u64 = tag(r, idx, false)};
@@ -624,7 +626,7 @@ int ev_epoll_ctl(struct ep *ep, int epfd, int op, int fd, struct epoll_event *ev
 		r->round = 0;
 		r->armed = true;
 		r->pending = false;
-		r->kick = false;
+		__atomic_store_n(&r->kick, false, __ATOMIC_RELAXED);
 		r->last_in = 0;
 		atomic_fetch_add(&r->gen, 1); /* odd: in use */
 		atomic_fetch_add(&ep->nlive, 1);
@@ -641,7 +643,7 @@ int ev_epoll_ctl(struct ep *ep, int epfd, int op, int fd, struct epoll_event *ev
 	case EPOLL_CTL_MOD: {
 		r->events = ev->events, r->data = ev->data.u64;
 		r->armed = true;
-		r->kick = true;
+		__atomic_store_n(&r->kick, true, __ATOMIC_RELAXED);
 		struct epoll_event kev = {.events = kernel_events(r), .data.u64 = tag(r, idx, false)};
 		if (real.epoll_ctl(ep->inner, EPOLL_CTL_MOD, fd, &kev) < 0)
 			rc = -errno;
@@ -746,8 +748,9 @@ static int ep_rescan(struct ep *ep, struct epoll_event *evs, int max, uint32_t r
 		if (!r->s)
 			continue;
 		uint32_t e = r->events, got = EPOLLIN;
-		bool kick = r->kick;
-		r->kick = false;
+		/* taken once: two threads waiting on this epoll instance rescan at the same time
+		 * (ThreadSanitizer: they raced on it, and both could report the one event) */
+		bool kick = __atomic_exchange_n(&r->kick, false, __ATOMIC_RELAXED);
 		if (((e & EPOLLET) && !kick) || ((e & EPOLLONESHOT) && !r->armed))
 			continue;
 		if (sock_is_stream(r->s)) {

@@ -166,12 +166,15 @@ static unsigned port_of(const union dgv_sockaddr *a)
 	return ntohs(a->sa.sa_family == AF_INET ? a->sin.sin_port : a->sin6.sin6_port);
 }
 
-/* STREAM_RING from the environment (bytes, rounded up to a power of two), once. */
+/* STREAM_RING from the environment (bytes, rounded up to a power of two), once. Threads may
+ * compute it at the same time (an accept in one program thread, a connect in another):
+ * the result is the same, so v is only read and stored atomically (ThreadSanitizer). */
 static uint32_t ring_size(void)
 {
 	static uint32_t v;
-	if (v)
-		return v;
+	uint32_t have = __atomic_load_n(&v, __ATOMIC_RELAXED);
+	if (have)
+		return have;
 	uint32_t r = RING_DEFAULT;
 	const char *e = dg_env_str(DG_ENV_STREAM_BUF);
 	if (e) {
@@ -188,7 +191,7 @@ static uint32_t ring_size(void)
 			for (r = RING_MIN; r < x; r <<= 1)
 				;
 	}
-	v = r;
+	__atomic_store_n(&v, r, __ATOMIC_RELAXED);
 	return r;
 }
 

@@ -112,7 +112,8 @@ dg_init() {
 # dg_require_shim: fail (exit 1) when the shim has not been built. Sets DG_SHIM_ENV, the
 # NAME=VALUE words to put in front of a preloaded command (through env), and DG_SHIM_USED, the
 # library path actually preloaded (a copy readable by nobody if the build tree is not), and
-# DG_ASAN_RT, the ASan runtime the library needs preloaded first (empty in a normal build).
+# DG_ASAN_RT, the ASan runtime the library needs preloaded first (empty in a normal build; a
+# TSan build's runtime is preloaded too, after the library, in DG_SHIM_ENV's LD_PRELOAD).
 dg_require_shim() {
 	[ -f "$DG_SHIM" ] || dg_fail "$DG_SHIM does not exist: build the shim first (./scripts/build)"
 	DG_SHIM_USED=$DG_SHIM
@@ -141,6 +142,15 @@ dg_require_shim() {
 		chmod 0644 "$DG_TMP/host-leaks.supp"
 		DG_SHIM_ENV+=("LSAN_OPTIONS=suppressions=$DG_TMP/host-leaks.supp")
 	fi
+	# A ThreadSanitizer build (build-tsan) needs the TSan runtime preloaded too (loaded only as
+	# the library's dependency it would come after libc, and its interceptors would not take),
+	# but AFTER the shim, unlike ASan's: TSan ignores every interceptor called from inside one
+	# of its blocking interceptors (poll, connect, accept...), so a shim running beneath them
+	# would have its own locks unseen and every access it makes reported as a race. With the
+	# shim first, TSan sits where libc is, as for a TSan-built program (docs/tsan.md).
+	local tsan
+	tsan=$(ldd "$DG_SHIM_USED" 2>/dev/null | awk '/libtsan\.so/ {print $3; exit}')
+	[ -z "$tsan" ] || preload="$preload:$tsan"
 	DG_SHIM_ENV+=("LD_PRELOAD=$preload" "DGSHIM_LOG=info" "DGSHIM_MODE=$DG_MODE" "DGSHIM_CONF=/dev/null")
 }
 

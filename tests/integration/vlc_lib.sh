@@ -69,8 +69,13 @@ vlc_asan_starts() {
 		/usr/bin/vlc -I dummy --version >/dev/null 2>&1
 }
 
+# vlc_tsan_starts RUNTIME: likewise with only the TSan runtime RUNTIME preloaded.
+vlc_tsan_starts() {
+	timeout -k 2 15 env LD_PRELOAD="$1" "${asnobody[@]}" /usr/bin/vlc -I dummy --version >/dev/null 2>&1
+}
+
 # vlc_require_shim: dg_require_shim, then, in a sanitizer build, exit 77 (skip) when VLC cannot
-# run the ASan runtime at all. Call it before the native run(s): the shim's build decides first
+# run the ASan (or TSan) runtime at all. Call it before the native run(s): the shim's build decides first
 # whether VLC can run it.
 vlc_require_shim() {
 	dg_require_shim
@@ -78,6 +83,14 @@ vlc_require_shim() {
 		# Seen on Debian 12: VLC hangs in bindtextdomain (glibc's _nl_state_lock) as soon as the ASan
 		# runtime is preloaded into it, shim or no shim (llvm/llvm-project#49223).
 		dg_log "SKIP: VLC does not start with only the ASan runtime preloaded (no shim), so the ASan build of the shim cannot be tested in it; the normal build runs this test"
+		exit 77
+	fi
+	local tsan
+	tsan=$(ldd "$DG_SHIM_USED" 2>/dev/null | awk '/libtsan\.so/ {print $3; exit}')
+	if [ -n "$tsan" ] && ! vlc_tsan_starts "$tsan" 2>/dev/null; then
+		# Seen on Debian 12 (gcc 12's libtsan): VLC -I dummy --version never returns with only the
+		# TSan runtime preloaded into it, shim or no shim.
+		dg_log "SKIP: VLC does not start with only the TSan runtime preloaded (no shim), so the TSan build of the shim cannot be tested in it; the normal build runs this test"
 		exit 77
 	fi
 }

@@ -578,6 +578,10 @@ Test(rd, async_progress_without_target_polling)
 	struct dgv_wc wc;
 	cr_assert(wait_wc(&A, &wc, 5000), "the source completes: the target's thread acked");
 	cr_assert_eq(wc.status, DGV_WC_SUCCESS);
+	/* The placement is ordered before this read by the acknowledgement on the wire, which
+	 * ThreadSanitizer does not see: taking B's QP lock (placement runs under it) shows it. */
+	struct dgv_qp_stats fence;
+	dgv_qp_stats(B.qp, &fence);
 	cr_assert_eq(memcmp(A.buf, B.buf, len), 0, "placed while the target application slept");
 	teardown_pair();
 }
@@ -661,6 +665,11 @@ static void max_message(enum dgv_qp_type t)
 		cr_assert_eq(wc.byte_len, len);
 		cr_assert_eq(memcmp(A.buf, B.buf, len), 0);
 		memset(B.buf, 0, len);
+		/* What orders this memset (and the memcmp) before the Write-Record's placement into
+		 * B.buf is that datagram on the wire, which ThreadSanitizer does not see: a call that
+		 * takes B's QP lock, under which the soft RNIC places, makes the order visible. */
+		struct dgv_qp_stats fence;
+		dgv_qp_stats(B.qp, &fence);
 	}
 	post_send(&A, DGV_WR_WRITE_RECORD, 0, len, (uint64_t)(uintptr_t)B.buf, B.mr->rkey, 2);
 	do

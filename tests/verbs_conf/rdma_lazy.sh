@@ -50,8 +50,10 @@ fi
 
 # A sanitizer build needs its runtime first among the preloaded libraries (as lib.sh does).
 asan=$(ldd "$lib" 2>/dev/null | awk '/libasan\.so/ {print $3; exit}')
+# TSan's runtime is preloaded after the library instead (lib.sh says why); cat is not TSan-built.
+tsan=$(ldd "$lib" 2>/dev/null | awk '/libtsan\.so/ {print $3; exit}')
 maps=$(env -u DGSHIM_PROVIDER ASAN_OPTIONS=detect_leaks=0 DGSHIM_CONF=/dev/null \
-	LD_PRELOAD="${asan:+$asan }$lib" cat /proc/self/maps 2>&1)
+	LD_PRELOAD="${asan:+$asan }$lib${tsan:+ $tsan}" cat /proc/self/maps 2>&1)
 if ! echo "$maps" | grep -q libdgshim; then
 	res FAIL preload_maps "the shim was not preloaded into cat: $(echo "$maps" | head -3)"
 elif echo "$maps" | grep -Eq "$rdma"; then
@@ -87,7 +89,7 @@ fi
 # preloaded, DGSHIM_MODE=ud; the server's maps sampled while it runs. Sets rc, srv, cli, smaps.
 udp_pair() {
 	local prov=$2 lvl=$3
-	local envs=(ASAN_OPTIONS=detect_leaks=0 DGSHIM_CONF=/dev/null DGSHIM_MODE=ud LD_PRELOAD="${asan:+$asan }$lib")
+	local envs=(ASAN_OPTIONS=detect_leaks=0 DGSHIM_CONF=/dev/null DGSHIM_MODE=ud LD_PRELOAD="${asan:+$asan }$lib${tsan:+ $tsan}")
 	[ -n "$lvl" ] && envs+=(DGSHIM_LOG="$lvl")
 	[ -n "$prov" ] && envs+=(DGSHIM_PROVIDER="$prov")
 	env -u DGSHIM_PROVIDER -u DGSHIM_LOG "${envs[@]}" "$udpbench" server "$uport" -b 127.0.0.1 > /tmp/rdma_lazy.$$.srv 2>&1 &

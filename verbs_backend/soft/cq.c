@@ -126,7 +126,10 @@ int soft_cq_push(struct soft_cq *cq, const struct dgv_wc *wc, struct soft_slot *
 		atomic_store(&slot->in_cq, true);
 	if (range)
 		e->range = *range;
-	cq->count++;
+	/* count is peeked without the lock (soft_poll_cq, soft_cq_wait, soft_cq_full,
+	 * soft_cq_count): every change is an atomic store, release so that a peek that sees the
+	 * entry also sees it written. Reads under the lock stay plain (writers hold it too). */
+	__atomic_store_n(&cq->count, cq->count + 1, __ATOMIC_RELEASE);
 	int armed = atomic_load(&cq->armed);
 	bool wake = atomic_load(&cq->waiters) > (self_waiting == cq ? 1 : 0) ||
 		    (soft_in_progress_thread && atomic_load(&cq->bg_notify));
@@ -190,7 +193,7 @@ void soft_cq_detach(struct soft_cq *cq, struct soft_qp *qp)
 		cq->ring[(cq->head + kept) % cq->cap] = *e;
 		kept++;
 	}
-	cq->count = kept;
+	__atomic_store_n(&cq->count, kept, __ATOMIC_RELEASE); /* peeked unlocked: soft_cq_push */
 	pthread_mutex_unlock(&cq->lock);
 	while (atomic_load(&cq->pollers))
 		sched_yield(); /* a poller may still hold the pointer it read before the unlink */
@@ -287,7 +290,7 @@ int soft_poll_cq(struct dgv_cq *cqb, int n, struct dgv_wc *wc)
 		}
 		got++;
 		cq->head = (cq->head + 1) % cq->cap;
-		cq->count--;
+		__atomic_store_n(&cq->count, cq->count - 1, __ATOMIC_RELEASE); /* see soft_cq_push */
 	}
 	/* an arm its armer's own progress fired: the event is due only if completions are left */
 	bool notify = cq->deferred && cq->count;

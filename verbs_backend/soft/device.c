@@ -37,10 +37,25 @@ static void io_cb(struct ev_loop *loop, ev_io *w, int revents)
 	(void)loop;
 	(void)revents;
 	soft_qp_progress(qp, false, false);
-	if (qp->rx_hold) {
+	/* rx_hold changes under the QP's lock (an RC QP's receive path): read it atomically */
+	if (__atomic_load_n(&qp->rx_hold, __ATOMIC_RELAXED)) {
 		ev_io_stop(loop, w);
 		qp->io_on = false;
 	}
+}
+
+/* soft_qp_timers_pending under the QP's lock, taken only if free (-1: busy). The check reads
+ * what that lock guards (the send queue's indices, pump_blocked, an RC connection's phase and
+ * batch): without it the thread raced the program's posts (ThreadSanitizer). A busy QP is
+ * inside a program's call, which progresses it; soft_qp_progress from here would only have
+ * failed its own trylock, and the next tick looks again. */
+static int timers_pending_trylock(struct soft_qp *qp)
+{
+	if (pthread_mutex_trylock(&qp->lock))
+		return -1;
+	bool pending = soft_qp_timers_pending(qp);
+	pthread_mutex_unlock(&qp->lock);
+	return pending;
 }
 
 /* Timers of every QP, and socket watching for the QPs nobody polls. Runs every millisecond
@@ -64,7 +79,8 @@ static void tick_cb(struct ev_loop *loop, ev_timer *w, int revents)
 		}
 		bool app_active = ctx->progress == DGV_PROGRESS_AUTO &&
 				  (atomic_load(&qp->app_waiting) || qp->quiet_ticks < SOFT_APP_IDLE_TICKS);
-		bool held = qp->rx_hold; /* read only by the program's calls */
+		/* rx_hold: the socket is read only by the program's calls (set under the QP's lock) */
+		bool held = __atomic_load_n(&qp->rx_hold, __ATOMIC_RELAXED);
 		if (!app_active && !held && !qp->io_on) {
 			ev_io_start(loop, &qp->io);
 			qp->io_on = true;
@@ -75,9 +91,9 @@ static void tick_cb(struct ev_loop *loop, ev_timer *w, int revents)
 		/* Only a QP with time-driven work is progressed here: reads are the io watcher's
 		 * (or the program's), and a progress call costs an RC QP a recv on its socket,
 		 * which with thousands of connections was most of a CPU (SIPp at 3 000 calls). */
-		if (soft_qp_timers_pending(qp)) {
+		if (timers_pending_trylock(qp) == 1) {
 			soft_qp_progress(qp, false, false);
-			if (!app_active && soft_qp_timers_pending(qp))
+			if (!app_active && timers_pending_trylock(qp) != 0)
 				fast = true;
 		}
 	}

@@ -146,7 +146,7 @@ static int tx_segment(struct soft_qp *qp, const void *hdr, uint32_t hlen, const 
 	iov[n++] = (struct iovec){&crc, sizeof crc};
 	int rc = udp_xmit(qp, iov, n, to, tolen);
 	if (rc == -EAGAIN)
-		qp->pump_blocked = true;
+		__atomic_store_n(&qp->pump_blocked, true, __ATOMIC_RELAXED);
 	return rc;
 }
 
@@ -302,7 +302,7 @@ static int pump_ud_batched(struct soft_qp *qp, uint32_t idx, uint8_t op, bool ta
 		int sent = sendmmsg(qp->fd, mm, (unsigned)n, MSG_DONTWAIT | MSG_NOSIGNAL);
 		if (sent < 0) {
 			if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS || errno == EINTR) {
-				qp->pump_blocked = errno != EINTR;
+				__atomic_store_n(&qp->pump_blocked, errno != EINTR, __ATOMIC_RELAXED);
 				return -EAGAIN;
 			}
 			int err = -errno;
@@ -317,7 +317,7 @@ static int pump_ud_batched(struct soft_qp *qp, uint32_t idx, uint8_t op, bool ta
 		}
 		w->sent = sent ? off[sent - 1] + plens[sent - 1] : w->sent;
 		if (sent < n) {
-			qp->pump_blocked = true;
+			__atomic_store_n(&qp->pump_blocked, true, __ATOMIC_RELAXED);
 			return -EAGAIN;
 		}
 	}
@@ -358,7 +358,7 @@ static int pump_swqe(struct soft_qp *qp, uint32_t idx)
 		int npl = soft_sge_iov(w->sge, w->num_sge, 0, w->len, pl, SOFT_MAX_SGE);
 		int rc = udp_xmit(qp, pl, npl, &w->dst, w->dstlen);
 		if (rc == -EAGAIN) {
-			qp->pump_blocked = true;
+			__atomic_store_n(&qp->pump_blocked, true, __ATOMIC_RELAXED);
 			return rc;
 		}
 		w->all_sent = true;
@@ -461,7 +461,9 @@ static int pump_ird(struct soft_qp *qp)
 
 static void pump(struct soft_qp *qp)
 {
-	qp->pump_blocked = false;
+	/* pump_blocked is read without the lock (soft_qp_wants_pollout, from soft_cq_wait):
+	 * every store is atomic, as rc.c's are */
+	__atomic_store_n(&qp->pump_blocked, false, __ATOMIC_RELAXED);
 	if (pump_ird(qp) == -EAGAIN)
 		return;
 	while (qp->sq_pump != qp->sq_tail) {

@@ -98,7 +98,9 @@ static int ch_push(struct soft_cm_channel *ch, const struct dgv_cm_event *ev)
 		ch->head = 0;
 	}
 	ch->q[(ch->head + ch->count) % ch->cap] = *ev;
-	ch->count++;
+	/* count is peeked without the lock (soft_cm_pending, soft_cm_get_event, soft_cm_wait):
+	 * every change is an atomic store, release so a peek that sees the event sees it written */
+	__atomic_store_n(&ch->count, ch->count + 1, __ATOMIC_RELEASE);
 	pthread_mutex_unlock(&ch->lock);
 	uint64_t one = 1;
 	ssize_t w = write(ch->efd, &one, sizeof one);
@@ -120,7 +122,7 @@ static void ch_purge(struct soft_cm_channel *ch, const struct dgv_qp *qp, const 
 		ch->q[(ch->head + kept) % ch->cap] = *e;
 		kept++;
 	}
-	ch->count = kept;
+	__atomic_store_n(&ch->count, kept, __ATOMIC_RELEASE); /* peeked unlocked: ch_push */
 	pthread_mutex_unlock(&ch->lock);
 	for (uint32_t i = 0; i < dropped; i++) {
 		uint64_t v;
@@ -427,7 +429,7 @@ int soft_rc_destroy(struct soft_qp *qp)
 	conn_list_remove(qp->ctx, rc);
 	pthread_mutex_lock(&qp->lock);
 	if (!rc->ended) {
-		rc->ended = true;
+		__atomic_store_n(&rc->ended, true, __ATOMIC_RELAXED); /* read unlocked: cm_drive */
 		rc->state = DGV_QPS_ERROR;
 	}
 	rc_flush_all(qp, DGV_WC_WR_FLUSH_ERR);
@@ -451,7 +453,7 @@ void rc_closed(struct soft_qp *qp)
 	struct rc_conn *rc = qp->rc;
 	if (rc->ended)
 		return;
-	rc->ended = true;
+	__atomic_store_n(&rc->ended, true, __ATOMIC_RELAXED); /* read unlocked: cm_drive */
 	rc->state = DGV_QPS_CLOSED;
 	rc_flush_all(qp, DGV_WC_WR_FLUSH_ERR);
 	__atomic_store_n(&qp->rx_hold, true, __ATOMIC_RELAXED);
@@ -472,7 +474,7 @@ void rc_fail(struct soft_qp *qp, int err, const struct dg_reject *why, bool send
 	struct rc_conn *rc = qp->rc;
 	if (rc->ended)
 		return;
-	rc->ended = true;
+	__atomic_store_n(&rc->ended, true, __ATOMIC_RELAXED); /* read unlocked: cm_drive */
 	rc->state = DGV_QPS_ERROR;
 	if (why) {
 		rc->term_l = why->layer;
@@ -582,7 +584,7 @@ static void process_reply(struct soft_qp *qp, uint32_t len)
 	}
 	if (rr.flags & MPA_FLAG_R) {
 		DG_WARN("RC connection on fd %d: rejected by the peer", qp->fd);
-		rc->ended = true;
+		__atomic_store_n(&rc->ended, true, __ATOMIC_RELAXED); /* read unlocked: cm_drive */
 		rc->state = DGV_QPS_ERROR;
 		__atomic_store_n(&qp->rx_hold, true, __ATOMIC_RELAXED);
 		rc_flush_all(qp, DGV_WC_WR_FLUSH_ERR);
@@ -1361,7 +1363,8 @@ static int cm_drive(struct soft_ctx *ctx, struct soft_cm_channel *ch, struct pol
 	for (int i = 0; i < nq; i++) {
 		struct soft_qp *qp = snap[i];
 		soft_qp_progress(qp, false, false);
-		if (n < max && !qp->rc->ended) {
+		/* without the QP's lock (progress above took and left it): ended is stored atomically */
+		if (n < max && !__atomic_load_n(&qp->rc->ended, __ATOMIC_RELAXED)) {
 			pfd[n++] = (struct pollfd){.fd = qp->fd, .events = POLLIN};
 			if (soft_rc_wants_pollout(qp))
 				pfd[n - 1].events |= POLLOUT;
@@ -1389,7 +1392,7 @@ int soft_cm_get_event(struct dgv_cm_channel *cb, struct dgv_cm_event *ev)
 	}
 	*ev = ch->q[ch->head];
 	ch->head = (ch->head + 1) % ch->cap;
-	ch->count--;
+	__atomic_store_n(&ch->count, ch->count - 1, __ATOMIC_RELEASE); /* see ch_push */
 	pthread_mutex_unlock(&ch->lock);
 	uint64_t v;
 	ssize_t r = read(ch->efd, &v, sizeof v);

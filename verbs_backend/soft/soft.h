@@ -76,7 +76,7 @@ struct soft_cq {
 	struct dgv_cq base;
 	pthread_mutex_t lock;
 	struct soft_cqe *ring;
-	uint32_t cap, head, count;
+	uint32_t cap, head, count; /* count: changed under lock by atomic stores, peeked without */
 	int efd;
 	atomic_int armed;         /* 1 any, 2 solicited only */
 	const void *armer;        /* the thread that armed it (cq_armer_many: several); lock */
@@ -237,7 +237,7 @@ struct soft_qp {
 	atomic_int app_waiting;     /* application blocked in cq_wait on this QP's socket */
 	bool io_on;                 /* libev io watcher started (loop thread only) */
 	ev_io io;
-	bool pump_blocked;          /* UDP socket full: need POLLOUT */
+	bool pump_blocked;          /* UDP socket full: need POLLOUT (stored atomically: read unlocked) */
 	struct rc_conn *rc;         /* RC QPs: the connection (rc_int.h); NULL on UD/RD */
 	struct dgv_qp_stats st;
 };
