@@ -81,6 +81,10 @@ static void poll_bufs_free(struct pollfd *p, struct pollfd *stack, int32_t *read
 		free(qidx);
 }
 
+/* poll/ppoll over taken and untaken descriptors: the shim's readiness for taken sockets, the
+ * kernel's for the rest, one real poll over both with each socket's wait descriptors added.
+ * One function (~150 lines) on purpose: its four arrays live on its stack for the common case
+ * (no malloc per call) and every phase indexes all of them. Returns what poll returns. */
 int ev_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 {
 	nfds_t ntaken = 0;

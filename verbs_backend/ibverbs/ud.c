@@ -596,7 +596,9 @@ static uint32_t reasm_ranges(const struct iv_reasm *re, uint32_t payload, struct
  * One device receive on a UD QP (qp.c convert, under the CQ's lock): checks the header, places
  * the segment (a Send into the program's oldest receive, a Write-Record into its region),
  * reposts the pool buffer, and reports a completion when a message is whole. A Write-Record
- * consumes no receive, as on the soft provider.
+ * consumes no receive, as on the soft provider. One function (~150 lines) on purpose: every
+ * step reads the same header and pool buffer, and it can be checked only on a device (the VM
+ * bed), so it was left whole when the soft RC path was split into handlers.
  */
 bool iv_ud_recv(struct iv_qp *qp, const struct ibv_wc *w, struct dgv_wc *o, struct dgv_range *range)
 {
