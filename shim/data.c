@@ -558,6 +558,11 @@ static ssize_t dgram_send(struct sock *s, int fd, const struct iovec *iov, int i
 			qp_setup(s, fd);
 			s->dest_hint = NULL;
 		}
+		/* RD promised the program reliability, which a plain datagram cannot keep: a datagram
+		 * to another host whose discovery question is out waits for the answer (at most
+		 * RD_ANSWER_WAIT_MS, once per question) rather than going plain meanwhile */
+		if (s->qp && s->qp_type == DGV_QPT_RD && !ip_local(to))
+			peer_remote_wait(to, tolen, IWARP_MODE_RD, RD_ANSWER_WAIT_MS);
 		if (s->qp)
 			ah = peer_route(to, tolen, sock_svc(s));
 	}

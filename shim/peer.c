@@ -416,10 +416,11 @@ void peer_failed(const union dgv_sockaddr *to, socklen_t tolen)
 	pthread_mutex_unlock(m);
 }
 
-int peer_remote_rc(const union dgv_sockaddr *to, socklen_t tolen, int wait_ms)
+int peer_remote_wait(const union dgv_sockaddr *to, socklen_t tolen, int svc, int wait_ms)
 {
 	if (to->sa.sa_family != AF_INET && to->sa.sa_family != AF_INET6)
 		return 0;
+	uint8_t want = svc == IWARP_MODE_RC ? CAP_RC : cap_of(svc);
 	uint64_t until = shim_now_us() + (uint64_t)wait_ms * 1000;
 	uint32_t h = hash_addr(to);
 	pthread_mutex_t *m = &stripes[h % PEER_STRIPES];
@@ -429,11 +430,13 @@ int peer_remote_rc(const union dgv_sockaddr *to, socklen_t tolen, int wait_ms)
 		pthread_mutex_lock(m);
 		struct peer *p = find(to, tolen, h, true);
 		int r = -1;
-		if (!p) {
-			r = 0;
+		if (!p || p->local || p->rule == RULE_OFF) {
+			r = 0; /* this host's registry or a rules line decides, at once */
+		} else if (p->rule == RULE_TRUST) {
+			r = (p->rule_caps & want) != 0;
 		} else {
 			remote_check(p, to);
-			if (p->caps & CAP_RC)
+			if (p->caps & want)
 				r = 1;
 			else if (!p->nonce)
 				r = 0; /* answered "no", or could not ask */

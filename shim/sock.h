@@ -233,12 +233,17 @@ void peer_heard(const union dgv_sockaddr *from, socklen_t fromlen, bool framed, 
 /* An RD peer failed: stop sending it framed until discovery says otherwise. */
 void peer_failed(const union dgv_sockaddr *to, socklen_t tolen);
 
-/* A TCP destination on another host: whether a carried listener answers there (its discovery
- * port said so, within wait_ms for a first question). Returns 1 or 0. Takes a stripe lock. */
-int peer_remote_rc(const union dgv_sockaddr *to, socklen_t tolen, int wait_ms);
+/* A destination on another host: whether its port serves svc (IWARP_MODE_UD/RD, SVC_UDV or
+ * IWARP_MODE_RC: a carried listener), its discovery port said so within wait_ms for a question
+ * outstanding. A destination on this host or one a rules line decides returns at once.
+ * Returns 1 or 0. Takes a stripe lock. */
+int peer_remote_wait(const union dgv_sockaddr *to, socklen_t tolen, int svc, int wait_ms);
 
 /* disco.c: discovery between hosts (wire.h struct dg_disco). */
 #define DISCO_LEASE_MS 100     /* how long an answer may be believed (and asked again halfway) */
+/* An RD datagram to another host waits this long at most for an outstanding discovery answer
+ * (the asker's own "no answer" bound, ASK_WAIT_US in peer.c), instead of going plain. */
+#define RD_ANSWER_WAIT_MS 200
 typedef void (*disco_answer_fn)(const union dgv_sockaddr *from, unsigned port, uint64_t nonce, uint8_t caps,
 				uint32_t lease_ms);
 /* DGSHIM_DISCOVERY_PORT (default 18517; 0: no discovery between hosts). */

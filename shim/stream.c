@@ -958,7 +958,7 @@ int stream_connect(struct sock *s, int fd, const struct sockaddr *a, socklen_t l
 	if (m == IWARP_MODE_AUTO) {
 		name_listen(&un, &unl, dport, false);
 		if (ip_local(&dst) ? !registry_exists(&un, unl)
-				   : !peer_remote_rc(&dst, l, DISCO_CONNECT_WAIT_MS))
+				   : !peer_remote_wait(&dst, l, IWARP_MODE_RC, DISCO_CONNECT_WAIT_MS))
 			m = IWARP_MODE_OFF;
 	}
 	if (m == IWARP_MODE_OFF) {
