@@ -23,7 +23,7 @@ grep -q '^usage: dgshim' <<<"$out" || fail "--help has no usage line"
 if grep -Eq 'LIB=|HERE=|\$\{|exec ' <<<"$out"; then fail "--help shows script text"; fi
 # every variable the library reads (config/env.c's table, its one reader) has a flag, and
 # DGSHIM_LIB too; and nothing else in the sources reads one behind the table's back
-vars=$(grep -hoE '^	\[DG_ENV_[A-Z_]+\] = \{"DGSHIM_[A-Z_]+"' "$src/config/env.c" | sed 's/.*"\(.*\)"/\1/' | sort -u)
+vars=$(grep -hoE '^	\[DG_ENV_[A-Z_]+\] = \{\.name = "DGSHIM_[A-Z_]+"' "$src/config/env.c" | sed 's/.*"\(.*\)"/\1/' | sort -u)
 stray=$(grep -rnE 'getenv\("DGSHIM_' "$src/shim" "$src/verbs_backend" "$src/config" "$src/apps" --include='*.c' | grep -v '/dgshim_stat.c:')
 [ -z "$stray" ] || fail "DGSHIM_* read outside config/env.c: $stray"
 [ "$(wc -w <<<"$vars")" -ge 10 ] || fail "found only these variables in the sources: $(echo $vars)"
