@@ -529,10 +529,12 @@ static void rc_setup(struct dgv_qp_init_attr *qa, const union dgv_sockaddr *ctl_
 
 		uint16_t own_port = 0;
 		r = dgv_listen(V.ctx, NULL, 0, 4, g_lfd, V.ch, NULL, &V.lst);
-		if (r == -EOPNOTSUPP && !strcmp(dgv_provider_name(V.ctx), "ibverbs")) {
-			/* an iWARP device listens on a kernel TCP port of its own, which our control
-			 * socket already holds: a port of its choice on the control connection's
-			 * address, told to the client in CTL_SETUP */
+		struct dgv_caps caps = {0};
+		dgv_query_caps(V.ctx, &caps);
+		if (r == -EOPNOTSUPP && !(caps.flags & DGV_CAP_ADOPT_FD)) {
+			/* a provider that cannot listen on our socket (a device: its own kernel TCP
+			 * port, which our control socket already holds): a port of its choice on the
+			 * control connection's address, told to the client in CTL_SETUP */
 			union dgv_sockaddr la;
 			socklen_t ll = sizeof la;
 			if (getsockname(g_ctl, &la.sa, &ll))

@@ -560,11 +560,9 @@ static ssize_t dgram_send(struct sock *s, int fd, const struct iovec *iov, int i
 		}
 		/* RD promised the program reliability, which a plain datagram cannot keep: a datagram
 		 * to another host whose discovery question is out waits for the answer (at most
-		 * RD_ANSWER_WAIT_MS, once per question) rather than going plain meanwhile */
-		if (s->qp && s->qp_type == DGV_QPT_RD && !ip_local(to))
-			peer_remote_wait(to, tolen, IWARP_MODE_RD, RD_ANSWER_WAIT_MS);
+		 * RD_ANSWER_WAIT_MS) rather than going plain meanwhile */
 		if (s->qp)
-			ah = peer_route(to, tolen, sock_svc(s));
+			ah = peer_route(to, tolen, sock_svc(s), s->qp_type == DGV_QPT_RD ? RD_ANSWER_WAIT_MS : 0);
 	}
 	if (!ah) {
 		pthread_mutex_unlock(&s->lock);

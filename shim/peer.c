@@ -314,7 +314,9 @@ static void remote_check(struct peer *p, const union dgv_sockaddr *to)
 	}
 }
 
-struct dgv_ah *peer_route(const union dgv_sockaddr *to, socklen_t tolen, int svc)
+/* One look for peer_route. *pending: no handle because a question to the destination's host is
+ * still out (the answer may still say yes). Takes a stripe lock. */
+static struct dgv_ah *route_once(const union dgv_sockaddr *to, socklen_t tolen, int svc, bool *pending)
 {
 	if (atomic_load_explicit(&asked, memory_order_relaxed) > 0)
 		disco_read(on_answer);
@@ -345,8 +347,10 @@ struct dgv_ah *peer_route(const union dgv_sockaddr *to, socklen_t tolen, int svc
 		}
 		else if (!p->local)
 			remote_check(p, to);
-		if (!(p->caps & want))
+		if (!(p->caps & want)) {
+			*pending = !p->local && p->nonce;
 			goto out;
+		}
 	}
 	if (sidr) {
 		if (!p->dah || p->dah_gen != G.gen) {
@@ -376,6 +380,28 @@ struct dgv_ah *peer_route(const union dgv_sockaddr *to, socklen_t tolen, int svc
 out:
 	pthread_mutex_unlock(m);
 	return ah;
+}
+
+/* Until `until` (shim_now_us): waits for a discovery answer of family's asking socket and
+ * returns true; false once the time is up. */
+static bool answer_wait(int family, uint64_t until)
+{
+	uint64_t now = shim_now_us();
+	if (now >= until)
+		return false;
+	disco_wait(family, (int)((until - now + 999) / 1000));
+	return true;
+}
+
+struct dgv_ah *peer_route(const union dgv_sockaddr *to, socklen_t tolen, int svc, int wait_ms)
+{
+	uint64_t until = shim_now_us() + (uint64_t)wait_ms * 1000;
+	for (;;) {
+		bool pending = false;
+		struct dgv_ah *ah = route_once(to, tolen, svc, &pending);
+		if (ah || !pending || !wait_ms || !answer_wait(to->sa.sa_family, until))
+			return ah;
+	}
 }
 
 void peer_heard(const union dgv_sockaddr *from, socklen_t fromlen, bool framed, int svc)
@@ -442,9 +468,7 @@ int peer_remote_wait(const union dgv_sockaddr *to, socklen_t tolen, int svc, int
 				r = 0; /* answered "no", or could not ask */
 		}
 		pthread_mutex_unlock(m);
-		uint64_t now = shim_now_us();
-		if (r >= 0 || now >= until)
+		if (r >= 0 || !answer_wait(to->sa.sa_family, until))
 			return r > 0;
-		disco_wait(to->sa.sa_family, (int)((until - now + 999) / 1000));
 	}
 }

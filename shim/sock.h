@@ -191,9 +191,10 @@ void stats_note_stream(struct sock *s, const struct shim_pv *pv);
 void peer_init(void);
 void peer_after_fork(void);
 /* For a framed send to `to` with service svc (IWARP_MODE_UD/RD, SVC_UDV): an address handle
- * (of the device's context for SVC_UDV) when the
- * destination speaks it, else NULL (send plain). Never blocks. */
-struct dgv_ah *peer_route(const union dgv_sockaddr *to, socklen_t tolen, int svc);
+ * (of the device's context for SVC_UDV) when the destination speaks it, else NULL (send
+ * plain). wait_ms 0: never blocks; else, while a question to the destination's host is out,
+ * waits up to wait_ms for its answer (RD). Takes a stripe lock. */
+struct dgv_ah *peer_route(const union dgv_sockaddr *to, socklen_t tolen, int svc, int wait_ms);
 /* Whether pv's provider has capability f (enum dgv_cap_flag); false for no context yet. */
 static inline bool pv_can(const struct shim_pv *pv, uint32_t f) { return pv && (pv->caps.flags & f); }
 /* The same for the context a socket's QP is on. */
