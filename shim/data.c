@@ -570,6 +570,7 @@ static ssize_t dgram_send(struct sock *s, int fd, const struct iovec *iov, int i
 	}
 	int timeout = nb ? 0 : s->sndtimeo_ms > 0 ? s->sndtimeo_ms : -1;
 	ssize_t rc;
+	int pr;
 	if (s->qp_type == DGV_QPT_UD && iovcnt == 1 && total >= (size_t)s->zcopy && total > 0) {
 		/* zero-copy: the provider reads the program's buffer; UD hands it to the kernel
 		 * during the post, so the wait below is normally already over */
@@ -580,7 +581,7 @@ static ssize_t dgram_send(struct sock *s, int fd, const struct iovec *iov, int i
 			struct dgv_send_wr wr = {.wr_id = WR_ZC | (uint32_t)seq, .sg_list = &sge, .num_sge = 1,
 						 .opcode = DGV_WR_SEND, .send_flags = DGV_SEND_SIGNALED, .ah = ah},
 					   *bad;
-			int pr = dgv_post_send(s->qp, &wr, &bad);
+			pr = dgv_post_send(s->qp, &wr, &bad);
 			if (pr == 0) {
 				int t = -1; /* the buffer is the program's: it cannot go back half sent */
 				while (s->zc_done < seq) {
@@ -595,6 +596,7 @@ static ssize_t dgram_send(struct sock *s, int fd, const struct iovec *iov, int i
 			s->zc_seq--;
 		}
 	}
+again:
 	for (;;) {
 		if (!s->tx_free_n)
 			consume_cq(s);
@@ -629,10 +631,31 @@ static ssize_t dgram_send(struct sock *s, int fd, const struct iovec *iov, int i
 	struct dgv_send_wr wr = {.wr_id = WR_TX | slot, .sg_list = &sge, .num_sge = 1,
 				 .opcode = DGV_WR_SEND, .send_flags = DGV_SEND_SIGNALED, .ah = ah},
 			   *bad;
-	int pr = dgv_post_send(s->qp, &wr, &bad);
+	pr = dgv_post_send(s->qp, &wr, &bad);
+	if (pr == -ENOMEM) {
+		/* the send queue is full behind a WQE still in flight (an RD peer that stopped
+		 * answering holds its entries until its retries run out): a blocking send waits
+		 * as the kernel's does when the send buffer is full, never ENOBUFS */
+		s->tx_free[s->tx_free_n++] = (uint16_t)slot;
+		if (nb) {
+			rc = -EAGAIN;
+			goto out;
+		}
+		/* only a completion frees the entries: the kernel socket's room would wake at once */
+		int w = wait_sock(s, fd, 0, &timeout);
+		if (w) {
+			rc = w;
+			goto out;
+		}
+		if (!s->qp) {
+			pthread_mutex_unlock(&s->lock);
+			return send_plain(s, fd, iov, iovcnt, flags & ~MSG_DONTWAIT, dest, destlen, nb);
+		}
+		goto again;
+	}
 	if (pr) {
 		s->tx_free[s->tx_free_n++] = (uint16_t)slot;
-		rc = pr == -ENOMEM ? -ENOBUFS : pr;
+		rc = pr;
 		goto out;
 	}
 	s->st->tx_framed++, s->st->tx_framed_bytes += total;

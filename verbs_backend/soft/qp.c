@@ -191,6 +191,24 @@ static void send_terminate(struct soft_qp *qp, const union dgv_sockaddr *to, soc
 		qp->st.terminates_sent++;
 }
 
+/* The completion of a send (unless it is unsignaled and succeeded). Needs qp->lock. */
+static void send_cqe(struct soft_qp *qp, uint64_t wr_id, enum dgv_wr_opcode op, bool signaled,
+		     enum dgv_wc_status status, uint32_t bytes, uint32_t msn)
+{
+	static const enum dgv_wc_opcode map[] = {
+		[DGV_WR_SEND] = DGV_WC_SEND, [DGV_WR_SEND_SE] = DGV_WC_SEND,
+		[DGV_WR_WRITE] = DGV_WC_WRITE, [DGV_WR_WRITE_RECORD] = DGV_WC_WRITE_RECORD,
+		[DGV_WR_READ] = DGV_WC_READ, [DGV_WR_SEND_PLAIN] = DGV_WC_SEND_PLAIN};
+	if (status == DGV_WC_SUCCESS)
+		qp->st.tx_msgs++;
+	if (status == DGV_WC_SUCCESS && !signaled)
+		return;
+	struct dgv_wc wc = {.wr_id = wr_id, .status = status, .opcode = map[op], .byte_len = bytes,
+			    .msn = msn, .qp = &qp->base};
+	if (soft_cq_push(qp->scq, &wc, NULL, NULL))
+		qp->st.cq_overflows++;
+}
+
 /* Makes the completion of send WQE idx (unless it is unsignaled and succeeded). */
 static void sq_complete(struct soft_qp *qp, uint32_t idx, enum dgv_wc_status status, uint32_t bytes)
 {
@@ -198,20 +216,58 @@ static void sq_complete(struct soft_qp *qp, uint32_t idx, enum dgv_wc_status sta
 	if (w->done)
 		return;
 	w->done = true;
-	if (status == DGV_WC_SUCCESS)
-		qp->st.tx_msgs++;
-	if (status != DGV_WC_SUCCESS || (w->flags & DGV_SEND_SIGNALED)) {
-		static const enum dgv_wc_opcode map[] = {
-			[DGV_WR_SEND] = DGV_WC_SEND, [DGV_WR_SEND_SE] = DGV_WC_SEND,
-			[DGV_WR_WRITE] = DGV_WC_WRITE, [DGV_WR_WRITE_RECORD] = DGV_WC_WRITE_RECORD,
-			[DGV_WR_READ] = DGV_WC_READ, [DGV_WR_SEND_PLAIN] = DGV_WC_SEND_PLAIN};
-		struct dgv_wc wc = {.wr_id = w->wr_id, .status = status, .opcode = map[w->opcode],
-				    .byte_len = bytes, .msn = w->msn, .qp = &qp->base};
-		if (soft_cq_push(qp->scq, &wc, NULL, NULL))
-			qp->st.cq_overflows++;
-	}
+	send_cqe(qp, w->wr_id, w->opcode, w->flags & DGV_SEND_SIGNALED, status, bytes, w->msn);
 	while (qp->sq_head != qp->sq_tail && qp->sq[qp->sq_head % qp->sq_cap].done)
 		qp->sq_head++;
+}
+
+/* RD cookies name a ring entry (idx + 1) or, with RDPEND_BIT, a parked send (index + 1);
+ * the high half is the entry's generation. */
+#define RDPEND_BIT 0x80000000u
+
+/* A parked-send entry for the last segment of WQE idx, as its cookie; 0 when none is free
+ * (the send then waits in the ring as before). Needs qp->lock. */
+static uint64_t park_cookie(struct soft_qp *qp, uint32_t idx)
+{
+	uint32_t k = qp->rdpend_free;
+	if (k == UINT32_MAX)
+		return 0;
+	struct soft_rdpend *e = &qp->rdpend[k];
+	const struct soft_swqe *w = &qp->sq[idx];
+	qp->rdpend_free = e->next;
+	*e = (struct soft_rdpend){.wr_id = w->wr_id, .len = w->len, .msn = w->msn, .gen = e->gen + 1,
+				  .opcode = (uint8_t)w->opcode, .signaled = w->flags & DGV_SEND_SIGNALED,
+				  .used = true, .next = UINT32_MAX};
+	return (uint64_t)e->gen << 32 | (RDPEND_BIT | (k + 1));
+}
+
+static void park_release(struct soft_qp *qp, uint32_t k)
+{
+	qp->rdpend[k].used = false;
+	qp->rdpend[k].next = qp->rdpend_free;
+	qp->rdpend_free = k;
+}
+
+/* The parked send a cookie names, or NULL (not a parked one, or stale). */
+static struct soft_rdpend *park_lookup(struct soft_qp *qp, uint64_t cookie, uint32_t *k)
+{
+	uint32_t lo = (uint32_t)cookie;
+	if (!(lo & RDPEND_BIT))
+		return NULL;
+	uint32_t i = (lo & ~RDPEND_BIT) - 1;
+	if (i >= qp->rdpend_cap || !qp->rdpend[i].used || qp->rdpend[i].gen != (uint32_t)(cookie >> 32))
+		return NULL;
+	*k = i;
+	return &qp->rdpend[i];
+}
+
+/* Completes a parked send with status and frees its entry. */
+static void park_complete(struct soft_qp *qp, uint32_t k, enum dgv_wc_status status)
+{
+	struct soft_rdpend *e = &qp->rdpend[k];
+	send_cqe(qp, e->wr_id, (enum dgv_wr_opcode)e->opcode, e->signaled, status,
+		 status == DGV_WC_SUCCESS ? e->len : 0, e->msn);
+	park_release(qp, k);
 }
 
 /* Same, with a Write-Record-style record (UD Read). */
@@ -237,6 +293,8 @@ static inline uint64_t make_cookie(struct soft_qp *qp, uint32_t idx)
 
 static struct soft_swqe *cookie_wqe(struct soft_qp *qp, uint64_t cookie, uint32_t *idx)
 {
+	if ((uint32_t)cookie & RDPEND_BIT)
+		return NULL;
 	uint32_t i = (uint32_t)cookie - 1;
 	if (i >= qp->sq_cap || qp->sq[i].gen != (uint32_t)(cookie >> 32))
 		return NULL;
@@ -396,8 +454,21 @@ static int pump_swqe(struct soft_qp *qp, uint32_t idx)
 					(uint16_t)w->segsz, 0);
 			hlen = DG_UNTAGGED_HLEN;
 		}
-		uint64_t cookie = last && qp->base.type == DGV_QPT_RD ? make_cookie(qp, idx) : 0;
+		uint64_t cookie = 0;
+		if (last && qp->base.type == DGV_QPT_RD && !(cookie = park_cookie(qp, idx)))
+			cookie = make_cookie(qp, idx);
 		int rc = tx_segment(qp, &h, hlen, pl, npl, &w->dst, w->dstlen, cookie);
+		if (rc && ((uint32_t)cookie & RDPEND_BIT))
+			park_release(qp, ((uint32_t)cookie & ~RDPEND_BIT) - 1);
+		else if (!rc && ((uint32_t)cookie & RDPEND_BIT)) {
+			/* parked: the ring entry is free now, the ack completes the send */
+			w->sent += plen;
+			w->all_sent = true;
+			w->done = true;
+			while (qp->sq_head != qp->sq_tail && qp->sq[qp->sq_head % qp->sq_cap].done)
+				qp->sq_head++;
+			return 0;
+		}
 		if (rc == -EAGAIN)
 			return rc;
 		if (rc) {
@@ -466,15 +537,38 @@ static void pump(struct soft_qp *qp)
 	__atomic_store_n(&qp->pump_blocked, false, __ATOMIC_RELAXED);
 	if (pump_ird(qp) == -EAGAIN)
 		return;
-	while (qp->sq_pump != qp->sq_tail) {
-		uint32_t idx = qp->sq_pump % qp->sq_cap;
+	/* RD: a peer whose window is full (slow, or dead until its retries run out, seconds)
+	 * must not hold up what is queued for other peers behind it (one RD QP serves many
+	 * peers, as one UDP socket does): its WQEs are stepped over, up to PUMP_STALLED peers
+	 * and PUMP_STEP WQEs (a deep queue to one slow peer costs a bounded scan per call), and
+	 * each peer's own WQEs still leave in order. sq_pump stays at the first WQE not wholly
+	 * handed down. */
+	enum { PUMP_STALLED = 8, PUMP_STEP = 64 };
+	const union dgv_sockaddr *stalled[PUMP_STALLED];
+	unsigned nstalled = 0, stepped = 0;
+	bool behind = false; /* a stepped-over WQE is before i */
+	for (uint32_t i = qp->sq_pump; i != qp->sq_tail; i++) {
+		uint32_t idx = i % qp->sq_cap;
 		struct soft_swqe *w = &qp->sq[idx];
 		if (!w->all_sent && !w->done) {
-			int rc = pump_swqe(qp, idx);
-			if (rc == -EAGAIN)
-				return;
+			bool skip = false;
+			for (unsigned k = 0; k < nstalled && !skip; k++)
+				skip = dgv_addr_eq(stalled[k], &w->dst);
+			int rc = skip ? -EAGAIN : pump_swqe(qp, idx);
+			if (rc == -EAGAIN) {
+				if (qp->base.type != DGV_QPT_RD || w->opcode == DGV_WR_READ ||
+				    w->opcode == DGV_WR_SEND_PLAIN || !rd_can_send_any(qp->rd))
+					return; /* the LLP or the pool is full, not one peer's window */
+				if (++stepped > PUMP_STEP || (!skip && nstalled == PUMP_STALLED))
+					return;
+				if (!skip)
+					stalled[nstalled++] = &w->dst;
+				behind = true;
+				continue;
+			}
 		}
-		qp->sq_pump++;
+		if (!behind)
+			qp->sq_pump = i + 1;
 	}
 }
 
@@ -1082,6 +1176,10 @@ static void rd_acked_cb(void *arg, uint64_t cookie)
 {
 	struct soft_qp *qp = arg;
 	uint32_t idx;
+	if (park_lookup(qp, cookie, &idx)) {
+		park_complete(qp, idx, DGV_WC_SUCCESS);
+		return;
+	}
 	struct soft_swqe *w = cookie_wqe(qp, cookie, &idx);
 	if (!w || w->done || w->opcode == DGV_WR_READ)
 		return; /* a Read completes with its response */
@@ -1092,11 +1190,16 @@ static void rd_failed_cb(void *arg, uint64_t cookie, int err)
 {
 	struct soft_qp *qp = arg;
 	uint32_t idx;
+	enum dgv_wc_status st = err == -ECONNRESET ? DGV_WC_REM_OP_ERR : DGV_WC_RETRY_EXC_ERR;
+	if (park_lookup(qp, cookie, &idx)) {
+		qp->st.rd_peer_failures++;
+		park_complete(qp, idx, st);
+		return;
+	}
 	struct soft_swqe *w = cookie_wqe(qp, cookie, &idx);
 	if (!w || w->done)
 		return;
 	qp->st.rd_peer_failures++;
-	enum dgv_wc_status st = err == -ECONNRESET ? DGV_WC_REM_OP_ERR : DGV_WC_RETRY_EXC_ERR;
 	if (w->opcode == DGV_WR_READ)
 		for (int i = 0; i < SOFT_MAX_ORD; i++)
 			if (qp->ord[i].used && qp->ord[i].sq_idx == idx) {
@@ -1431,6 +1534,7 @@ static void qp_free(struct soft_qp *qp)
 	if (qp->own_fd && qp->fd >= 0)
 		close(qp->fd);
 	dg_pages_free(qp->sq, (size_t)qp->sq_cap * sizeof *qp->sq);
+	free(qp->rdpend);
 	dg_pages_free(qp->rq, (size_t)qp->rq_cap * sizeof *qp->rq);
 	dg_pages_free(qp->rxbuf, (size_t)qp->rxbuf_size * qp->rx_batch);
 	free(qp->rxmsg);
@@ -1557,17 +1661,29 @@ int soft_create_qp(struct dgv_pd *pdb, const struct dgv_qp_init_attr *a, struct 
 	    (err = dg_fault_init(&qp->frx, a->fault_rx ? a->fault_rx : &frx, qp->rxbuf_size)))
 		goto fail;
 	if (a->qp_type == DGV_QPT_RD) {
-		/* The window is also the size of the retransmission and reordering pools, which
-		 * dominate an RD QP's memory: at most 4 MiB of each, whatever the segment size. */
+		/* The window sizes the reordering pool and half the retransmission pool, which
+		 * dominate an RD QP's memory: at most 4 and 8 MiB, whatever the segment size. */
 		uint32_t dgram = qp->seg_size - DG_RD_HLEN - DG_CRC_LEN;
 		uint32_t wnd = a->rd_window ? a->rd_window : 256;
 		uint32_t cap = (4u << 20) / dgram;
 		if (wnd > cap)
 			wnd = cap < 16 ? 16 : cap;
+		/* twice the window of retransmission slots: one peer whose window is full (a
+		 * slow one, or a dead one until its retries run out) leaves room for the others */
 		struct rd_cfg rc = {.max_dgram = dgram, .max_retries = a->rd_max_retries,
-				    .tx_slots = wnd, .rx_slots = wnd, .max_wnd = wnd};
+				    .tx_slots = 2 * wnd, .rx_slots = wnd, .max_wnd = wnd};
 		if ((err = rd_create(&rc, &qp_rd_ops, qp, &qp->rd)))
 			goto fail;
+		/* one parked send per retransmission slot: each holds its last segment's slot */
+		qp->rdpend_cap = rc.tx_slots;
+		qp->rdpend = calloc(qp->rdpend_cap, sizeof *qp->rdpend);
+		if (!qp->rdpend) {
+			err = -ENOMEM;
+			goto fail;
+		}
+		qp->rdpend_free = UINT32_MAX;
+		for (uint32_t k = qp->rdpend_cap; k-- > 0;)
+			park_release(qp, k);
 	}
 	if ((err = soft_cq_attach(qp->scq, qp)))
 		goto fail;
@@ -1613,6 +1729,9 @@ int soft_destroy_qp(struct dgv_qp *qpb)
 		if (!qp->sq[idx].done)
 			sq_complete(qp, idx, DGV_WC_WR_FLUSH_ERR, 0);
 	}
+	for (uint32_t k = 0; k < qp->rdpend_cap; k++)
+		if (qp->rdpend[k].used)
+			park_complete(qp, k, DGV_WC_WR_FLUSH_ERR);
 	struct soft_rwqe w;
 	while (soft_rq_pop(qp, &w)) {
 		union dgv_sockaddr none = {0};

@@ -681,6 +681,8 @@ bool rd_can_send(struct rd_ep *ep, const union dgv_sockaddr *to, socklen_t tolen
 	return may_send(ep, &ep->peers[i], rd_now(ep));
 }
 
+bool rd_can_send_any(const struct rd_ep *ep) { return ep->tx_nfree > 0; }
+
 /* ------------------------------------------------------------------ acknowledgements */
 
 static void rtt_sample(const struct rd_ep *ep, struct rd_peer *p, uint64_t r64)

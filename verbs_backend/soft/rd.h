@@ -72,6 +72,8 @@ void rd_destroy(struct rd_ep *ep);
 int rd_send(struct rd_ep *ep, const union dgv_sockaddr *to, socklen_t tolen,
 	    const struct iovec *iov, int iovcnt, uint64_t cookie);
 bool rd_can_send(struct rd_ep *ep, const union dgv_sockaddr *to, socklen_t tolen);
+/* Whether the slot pool has room (a -EAGAIN from rd_send was then one peer's window). */
+bool rd_can_send_any(const struct rd_ep *ep);
 
 /*
  * A received datagram that starts with the RD header; its CRC was checked and is not included

@@ -123,6 +123,16 @@ struct soft_swqe {
 	uint32_t rc_bytes;
 };
 
+struct soft_rdpend {
+	uint64_t wr_id;
+	uint32_t len, msn;
+	uint32_t gen;      /* distinguishes reuse of the entry in RD cookies */
+	uint32_t next;     /* free list */
+	uint8_t opcode;    /* enum dgv_wr_opcode */
+	bool signaled;
+	bool used;
+};
+
 struct soft_rwqe {
 	uint64_t wr_id;
 	uint32_t num_sge;
@@ -200,6 +210,11 @@ struct soft_qp {
 	/* send queue */
 	struct soft_swqe *sq;
 	uint32_t sq_cap, sq_head, sq_pump, sq_tail; /* head: oldest not done; pump: next to send */
+	/* RD: sends wholly handed to the RD layer wait for their ack here, not in the ring, so a
+	 * peer that stopped answering (seconds until its retries run out) does not hold the
+	 * ring's head and with it every later send (qp.c park_rd) */
+	struct soft_rdpend *rdpend;
+	uint32_t rdpend_cap, rdpend_free;
 	uint32_t msn_send, msn_read, msn_wrec, msn_term;
 	/* receive queue (deque: a failed message gives its WQE back at the front) */
 	struct soft_rwqe *rq;
