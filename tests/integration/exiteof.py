@@ -5,8 +5,11 @@ reader that must read exactly N bytes and then end of file (issue "Hardening", i
                                      and how it ended ("EOF" or the error), exit 0 only for N+EOF
   exiteof.py write PORT N HOW        connect, sendall N bytes (a pattern), then HOW: close,
                                      shutdown, return, exit, _exit, kill
+EXITEOF_HOST: the reader's address (default 127.0.0.1).
 """
 import os, signal, socket, sys
+
+HOST = os.environ.get("EXITEOF_HOST", "127.0.0.1")  # the reader's address (two hosts: host a's)
 
 def pattern(n):
     block = bytes(range(256)) * 256
@@ -18,7 +21,7 @@ def pattern(n):
 if sys.argv[1] == "read":
     port, n = int(sys.argv[2]), int(sys.argv[3])
     l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    l.bind(("127.0.0.1", port)); l.listen(1)
+    l.bind((HOST, port)); l.listen(1)
     print("listening", flush=True)
     c, _ = l.accept(); c.settimeout(20)
     got = bytearray(); how = "EOF"
@@ -35,7 +38,7 @@ if sys.argv[1] == "read":
     sys.exit(0 if ok else 1)
 
 port, n, how = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-s = socket.create_connection(("127.0.0.1", port))
+s = socket.create_connection((HOST, port))
 s.sendall(pattern(n))
 if how == "close":
     s.close()
