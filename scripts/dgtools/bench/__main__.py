@@ -68,10 +68,11 @@ def merge(R):
     ctx.FAILED.extend(f for f in old.get("failed", []) if f.split(":", 1)[0] in kept)
     ctx.NOTES.extend(n for n in old.get("notes", []) if not n.startswith("sections "))
     if kept:
-        ctx.NOTES.append("sections %s are from an earlier run (`%s`, %s mode, %s UTC, commit `%s`); this run "
-                         "(`%s`, commit `%s`) measured only %s." % (
+        ctx.NOTES.append("sections %s are from an earlier run (`%s`, %s mode, %s UTC, commit `%s`, on %s, "
+                         "Linux %s); this run (`%s`, commit `%s`, on the machine above) measured only %s." % (
                              ", ".join(kept), old["command"], old["mode"], old["started"][:16].replace("T", " "),
-                             old["machine"]["git"], ctx.CMDLINE, machine()["git"], ", ".join(ctx.SECTIONS)))
+                             old["machine"]["git"], old["machine"]["cpu"], old["machine"]["kernel"], ctx.CMDLINE,
+                             machine()["git"], ", ".join(ctx.SECTIONS)))
 
 
 def run(argv):

@@ -367,9 +367,12 @@ def page_section(C, w, fmt, made, summary):
     n, s, v, ok = figure(d, "udp_rss")
     if ok is False:
         w("**Memory: we miss the target.** An idle taken UDP socket costs %s kB of resident memory more than "
-          "natively: its registered send and receive slots (32 each, touched only as far as datagrams reach, "
-          "a page each at least), its queue pair and completion queue; a carried TCP connection its receive "
-          "and send rings as far as its bytes reached, and the queue pair's state." % fmt(v, "", 1))
+          "natively, a carried TCP connection %s kB at the connecting end and %s kB at the accepting end, "
+          "having moved one datagram or one byte each: what the shim allocates and touches per socket (a UDP "
+          "socket's registered send and receive slots, a connection's receive and send rings as far as its "
+          "bytes reached, the queue pair's and completion queue's state). This section measures the total "
+          "only, not its parts." % (fmt(v, "", 1), fmt(figure(d, "tcp_rss")[2], "", 1),
+                                   fmt(figure(d, "tcp_acc_rss")[2], "", 1)))
         w("")
     w("### Where the remaining time goes")
     w("")
