@@ -231,4 +231,7 @@ def bench(R, img, mode):
     if "twohost" in R:
         from .bench import twohost
         twohost.plots(R["twohost"], save, plt)
+    if "cost" in R:
+        from .bench import cost
+        cost.plots(R["cost"], save, plt)
     return made

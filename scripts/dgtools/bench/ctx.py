@@ -17,6 +17,8 @@ T0 = time.monotonic()
 NOFILE = 0
 PBASE = 22000
 FAILED = []          # "section: what" for every measurement run that failed
+NOTES = []           # lines the page shows under "Note" (e.g. sections kept by --merge)
+ALL = ("verbs", "loss", "sock", "vlc", "sipp", "twohost", "cost")
 live = []            # processes to kill on exit
 restore = []         # (path, value) sysctls to put back
 
@@ -28,7 +30,8 @@ def setup(argv):
     ap = argparse.ArgumentParser(prog="scripts/bench", add_help=False)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default="docs")
-    ap.add_argument("--only", default="verbs,loss,sock,vlc,sipp,twohost")
+    ap.add_argument("--only", default=",".join(ALL))
+    ap.add_argument("--merge", action="store_true")   # keep OUT/img/results.json's other sections
     ap.add_argument("--trials", type=int)
     ap.add_argument("--from-json")   # rewrite the page and plots from a run's img/results.json
     try:
@@ -37,8 +40,8 @@ def setup(argv):
         sys.exit(2)
     SECTIONS = [s for s in A.only.split(",") if s]
     for s in SECTIONS:
-        if s not in ("verbs", "loss", "sock", "vlc", "sipp", "twohost"):
-            print("bench: unknown section %r (verbs, loss, sock, vlc, sipp, twohost)" % s, file=sys.stderr)
+        if s not in ALL:
+            print("bench: unknown section %r (%s)" % (s, ", ".join(ALL)), file=sys.stderr)
             sys.exit(2)
     SAVED = json.load(open(A.from_json)) if A.from_json else None
     QUICK = A.quick if not SAVED else SAVED["mode"] == "quick"

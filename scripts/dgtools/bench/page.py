@@ -1,5 +1,5 @@
 """scripts/bench: the results page (results.md) from a run's results."""
-from . import ctx, twohost
+from . import cost, ctx, twohost
 from .ctx import med
 from .verbs import LOSS_TESTS
 from .sock import SOCK
@@ -58,7 +58,7 @@ def page(R, M, made, elapsed):
       "same traffic pattern, or the same unmodified program without the shim); trials alternate the "
       "sides; figures are medians. Targets are reported, never enforced.")
     w("")
-    for n in (ctx.SAVED or {}).get("notes", []):
+    for n in (ctx.SAVED or {}).get("notes", []) or ctx.NOTES:
         w("**Note**: " + n)
         w("")
     if ctx.FAILED:
@@ -546,10 +546,12 @@ def page(R, M, made, elapsed):
             d = A.get(key)
             if d and d["shim"] and d["native"]:
                 summary.append((what, "%.2fx" % (d["shim"] / d["native"]), d["shim"] / d["native"] <= limit))
+    if "cost" in R:
+        cost.page_section(R["cost"], w, fmt, made, summary)
     # ---- summary at the top
     if summary:
         head = ["## Where we stand against the targets", "",
-                "| target (from the papers / issue 6) | ours (this run) | met? |", "|---|---|---|"]
+                "| target (from the papers / issues 6 and 14) | ours (this run) | met? |", "|---|---|---|"]
         for t, o, ok in summary:
             head.append("| %s | %s | %s |" % (t, o, ok if isinstance(ok, str) else "yes" if ok else "**no**"))
         head.append("")
