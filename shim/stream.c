@@ -59,6 +59,7 @@
 #define CQ_DEPTH (MAX_RECS + SQ_DEPTH + CTL_SLOTS + 64u)
 #define CHUNK (64u << 10)      /* one Write-Record at most: the reader sees data as it streams */
 #define CONNECT_WAIT_MS 15000  /* MPA exchange of a blocking connect, at most */
+#define OUTQ_STALL_US 200000   /* close: TCP's send queue unchanged this long, the peer reads no more */
 #define ACCEPT_WAIT_MS 5000    /* the MPA Request of a connection found to be ours */
 /* An accepted connection of ours that the program has not used this long is answered by the
  * shim's answering thread, unless the process forked meanwhile (the child answers it). */
@@ -2188,6 +2189,30 @@ bool sock_busy_poll(struct sock *s)
 
 /* ------------------------------------------------------------------ end */
 
+/* Watching TCP's send queue drain at close (outq_draining). */
+struct outq_watch {
+	int last;          /* bytes queued at the last change */
+	uint64_t since_us; /* when it last changed (0: not looked yet) */
+};
+
+/* Whether bytes are still queued in the connection's TCP and it is worth waiting: before end,
+ * and while the queue keeps shrinking (a peer that stopped reading, or whose process closes
+ * connection after connection without reading, leaves a zero window: waiting for it would
+ * cost the full bound per connection, 2 s each, where the kernel's close costs nothing). */
+static bool outq_draining(const struct stream *t, struct outq_watch *w, uint64_t end)
+{
+	int outq = 0;
+	uint64_t now = shim_now_us();
+	if (now >= end || ioctl(t->qfd, SIOCOUTQ, &outq) != 0 || outq <= 0)
+		return false;
+	if (!w->since_us || outq != w->last) {
+		w->last = outq;
+		w->since_us = now;
+		return true;
+	}
+	return now - w->since_us < OUTQ_STALL_US;
+}
+
 void stream_teardown(struct sock *s)
 {
 	struct stream *t = s->strm;
@@ -2225,8 +2250,8 @@ void stream_teardown(struct sock *s)
 			 * announcement must have left first, or the peer reads the reset as the end
 			 * of a writer that died (bounded by the same 2 s: a peer that does not read
 			 * gets the reset without it) */
-			int outq = 0;
-			while (!t->tcp_down && shim_now_us() < end && ioctl(t->qfd, SIOCOUTQ, &outq) == 0 && outq > 0) {
+			struct outq_watch ow = {0};
+			while (!t->tcp_down && outq_draining(t, &ow, end)) {
 				dgv_cq_wait(t->cq, 1);
 				progress(s, t);
 			}
@@ -2238,9 +2263,8 @@ void stream_teardown(struct sock *s)
 			 * which MPA holds until our first FPDU; credit) would reach a closed socket,
 			 * which answers with a reset and drops what it still had to send. Bounded
 			 * by the same 2 s. */
-			int outq = 0;
-			while (!t->own_cm && !t->tcp_down && shim_now_us() < end && ioctl(t->qfd, SIOCOUTQ, &outq) == 0 &&
-			       outq > 0) {
+			struct outq_watch ow = {0};
+			while (!t->own_cm && !t->tcp_down && outq_draining(t, &ow, end)) {
 				dgv_cq_wait(t->cq, 5);
 				progress(s, t);
 			}
