@@ -10,6 +10,7 @@ from .vlc import vlc
 from .sipp import sipp
 from .twohost import twohost
 from .cost import cost
+from .soak import soak
 from .page import page
 from .. import plots, runner
 
@@ -25,7 +26,7 @@ def main():
     log("bench (%s mode), sections %s, output %s" % (ctx.MODE, ",".join(ctx.SECTIONS), ctx.OUT))
     R = {}
     for sec, fn in (("verbs", verbs), ("loss", loss), ("sock", sock), ("vlc", vlc), ("sipp", sipp), ("twohost", twohost),
-                    ("cost", lambda: cost(R))):
+                    ("cost", lambda: cost(R)), ("soak", soak)):
         if sec not in ctx.SECTIONS:
             continue
         t = time.monotonic()

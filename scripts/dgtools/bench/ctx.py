@@ -18,7 +18,7 @@ NOFILE = 0
 PBASE = 22000
 FAILED = []          # "section: what" for every measurement run that failed
 NOTES = []           # lines the page shows under "Note" (e.g. sections kept by --merge)
-ALL = ("verbs", "loss", "sock", "vlc", "sipp", "twohost", "cost")
+ALL = ("verbs", "loss", "sock", "vlc", "sipp", "twohost", "cost", "soak")
 live = []            # processes to kill on exit
 restore = []         # (path, value) sysctls to put back
 

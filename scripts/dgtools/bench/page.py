@@ -1,5 +1,5 @@
 """scripts/bench: the results page (results.md) from a run's results."""
-from . import cost, ctx, twohost
+from . import cost, ctx, soak, twohost
 from .ctx import med
 from .verbs import LOSS_TESTS
 from .sock import SOCK
@@ -548,6 +548,8 @@ def page(R, M, made, elapsed):
                 summary.append((what, "%.2fx" % (d["shim"] / d["native"]), d["shim"] / d["native"] <= limit))
     if "cost" in R:
         cost.page_section(R["cost"], w, fmt, made, summary)
+    if R.get("soak"):
+        soak.page_section(R["soak"], w, fmt, summary)
     # ---- summary at the top
     if summary:
         head = ["## Where we stand against the targets", "",
