@@ -728,7 +728,7 @@ void qp_teardown(struct sock *s, bool all)
 			consume_cq(s);
 	}
 	if (s->regfd >= 0) {
-		real.close(s->regfd);
+		reg_del(s->regfd);
 		s->regfd = -1;
 	}
 	if (!all)
@@ -776,7 +776,7 @@ void sock_reset_after_fork(struct sock *s)
 		s->rx_area = s->tx_area = NULL;
 	}
 	memset(s->zc, 0, sizeof s->zc);
-	s->regfd = -1; /* inherited close-on-exec descriptors: keep the numbers untouched */
+	s->regfd = -1; /* the parent's entry stays the parent's (registry.c) */
 	s->broken = false;
 	s->pv = NULL; /* chosen again with the child's first QP */
 	s->shared = !sock_is_stream(s); /* the parent reads the same kernel socket */
@@ -832,16 +832,6 @@ void abstract_name(struct sockaddr_un *u, socklen_t *len, const char *name)
 	*len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
 }
 
-/* The name under which a socket bound to port says "I speak datagram-iWARP, service svc"
- * (IWARP_MODE_UD or _RD: over kernel UDP; SVC_UDV: UD on the RDMA device, found by SIDR). */
-void registry_name(struct sockaddr_un *u, socklen_t *len, int svc, unsigned port)
-{
-	char name[48];
-	snprintf(name, sizeof name, "dgshim/%s/%u", svc == IWARP_MODE_RD ? "rd" : svc == SVC_UDV ? "udv" : "ud",
-		 port);
-	abstract_name(u, len, name);
-}
-
 /* Binds the abstract name on a private unix socket at a high descriptor number (per network
  * namespace like ports, and gone with the process). Returns the fd or -errno (-EADDRINUSE:
  * someone holds the name). */
@@ -859,12 +849,12 @@ int registry_bind(const struct sockaddr_un *a, socklen_t al)
 	return u;
 }
 
-/* Binds the registry name of the socket's current service (fd: the program's descriptor).
+/* Names the socket's port and current service in the registry (fd: the program's descriptor).
  * Needs s->lock. */
 static void registry_set(struct sock *s, int fd)
 {
 	if (s->regfd >= 0)
-		real.close(s->regfd), s->regfd = -1;
+		reg_del(s->regfd), s->regfd = -1;
 	if (s->mode == IWARP_MODE_OFF || !s->qp)
 		return;
 	union dgv_sockaddr la;
@@ -872,12 +862,9 @@ static void registry_set(struct sock *s, int fd)
 	if (getsockname(fd, &la.sa, &ll))
 		return;
 	unsigned port = ntohs(la.sa.sa_family == AF_INET ? la.sin.sin_port : la.sin6.sin6_port);
-	struct sockaddr_un a;
-	socklen_t al;
-	registry_name(&a, &al, sock_svc(s), port);
-	int u = registry_bind(&a, al);
+	int u = reg_add(reg_key(sock_svc(s), port));
 	if (u < 0) {
-		DG_DBG("registry name for port %u taken (%s): another socket on this port answers",
+		DG_DBG("registry name for port %u not made (%s): another socket on this port answers",
 		       port, strerror(-u));
 		return;
 	}
