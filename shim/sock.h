@@ -104,7 +104,7 @@ struct sock {
 	union dgv_sockaddr peer;
 	socklen_t peerlen;
 
-	int qfd;                      /* private duplicate an adopting QP owns (DGV_CAP_ADOPT_FD), else -1 */
+	int qfd;                      /* the program's number an adopting QP reads (DGV_CAP_ADOPT_FD), else -1 */
 	int regfd;                    /* registry entry (registry.c reg_add), or -1 */
 	int qp_type;
 	struct dgv_qp *qp;
