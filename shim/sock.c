@@ -661,7 +661,7 @@ retry:
 	     (rc = dgv_reg_mr(sock_pd(s), s->tx_area, (size_t)SHIM_TX_SLOTS * SHIM_SLOT, 0, &s->tx_mr))))
 		goto dev_fail;
 	/* the QP reads the program's own number: sock_closing moves it off a number the program
-	 * lets go of (docs/shim.md "Descriptors") */
+	 * lets go of (docs/shim.md "The queue pair sits on the program's own socket") */
 	bool adopt = sock_can(s, DGV_CAP_ADOPT_FD);
 	s->qfd = adopt ? fd : -1;
 	if (!s->cq && (rc = dgv_create_cq(s->pv->ctx, SHIM_RX_SLOTS + SHIM_TX_SLOTS + 16, &s->cq)))
