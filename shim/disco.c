@@ -64,20 +64,10 @@ void disco_after_fork(void)
 /* The services the host's registry has for port (DG_DISCO_*). */
 static uint8_t host_caps(unsigned port)
 {
-	struct sockaddr_un u;
-	socklen_t ul;
-	uint8_t caps = 0;
-	registry_name(&u, &ul, IWARP_MODE_UD, port);
-	caps |= registry_exists(&u, ul) ? DG_DISCO_UD : 0;
-	registry_name(&u, &ul, IWARP_MODE_RD, port);
-	caps |= registry_exists(&u, ul) ? DG_DISCO_RD : 0;
-	registry_name(&u, &ul, SVC_UDV, port);
-	caps |= registry_exists(&u, ul) ? DG_DISCO_UDV : 0;
-	char n[48];
-	snprintf(n, sizeof n, "dgshim/rc/%u", port);
-	abstract_name(&u, &ul, n);
-	caps |= registry_exists(&u, ul) ? DG_DISCO_RC : 0;
-	return caps;
+	return (uint8_t)((reg_has(reg_key(IWARP_MODE_UD, port)) ? DG_DISCO_UD : 0) |
+			 (reg_has(reg_key(IWARP_MODE_RD, port)) ? DG_DISCO_RD : 0) |
+			 (reg_has(reg_key(SVC_UDV, port)) ? DG_DISCO_UDV : 0) |
+			 (reg_has(REG_KEY(REG_RC, port, 0)) ? DG_DISCO_RC : 0));
 }
 
 /* A discovery message's fields, or -1 when it is not one of ours (counted, never answered). */

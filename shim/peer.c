@@ -226,10 +226,7 @@ bool registry_exists(const struct sockaddr_un *a, socklen_t al)
 /* Does the registry name for (port, svc) exist on this host? */
 static bool registry_has(unsigned port, int svc)
 {
-	struct sockaddr_un u;
-	socklen_t ul;
-	registry_name(&u, &ul, svc, port);
-	return registry_exists(&u, ul);
+	return reg_has(reg_key(svc, port));
 }
 
 static uint8_t cap_of(int svc)

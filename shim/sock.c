@@ -177,9 +177,13 @@ static void scan_inherited(void);
 
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 
+/* A provider's thread (dgv_set_thread_hook): everything it calls is the shim's own. */
+static void own_thread(void) { shim_depth++; }
+
 static void init_once_fn(void)
 {
 	G.gen = 1;
+	dgv_set_thread_hook(own_thread);
 	if (dg_rules_from_env(&G.rules) < 0 && !G.rules)
 		G.disabled = true;
 	if (G.rules && dg_rules_disabled(G.rules))
@@ -521,11 +525,34 @@ void sock_duped(int fd, int fd2)
 		sock_put((struct sock *)old);
 }
 
+/* The program lets go of fd, the number s's queue pair reads (s->qfd), while another of its
+ * numbers still names the socket: the queue pair moves to that one (a new QP on the same
+ * kernel socket, as a mode change makes; what arrived stays queued), so the shim never
+ * touches a number the program no longer holds. Takes s->lock. */
+static void qp_move_off(struct sock *s, int fd)
+{
+	if (sock_is_stream(s) || atomic_load(&s->refs) < 2)
+		return; /* the last number: sock_put tears the QP down before the kernel closes */
+	sock_lock(s);
+	if (s->qp && s->qfd == fd) {
+		int other = -1;
+		for (int x = 0, hi = fd_max(); x <= hi && other < 0; x++)
+			if (x != fd && fd_sock(x) == s)
+				other = x;
+		qp_teardown(s, false);
+		if (other >= 0)
+			qp_setup(s, other);
+	}
+	sock_unlock(s);
+}
+
 void sock_closing(int fd)
 {
 	struct sock *s = fd_sock(fd);
-	if (s)
+	if (s) {
 		ev_fd_gone(s, fd, false);
+		qp_move_off(s, fd);
+	}
 	struct ent *e = fd_set_ent(fd, NULL);
 	if (e && e->kind == ENT_SOCK)
 		sock_put((struct sock *)e);
@@ -633,14 +660,10 @@ retry:
 			      &s->rx_mr)) ||
 	     (rc = dgv_reg_mr(sock_pd(s), s->tx_area, (size_t)SHIM_TX_SLOTS * SHIM_SLOT, 0, &s->tx_mr))))
 		goto dev_fail;
+	/* the QP reads the program's own number: sock_closing moves it off a number the program
+	 * lets go of (docs/shim.md "The queue pair sits on the program's own socket") */
 	bool adopt = sock_can(s, DGV_CAP_ADOPT_FD);
-	if (adopt && s->qfd < 0) {
-		s->qfd = high_fd(fd);
-		if (s->qfd < 0) {
-			rc = -errno;
-			goto fail;
-		}
-	}
+	s->qfd = adopt ? fd : -1;
 	if (!s->cq && (rc = dgv_create_cq(s->pv->ctx, SHIM_RX_SLOTS + SHIM_TX_SLOTS + 16, &s->cq)))
 		goto dev_fail;
 	if (sock_can(s, DGV_CAP_BACKGROUND))
@@ -723,12 +746,13 @@ void qp_teardown(struct sock *s, bool all)
 		s->base_rexmit = s->st->retransmits, s->base_wtx = s->st->wire_tx, s->base_wrx = s->st->wire_rx;
 		dgv_destroy_qp(s->qp);
 		s->qp = NULL;
+		s->qfd = -1; /* the program's number: not ours to close */
 		/* flushed receives come back as WR_FLUSH_ERR: their slots are free again */
 		if (!all)
 			consume_cq(s);
 	}
 	if (s->regfd >= 0) {
-		real.close(s->regfd);
+		reg_del(s->regfd);
 		s->regfd = -1;
 	}
 	if (!all)
@@ -744,8 +768,6 @@ void qp_teardown(struct sock *s, bool all)
 		munmap(s->rx_area, (size_t)SHIM_RX_SLOTS * SHIM_SLOT), s->rx_area = NULL;
 	if (s->tx_area)
 		munmap(s->tx_area, (size_t)SHIM_TX_SLOTS * SHIM_SLOT), s->tx_area = NULL;
-	if (s->qfd >= 0)
-		real.close(s->qfd), s->qfd = -1;
 }
 
 /* In a forked child: the parent's queue pair, CQ and context belong to the parent (their
@@ -767,6 +789,8 @@ void sock_reset_after_fork(struct sock *s)
 		}
 	}
 	s->qp = NULL, s->cq = NULL, s->armed = false, s->rx_mr = NULL, s->tx_mr = NULL;
+	if (!sock_is_stream(s))
+		s->qfd = -1; /* the child's QP takes the number of its first call */
 	s->pend_head = s->pend_n = 0;
 	s->rx_free_n = 0, s->tx_free_n = 0; /* qp_setup fills them with the new areas */
 	if (s->rx_area) {
@@ -776,7 +800,7 @@ void sock_reset_after_fork(struct sock *s)
 		s->rx_area = s->tx_area = NULL;
 	}
 	memset(s->zc, 0, sizeof s->zc);
-	s->regfd = -1; /* inherited close-on-exec descriptors: keep the numbers untouched */
+	s->regfd = -1; /* the parent's entry stays the parent's (registry.c) */
 	s->broken = false;
 	s->pv = NULL; /* chosen again with the child's first QP */
 	s->shared = !sock_is_stream(s); /* the parent reads the same kernel socket */
@@ -832,16 +856,6 @@ void abstract_name(struct sockaddr_un *u, socklen_t *len, const char *name)
 	*len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
 }
 
-/* The name under which a socket bound to port says "I speak datagram-iWARP, service svc"
- * (IWARP_MODE_UD or _RD: over kernel UDP; SVC_UDV: UD on the RDMA device, found by SIDR). */
-void registry_name(struct sockaddr_un *u, socklen_t *len, int svc, unsigned port)
-{
-	char name[48];
-	snprintf(name, sizeof name, "dgshim/%s/%u", svc == IWARP_MODE_RD ? "rd" : svc == SVC_UDV ? "udv" : "ud",
-		 port);
-	abstract_name(u, len, name);
-}
-
 /* Binds the abstract name on a private unix socket at a high descriptor number (per network
  * namespace like ports, and gone with the process). Returns the fd or -errno (-EADDRINUSE:
  * someone holds the name). */
@@ -859,12 +873,12 @@ int registry_bind(const struct sockaddr_un *a, socklen_t al)
 	return u;
 }
 
-/* Binds the registry name of the socket's current service (fd: the program's descriptor).
+/* Names the socket's port and current service in the registry (fd: the program's descriptor).
  * Needs s->lock. */
 static void registry_set(struct sock *s, int fd)
 {
 	if (s->regfd >= 0)
-		real.close(s->regfd), s->regfd = -1;
+		reg_del(s->regfd), s->regfd = -1;
 	if (s->mode == IWARP_MODE_OFF || !s->qp)
 		return;
 	union dgv_sockaddr la;
@@ -872,12 +886,9 @@ static void registry_set(struct sock *s, int fd)
 	if (getsockname(fd, &la.sa, &ll))
 		return;
 	unsigned port = ntohs(la.sa.sa_family == AF_INET ? la.sin.sin_port : la.sin6.sin6_port);
-	struct sockaddr_un a;
-	socklen_t al;
-	registry_name(&a, &al, sock_svc(s), port);
-	int u = registry_bind(&a, al);
+	int u = reg_add(reg_key(sock_svc(s), port));
 	if (u < 0) {
-		DG_DBG("registry name for port %u taken (%s): another socket on this port answers",
+		DG_DBG("registry name for port %u not made (%s): another socket on this port answers",
 		       port, strerror(-u));
 		return;
 	}

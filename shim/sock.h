@@ -104,8 +104,8 @@ struct sock {
 	union dgv_sockaddr peer;
 	socklen_t peerlen;
 
-	int qfd;                      /* private duplicate an adopting QP owns (DGV_CAP_ADOPT_FD), else -1 */
-	int regfd;                    /* registry name (discovery), or -1 */
+	int qfd;                      /* the program's number an adopting QP reads (DGV_CAP_ADOPT_FD), else -1 */
+	int regfd;                    /* registry entry (registry.c reg_add), or -1 */
 	int qp_type;
 	struct dgv_qp *qp;
 	struct dgv_cq *cq;            /* sends and receives */
@@ -157,7 +157,6 @@ int qp_setup(struct sock *s, int fd);
 void qp_teardown(struct sock *s, bool all);
 void sock_reset_after_fork(struct sock *s);
 void stats_pull(struct sock *s);
-void registry_name(struct sockaddr_un *u, socklen_t *len, int svc, unsigned port);
 void abstract_name(struct sockaddr_un *u, socklen_t *len, const char *name);
 int registry_bind(const struct sockaddr_un *a, socklen_t al);
 bool registry_exists(const struct sockaddr_un *a, socklen_t al);
@@ -186,6 +185,21 @@ int consume_cq(struct sock *s);
 void stats_note_mode(struct sock *s);
 /* A stream is carried over RC now, on pv: `dgshim stat` says rc, or rc-dev on G.dev. */
 void stats_note_stream(struct sock *s, const struct shim_pv *pv);
+
+/* registry.c: this host's names (docs/shim.md "Discovery"): a kind (a UDP socket's service, a
+ * TCP listener, a TCP client) and one or two ports, packed (never 0). */
+enum { REG_UD = 1, REG_RD, REG_UDV, REG_RC, REG_RCV, REG_RCC, REG_RCCV };
+#define REG_KEY(kind, p1, p2) \
+	((uint64_t)1 << 48 | (uint64_t)(kind) << 32 | (uint64_t)((p1) & 0xffff) << 16 | ((p2) & 0xffff))
+/* Names key for this process. Returns the entry's handle (>= 0) or -errno: -EADDRINUSE when a
+ * living process has it, -ENOSYS when the registry cannot be used here. */
+int reg_add(uint64_t key);
+/* Deletes the entry reg_add returned (nothing when h < 0 or it is no longer this process's). */
+void reg_del(int h);
+/* Whether a living process of this network namespace has named key. */
+bool reg_has(uint64_t key);
+/* The key of a UDP socket's service svc (IWARP_MODE_UD/RD, SVC_UDV) on port. */
+uint64_t reg_key(int svc, unsigned port);
 
 /* peer.c: what a destination speaks. */
 void peer_init(void);

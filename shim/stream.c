@@ -105,7 +105,10 @@ struct stream {
 	struct dgv_cm_channel *ch;
 	struct dgv_qp *qp;
 	struct dgv_cq *cq;
-	int qfd, regfd;
+	int qfd, regfd;          /* regfd: registry entry (listener "rc", client "rcc"), or -1 */
+	/* listener: its port is named (by this process, or by the parent before a fork: the
+	 * child's accepts still expect MPA from clients that saw the name) */
+	bool named;
 	struct shim_pv *pv;      /* the context its QP and CQ are on (res_setup) */
 	/* pv's provider sets connections up itself (no DGV_CAP_ADOPT_FD: a device's rdma_cm):
 	 * the program's TCP connection only meets the peer there (rendezvous) */
@@ -285,9 +288,9 @@ static void res_free(struct stream *t)
 	if (t->qfd >= 0)
 		real.close(t->qfd), t->qfd = -1;
 	if (t->regfd >= 0)
-		real.close(t->regfd), t->regfd = -1;
+		reg_del(t->regfd), t->regfd = -1, t->named = false;
 	if (t->dregfd >= 0)
-		real.close(t->dregfd), t->dregfd = -1;
+		reg_del(t->dregfd), t->dregfd = -1;
 	if (t->wfd >= 0)
 		real.close(t->wfd), t->wfd = -1;
 	for (int i = 0; i < RV_STASH; i++)
@@ -679,18 +682,14 @@ static int stream_wait(struct sock *s, struct stream *t, int *timeout_ms)
 
 /* The registry names: a listener ("rc", or "rcv" for its device listener beside it) and a
  * client that wants the soft RC ("rcc") or the device ("rccv"). */
-static void name_listen(struct sockaddr_un *u, socklen_t *l, unsigned port, bool cm)
+static uint64_t name_listen(unsigned port, bool cm)
 {
-	char n[48];
-	snprintf(n, sizeof n, "dgshim/%s/%u", cm ? "rcv" : "rc", port);
-	abstract_name(u, l, n);
+	return REG_KEY(cm ? REG_RCV : REG_RC, port, 0);
 }
 
-static void name_client(struct sockaddr_un *u, socklen_t *l, unsigned cport, unsigned sport, bool cm)
+static uint64_t name_client(unsigned cport, unsigned sport, bool cm)
 {
-	char n[48];
-	snprintf(n, sizeof n, "dgshim/%s/%u-%u", cm ? "rccv" : "rcc", cport, sport);
-	abstract_name(u, l, n);
+	return REG_KEY(cm ? REG_RCCV : REG_RCC, cport, sport);
 }
 
 /* *o = a, an IPv4-mapped IPv6 address as IPv4 (what a device and rdma_cm route by), *ol its
@@ -954,11 +953,10 @@ int stream_connect(struct sock *s, int fd, const struct sockaddr *a, socklen_t l
 	memcpy(&dst, a, l);
 	int m = decide(t, DG_ROLE_SENDER, &dst, l);
 	unsigned dport = port_of(&dst);
-	struct sockaddr_un un;
-	socklen_t unl;
+	uint64_t un;
 	if (m == IWARP_MODE_AUTO) {
-		name_listen(&un, &unl, dport, false);
-		if (ip_local(&dst) ? !registry_exists(&un, unl)
+		un = name_listen(dport, false);
+		if (ip_local(&dst) ? !reg_has(un)
 				   : !peer_remote_wait(&dst, l, IWARP_MODE_RC, DISCO_CONNECT_WAIT_MS))
 			m = IWARP_MODE_OFF;
 	}
@@ -972,14 +970,12 @@ int stream_connect(struct sock *s, int fd, const struct sockaddr *a, socklen_t l
 	 * for the destination (same host only: the server learns it from our name) */
 	struct shim_pv *pv = &G.host;
 	if (ip_local(&dst)) {
-		struct sockaddr_un dn;
-		socklen_t dnl;
-		name_listen(&dn, &dnl, dport, true);
+		uint64_t dn = name_listen(dport, true);
 		union dgv_sockaddr d4, any = {0};
 		socklen_t d4l = l;
 		unmap4(&dst, &d4, &d4l);
 		any.sa.sa_family = d4.sa.sa_family;
-		if (registry_exists(&dn, dnl) && dev_get(&any, d4l, &d4) == 0 &&
+		if (reg_has(dn) && dev_get(&any, d4l, &d4) == 0 &&
 		    (G.dev.caps.qp_types & 1u << DGV_QPT_RC))
 			pv = &G.dev;
 	}
@@ -1001,8 +997,8 @@ int stream_connect(struct sock *s, int fd, const struct sockaddr *a, socklen_t l
 	}
 	if ((rc = res_setup(t, pv)))
 		goto fallback;
-	name_client(&un, &unl, (unsigned)lport, dport, t->own_cm);
-	t->regfd = registry_bind(&un, unl);
+	un = name_client((unsigned)lport, dport, t->own_cm);
+	t->regfd = reg_add(un);
 	if (t->regfd < 0) {
 		rc = t->regfd;
 		t->regfd = -1;
@@ -1093,16 +1089,15 @@ static void dev_listen(struct stream *t, int fd, const union dgv_sockaddr *la, s
 	else
 		a.sin6.sin6_port = 0;
 	socklen_t al = sizeof t->dlis_addr;
-	struct sockaddr_un un;
-	socklen_t unl;
+	uint64_t un;
 	int rc = dgv_cm_create_channel(G.dev.ctx, &t->lch);
 	if (!rc)
 		rc = dgv_listen(G.dev.ctx, &a.sa, ll, 128, -1, t->lch, NULL, &t->dlis);
 	if (!rc)
 		rc = dgv_listener_addr(t->dlis, &t->dlis_addr, &al);
 	if (!rc) {
-		name_listen(&un, &unl, (unsigned)port, true);
-		t->dregfd = registry_bind(&un, unl);
+		un = name_listen((unsigned)port, true);
+		t->dregfd = reg_add(un);
 		if (t->dregfd < 0)
 			rc = t->dregfd, t->dregfd = -1;
 	}
@@ -1122,17 +1117,16 @@ static void dev_listen(struct stream *t, int fd, const union dgv_sockaddr *la, s
 static void stream_name_listener(struct stream *t, int fd, const union dgv_sockaddr *la, int port)
 {
 	socklen_t ll = la->sa.sa_family == AF_INET ? sizeof la->sin : sizeof la->sin6;
-	if (t->regfd >= 0 || decide(t, DG_ROLE_RECEIVER, la, ll) == IWARP_MODE_OFF)
+	if (t->regfd >= 0 || t->named || decide(t, DG_ROLE_RECEIVER, la, ll) == IWARP_MODE_OFF)
 		return;
-	struct sockaddr_un un;
-	socklen_t unl;
-	name_listen(&un, &unl, (unsigned)port, false);
-	t->regfd = registry_bind(&un, unl);
+	uint64_t un = name_listen((unsigned)port, false);
+	t->regfd = reg_add(un);
 	if (t->regfd < 0) {
-		DG_DBG("fd %d: registry name for TCP port %d taken (%s)", fd, port, strerror(-t->regfd));
+		DG_DBG("fd %d: registry name for TCP port %d not made (%s)", fd, port, strerror(-t->regfd));
 		t->regfd = -1;
 		return;
 	}
+	t->named = true;
 	disco_serve(); /* clients on other hosts may ask whether this port speaks */
 	dev_listen(t, fd, la, ll, port);
 }
@@ -1155,8 +1149,9 @@ int stream_listen(struct sock *s, int fd, int backlog)
 		int e = errno;
 		sock_lock(s);
 		if (named_before && t->regfd >= 0) {
-			real.close(t->regfd);
+			reg_del(t->regfd);
 			t->regfd = -1;
+			t->named = false;
 			res_free(t); /* the device listener and its name, if any */
 		}
 		sock_unlock(s);
@@ -1538,7 +1533,7 @@ int stream_accept(int fd, struct sockaddr *a, socklen_t *l, int flags)
 	union dgv_sockaddr dlis = {0};
 	if (lt) {
 		sock_lock(ls);
-		ours = lt->state == SS_LISTEN && lt->regfd >= 0;
+		ours = lt->state == SS_LISTEN && lt->named;
 		if ((devl = ours && lt->dlis != NULL))
 			dlis = lt->dlis_addr;
 		sock_unlock(ls);
@@ -1561,22 +1556,21 @@ int stream_accept(int fd, struct sockaddr *a, socklen_t *l, int flags)
 	}
 	union dgv_sockaddr la;
 	int lport = local_port(nfd, &la);
-	struct sockaddr_un un;
-	socklen_t unl;
+	uint64_t un;
 	bool by_cm = false; /* the client asked for the device listener's path */
 	if (devl && ip_local(&pa)) {
-		name_client(&un, &unl, port_of(&pa), lport > 0 ? (unsigned)lport : 0, true);
-		by_cm = registry_exists(&un, unl);
+		un = name_client(port_of(&pa), lport > 0 ? (unsigned)lport : 0, true);
+		by_cm = reg_has(un);
 	}
 	if (!by_cm)
-		name_client(&un, &unl, port_of(&pa), lport > 0 ? (unsigned)lport : 0, false);
+		un = name_client(port_of(&pa), lport > 0 ? (unsigned)lport : 0, false);
 	/* a client on this host said by its registry name whether it speaks; one on another
 	 * host says it with its first bytes (answer(): an MPA Request or not), unless the rules
 	 * keep its address plain */
 	bool remote = !ip_local(&pa);
 	if (remote && decide(lt, DG_ROLE_RECEIVER, &pa, pl) == IWARP_MODE_OFF)
 		remote = false;
-	if (!remote && (!ip_local(&pa) || !registry_exists(&un, unl))) {
+	if (!remote && (!ip_local(&pa) || !reg_has(un))) {
 		atomic_fetch_add(&T.plain, 1);
 		DG_DBG("fd %d: accepted TCP from port %u: not ours, plain TCP", nfd, port_of(&pa));
 		return nfd;
@@ -2282,6 +2276,9 @@ void stream_after_fork(struct sock *s)
 	struct stream *t = s->strm;
 	if (!t)
 		return;
+	/* the parent's registry entries stay the parent's: the child's close must not delete them
+	 * (t->named keeps a listener's accepts expecting MPA) */
+	t->regfd = -1, t->dregfd = -1;
 	if (t->dlis) {
 		/* the parent's device listener: the child's accepts of device clients fail (the
 		 * clients see the connection closed); soft and plain ones are served */

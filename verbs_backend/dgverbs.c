@@ -91,6 +91,17 @@ void dgv_close(struct dgv_context *ctx)
 		ctx->ops->close(ctx);
 }
 
+static void (*thread_hook)(void);
+
+void dgv_set_thread_hook(void (*fn)(void)) { __atomic_store_n(&thread_hook, fn, __ATOMIC_RELEASE); }
+
+void dgv_thread_started(void)
+{
+	void (*fn)(void) = __atomic_load_n(&thread_hook, __ATOMIC_ACQUIRE);
+	if (fn)
+		fn();
+}
+
 const char *dgv_provider_name(const struct dgv_context *ctx)
 {
 	return ctx ? ctx->name : "none";

@@ -63,6 +63,11 @@ int dgv_open(const struct dgv_context_attr *attr, struct dgv_context **out);
 void dgv_close(struct dgv_context *ctx);
 /* "soft" or "ibverbs"; never NULL. */
 const char *dgv_provider_name(const struct dgv_context *ctx);
+/* A function every thread a provider starts runs first: the shim marks the thread as its own,
+ * so the provider's socket calls there reach libc directly even on a descriptor number the
+ * program holds (a queue pair adopts the program's own socket). Set before the first dgv_open;
+ * NULL: none. */
+void dgv_set_thread_hook(void (*fn)(void));
 /* Why this provider was chosen, one line for logs and counters, e.g. "auto: ibverbs (device
  * rxe0 (InfiniBand/RoCE))" or "auto: soft (ibverbs: no RDMA device ...)"; never NULL. */
 const char *dgv_provider_why(const struct dgv_context *ctx);

@@ -97,6 +97,8 @@ struct dgv_conn_req {
 
 /* Backend entry points. Return 0 or -errno (-ENODEV: not usable on this host). */
 int dgv_soft_open(const struct dgv_context_attr *attr, struct dgv_context **out);
+/* A provider's own thread calls this first (dgv_set_thread_hook). */
+void dgv_thread_started(void);
 /* ibverbs/device.c (built when libibverbs and librdmacm are found: DGV_HAVE_IBVERBS).
  * -ENODEV when no device serves attr's address or name; dgv_ibverbs_why() then says why (and
  * after a success, which device was chosen). */

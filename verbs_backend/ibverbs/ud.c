@@ -49,6 +49,7 @@
 static void *sidr_main(void *arg)
 {
 	struct iv_ctx *ctx = arg;
+	dgv_thread_started();
 	for (;;) {
 		struct epoll_event ev[8];
 		int n = epoll_wait(ctx->sidr_ep, ev, 8, -1);

@@ -21,7 +21,10 @@ int soft_create_cq(struct dgv_context *ctx, int cqe, struct dgv_cq **out)
 		return -ENOMEM;
 	cq->base.ctx = ctx;
 	cq->cap = (uint32_t)cqe;
-	cq->ring = dg_pages_alloc((size_t)cq->cap * sizeof *cq->ring);
+	/* every entry is written before it is read: not zeroed, so an idle CQ's ring costs no
+	 * resident memory (dg_pages_free frees either kind by the same size rule) */
+	size_t rsz = (size_t)cq->cap * sizeof *cq->ring;
+	cq->ring = rsz < 16384 ? malloc(rsz ? rsz : 1) : dg_pages_alloc(rsz);
 	cq->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	if (!cq->ring || cq->efd < 0) {
 		int err = cq->efd < 0 ? -errno : -ENOMEM;

@@ -121,6 +121,7 @@ static void *progress_thread(void *arg)
 	sigfillset(&all);
 	pthread_sigmask(SIG_BLOCK, &all, NULL);
 	soft_in_progress_thread = true;
+	dgv_thread_started();
 	pthread_mutex_lock(&ctx->loop_lock);
 	ev_run(ctx->loop, 0);
 	pthread_mutex_unlock(&ctx->loop_lock);

@@ -1533,15 +1533,15 @@ static void qp_free(struct soft_qp *qp)
 		free(qp->slots[i].bitmap);
 	if (qp->own_fd && qp->fd >= 0)
 		close(qp->fd);
-	dg_pages_free(qp->sq, (size_t)qp->sq_cap * sizeof *qp->sq);
+	dg_zfree(qp->sq, (size_t)qp->sq_cap * sizeof *qp->sq);
 	free(qp->rdpend);
-	dg_pages_free(qp->rq, (size_t)qp->rq_cap * sizeof *qp->rq);
+	dg_zfree(qp->rq, (size_t)qp->rq_cap * sizeof *qp->rq);
 	dg_pages_free(qp->rxbuf, (size_t)qp->rxbuf_size * qp->rx_batch);
 	free(qp->rxmsg);
 	free(qp->rxiov);
 	free(qp->rxaddr);
 	pthread_mutex_destroy(&qp->lock);
-	free(qp);
+	dg_zfree(qp, sizeof *qp);
 }
 
 /* The QP's UDP socket: the adopted one, or a new one bound as a asks (non-blocking). Sets
@@ -1594,8 +1594,8 @@ static int qp_rings(struct soft_qp *qp, const struct dgv_qp_init_attr *a)
 {
 	qp->sq_cap = a->max_send_wr ? a->max_send_wr : DEFAULT_WR;
 	qp->rq_cap = a->max_recv_wr ? a->max_recv_wr : DEFAULT_WR;
-	qp->sq = dg_pages_alloc((size_t)qp->sq_cap * sizeof *qp->sq);
-	qp->rq = dg_pages_alloc((size_t)qp->rq_cap * sizeof *qp->rq);
+	qp->sq = dg_zalloc((size_t)qp->sq_cap * sizeof *qp->sq);
+	qp->rq = dg_zalloc((size_t)qp->rq_cap * sizeof *qp->rq);
 	/* pass_plain: a plain datagram may be as large as UDP allows, and must not be cut */
 	qp->rxbuf_size = qp->pass_plain ? 65536 : qp->seg_size < 2048 ? 2048 : qp->seg_size;
 	qp->rx_batch = qp->rxbuf_size <= 4096 ? SOFT_RX_BATCH : 4;
@@ -1620,7 +1620,8 @@ int soft_create_qp(struct dgv_pd *pdb, const struct dgv_qp_init_attr *a, struct 
 		return -EOPNOTSUPP; /* RC QPs come from dgv_connect / dgv_accept (rc_cm.c) */
 	if (a->max_sge > SOFT_MAX_SGE)
 		return -EINVAL;
-	struct soft_qp *qp = calloc(1, sizeof *qp);
+	/* most of it (reassembly slots, read and error queues) is never touched by an idle QP */
+	struct soft_qp *qp = dg_zalloc(sizeof *qp);
 	if (!qp)
 		return -ENOMEM;
 	int err;

@@ -340,10 +340,10 @@ static void rc_qp_free(struct soft_qp *qp)
 	}
 	if (qp->own_fd && qp->fd >= 0)
 		close(qp->fd);
-	dg_pages_free(qp->sq, (size_t)qp->sq_cap * sizeof *qp->sq);
-	dg_pages_free(qp->rq, (size_t)qp->rq_cap * sizeof *qp->rq);
+	dg_zfree(qp->sq, (size_t)qp->sq_cap * sizeof *qp->sq);
+	dg_zfree(qp->rq, (size_t)qp->rq_cap * sizeof *qp->rq);
 	pthread_mutex_destroy(&qp->lock);
-	free(qp);
+	dg_zfree(qp, sizeof *qp);
 }
 
 /* Applies a connection parameter block (NULL: defaults) to what this side asks for. */
@@ -367,10 +367,10 @@ static int rc_qp_new(struct dgv_pd *pdb, const struct dgv_qp_init_attr *a, int f
 {
 	if (a->max_sge > SOFT_MAX_SGE)
 		return -EINVAL;
-	struct soft_qp *qp = calloc(1, sizeof *qp);
+	struct soft_qp *qp = dg_zalloc(sizeof *qp); /* zpages.c: an idle QP touches little of it */
 	struct rc_conn *rc = calloc(1, sizeof *rc);
 	if (!qp || !rc) {
-		free(qp);
+		dg_zfree(qp, sizeof *qp);
 		free(rc);
 		return -ENOMEM;
 	}
@@ -389,8 +389,8 @@ static int rc_qp_new(struct dgv_pd *pdb, const struct dgv_qp_init_attr *a, int f
 	qp->max_sge = a->max_sge ? a->max_sge : 4;
 	qp->sq_cap = a->max_send_wr ? a->max_send_wr : RC_DEFAULT_WR;
 	qp->rq_cap = a->max_recv_wr ? a->max_recv_wr : RC_DEFAULT_WR;
-	qp->sq = dg_pages_alloc((size_t)qp->sq_cap * sizeof *qp->sq);
-	qp->rq = dg_pages_alloc((size_t)qp->rq_cap * sizeof *qp->rq);
+	qp->sq = dg_zalloc((size_t)qp->sq_cap * sizeof *qp->sq);
+	qp->rq = dg_zalloc((size_t)qp->rq_cap * sizeof *qp->rq);
 	rc->rxb = dg_pages_alloc(RC_RXBUF);
 	rc->ch = ch_or_default(qp->ctx, a->cm_channel);
 	rc->user = a->cm_user;

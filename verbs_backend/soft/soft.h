@@ -280,6 +280,11 @@ static inline struct soft_mr *to_smr(struct dgv_mr *m) { return (struct soft_mr 
  * dg_pages_free needs the size given to dg_pages_alloc. */
 void *dg_pages_alloc(size_t size);
 void dg_pages_free(void *p, size_t size);
+/* zpages.c: a zeroed object whose pages cost resident memory only once written (per-QP state
+ * of which an idle QP touches little); dg_zfree needs the size given to dg_zalloc. NULL: out
+ * of memory. */
+void *dg_zalloc(size_t size);
+void dg_zfree(void *p, size_t size);
 
 /* mr.c */
 int soft_reg_mr(struct dgv_pd *pd, void *addr, size_t len, unsigned access, struct dgv_mr **out);

@@ -436,10 +436,10 @@ def page(R, M, made, elapsed):
               "ports, all %d pairs at once at 1/%d of the call rate each, so the total rate and the hold time are "
               "the plan's), in all four cases, natively too. The reason is the descriptor limit: this machine's "
               "hard RLIMIT_NOFILE is %d and cannot be raised (no CAP_SYS_RESOURCE), and under the shim each "
-              "call costs the UAC %s descriptors with UDP (the program's socket, the UD QP's private duplicate of "
-              "it, the completion queue's eventfd, the registry's abstract unix socket) and %s with TCP (socket, "
-              "duplicate, CQ eventfd, CM channel eventfd, registry socket), and the TCP UAS %s per accepted "
-              "connection (no registry socket); natively the UAC needs %s per call, the TCP UAS %s and the UDP "
+              "call costs the UAC %s descriptors with UDP (the program's socket and the completion queue's "
+              "eventfd: the UD QP reads the program's own descriptor, the registry is one table and one name per "
+              "process) and %s with TCP (socket, the RC QP's private duplicate, CQ eventfd, CM channel eventfd), "
+              "and the TCP UAS %s per accepted connection; natively the UAC needs %s per call, the TCP UAS %s and the UDP "
               "UAS none (one socket for all calls). These are the slopes of the processes' peak descriptor counts "
               "(/proc/PID/fd) between %d and %d calls in this run: one pair of %d calls would need ~%s descriptors "
               "in the RC UAC, ~%s in the UD UAC. K is the smallest number of pairs for which every process's need "
@@ -489,8 +489,8 @@ def page(R, M, made, elapsed):
             per = lambda m, base: fmt((m["total"] - (base["total"] if base else 0)) / n / 1e3, " kB", 1)
             w("Per call at %d calls (shim minus native of the same transport): UD %s, RC %s. Each taken UDP "
               "socket gets a UD queue pair with 32 pre-registered 64 KiB receive slots (touched only as far "
-              "as datagrams reach), a send slot pool, a completion queue with an eventfd and a registry name "
-              "(an abstract unix socket); each carried TCP connection an RC queue pair with a 512 KiB receive "
+              "as datagrams reach), a send slot pool and a completion queue with an eventfd (docs/shim.md "
+              "\"Descriptors and memory per socket\"); each carried TCP connection an RC queue pair with a 512 KiB receive "
               "ring and a send ring (touched only as far as its bytes reach; SIP calls move few bytes), and "
               "on the UAS side one such connection per call where UDP has one socket for all calls." % (
                   n, per(u, un), per(r, tn)))

@@ -1,0 +1,195 @@
+/*
+ * fdcost.c - what a socket costs in descriptors and memory (issue 14), and that the queue pair
+ * of a taken UDP socket, which reads the program's own descriptor number, leaves a number the
+ * program closed alone (promise 1).
+ *
+ *   fdcost udp N   N bound UDP sockets, idle: prints "fds F" and "rss_kb R" per socket
+ *   fdcost tcp N   N loopback TCP connections (both ends), idle after one exchange: per end
+ *   fdcost move    dup, close the original, reuse its number for a pipe: the socket goes on
+ *                  through the duplicate and the pipe's byte stays the program's
+ *
+ * Runs natively and preloaded (fdcost.sh compares the two). Exit 0 when its own checks pass.
+ */
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+static int fails;
+#define FAIL(...) (fprintf(stdout, "fdcost: FAIL: " __VA_ARGS__), fputc('\n', stdout), fails++)
+
+static int nfds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	int n = 0;
+	if (!d)
+		return -1;
+	while (readdir(d))
+		n++;
+	closedir(d);
+	return n;
+}
+
+static long rss_kb(void)
+{
+	FILE *f = fopen("/proc/self/status", "r");
+	char line[256];
+	long v = -1;
+	while (f && fgets(line, sizeof line, f))
+		if (!strncmp(line, "VmRSS:", 6))
+			v = strtol(line + 6, NULL, 10);
+	if (f)
+		fclose(f);
+	return v;
+}
+
+static struct sockaddr_in lo(int port)
+{
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	return a;
+}
+
+static int udp_bound(void)
+{
+	int s = socket(AF_INET, SOCK_DGRAM, 0);
+	struct sockaddr_in a = lo(0);
+	if (s < 0 || bind(s, (struct sockaddr *)&a, sizeof a)) {
+		FAIL("udp socket/bind: %s", strerror(errno));
+		exit(1);
+	}
+	return s;
+}
+
+static void report(const char *what, int n, int f0, int f1, long r0, long r1)
+{
+	printf("# %s: %d sockets: fds %.3f rss_kb %.2f per socket\n", what, n, (double)(f1 - f0) / n,
+	       (double)(r1 - r0) / n);
+	printf("%s %d fds %.3f rss_kb %.2f\n", what, n, (double)(f1 - f0) / n, (double)(r1 - r0) / n);
+}
+
+static int run_udp(int n)
+{
+	int warm = udp_bound(); /* the shim's per-process state (context, registry) comes first */
+	(void)warm;
+	int f0 = nfds();
+	long r0 = rss_kb();
+	for (int i = 0; i < n; i++)
+		udp_bound();
+	usleep(200000);
+	report("udp", n, f0, nfds(), r0, rss_kb());
+	return fails ? 1 : 0;
+}
+
+static int run_tcp(int n)
+{
+	int l = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in a = lo(0);
+	socklen_t al = sizeof a;
+	if (l < 0 || bind(l, (struct sockaddr *)&a, sizeof a) || listen(l, 4096) ||
+	    getsockname(l, (struct sockaddr *)&a, &al)) {
+		FAIL("listener: %s", strerror(errno));
+		return 1;
+	}
+	int f0 = 0;
+	long r0 = 0;
+	for (int i = -1; i < n; i++) {
+		if (i == 0)
+			f0 = nfds(), r0 = rss_kb(); /* after one connection: per-process state made */
+		/* non-blocking connect: a carried connect completes when the server accepts */
+		int c = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+		if (c < 0 || (connect(c, (struct sockaddr *)&a, sizeof a) && errno != EINPROGRESS)) {
+			FAIL("connect #%d: %s", i, strerror(errno));
+			return 1;
+		}
+		int s = accept(l, NULL, NULL);
+		if (s < 0) {
+			FAIL("accept #%d: %s", i, strerror(errno));
+			return 1;
+		}
+		struct pollfd p = {c, POLLOUT, 0};
+		if (poll(&p, 1, 5000) != 1) {
+			FAIL("connect #%d did not complete", i);
+			return 1;
+		}
+		char b = 'x';
+		if (write(c, &b, 1) != 1 || read(s, &b, 1) != 1) {
+			FAIL("exchange #%d: %s", i, strerror(errno));
+			return 1;
+		}
+	}
+	usleep(200000);
+	report("tcp-end", 2 * n, f0, nfds(), r0, rss_kb());
+	return fails ? 1 : 0;
+}
+
+static int run_move(void)
+{
+	int a = udp_bound(), b = udp_bound();
+	struct sockaddr_in A, B;
+	socklen_t l = sizeof A;
+	getsockname(a, (struct sockaddr *)&A, &l);
+	l = sizeof B;
+	getsockname(b, (struct sockaddr *)&B, &l);
+	struct timeval tv = {5, 0};
+	setsockopt(a, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	setsockopt(b, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	char buf[64];
+	if (sendto(a, "one", 3, 0, (struct sockaddr *)&B, sizeof B) != 3 || recv(b, buf, sizeof buf, 0) != 3)
+		FAIL("first datagram: %s", strerror(errno));
+	int d = dup(a);
+	int anum = a;
+	close(a);
+	/* the number comes back as a pipe holding a byte nobody but the program may read */
+	int pp[2];
+	if (pipe(pp)) {
+		FAIL("pipe: %s", strerror(errno));
+		return 1;
+	}
+	int pr = pp[0];
+	if (pr != anum) {
+		/* make the pipe's read end take the closed socket's number */
+		if (dup2(pp[0], anum) != anum) {
+			FAIL("dup2 onto %d: %s", anum, strerror(errno));
+			return 1;
+		}
+		close(pp[0]);
+		pr = anum;
+	}
+	if (write(pp[1], "P", 1) != 1)
+		FAIL("pipe write: %s", strerror(errno));
+	/* traffic both ways on the duplicate, which the shim still carries */
+	for (int i = 0; i < 20; i++) {
+		if (sendto(d, "two", 3, 0, (struct sockaddr *)&B, sizeof B) != 3 || recv(b, buf, sizeof buf, 0) != 3)
+			FAIL("datagram %d from the duplicate: %s", i, strerror(errno));
+		if (sendto(b, "back", 4, 0, (struct sockaddr *)&A, sizeof A) != 4 || recv(d, buf, sizeof buf, 0) != 4)
+			FAIL("datagram %d to the duplicate: %s", i, strerror(errno));
+	}
+	usleep(100000);
+	struct pollfd p = {pr, POLLIN, 0};
+	if (poll(&p, 1, 0) != 1 || read(pr, buf, sizeof buf) != 1 || buf[0] != 'P')
+		FAIL("the pipe on the reused number %d lost its byte (read by someone else)", anum);
+	else
+		printf("move: the duplicate carried 40 datagrams; the pipe on the reused number kept its byte\n");
+	return fails ? 1 : 0;
+}
+
+int main(int argc, char **argv)
+{
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (argc >= 3 && !strcmp(argv[1], "udp"))
+		return run_udp(atoi(argv[2]));
+	if (argc >= 3 && !strcmp(argv[1], "tcp"))
+		return run_tcp(atoi(argv[2]));
+	if (argc >= 2 && !strcmp(argv[1], "move"))
+		return run_move();
+	fprintf(stderr, "usage: fdcost udp N | tcp N | move\n");
+	return 2;
+}
