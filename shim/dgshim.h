@@ -47,6 +47,8 @@ struct iwarp_stats {
 	uint64_t lost;         /* losses detected: incomplete messages given up, receives refused */
 	uint64_t retransmits;  /* RD retransmissions */
 	uint64_t wire_tx, wire_rx; /* UDP datagrams on the wire (segments, acks included) */
+	uint64_t rejected;     /* framed datagrams refused: malformed, or naming memory (STag,
+				* offset, rights) this socket never advertised; never placed */
 };
 
 #endif

@@ -361,11 +361,11 @@ static void print_json(const struct proc *ps, int n, double t, double dt)
 			json_str(r->remote);
 			printf(",\"tx_framed\":%llu,\"tx_plain\":%llu,\"rx_framed\":%llu,\"rx_plain\":%llu,"
 			       "\"tx_framed_bytes\":%llu,\"tx_plain_bytes\":%llu,\"rx_framed_bytes\":%llu,"
-			       "\"rx_plain_bytes\":%llu,\"tx_zcopy\":%llu,\"crc_drops\":%llu,\"lost\":%llu,"
+			       "\"rx_plain_bytes\":%llu,\"tx_zcopy\":%llu,\"crc_drops\":%llu,\"rejected\":%llu,\"lost\":%llu,"
 			       "\"retransmits\":%llu,\"wire_tx\":%llu,\"wire_rx\":%llu",
 			       U(s->tx_framed), U(s->tx_plain), U(s->rx_framed), U(s->rx_plain),
 			       U(s->tx_framed_bytes), U(s->tx_plain_bytes), U(s->rx_framed_bytes),
-			       U(s->rx_plain_bytes), U(s->tx_zcopy), U(s->crc_drops), U(s->lost),
+			       U(s->rx_plain_bytes), U(s->tx_zcopy), U(s->crc_drops), U(s->rejected), U(s->lost),
 			       U(s->retransmits), U(s->wire_tx), U(s->wire_rx));
 			struct rates x = rates_of(p, r, dt);
 			if (x.have)

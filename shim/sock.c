@@ -717,6 +717,7 @@ void stats_pull(struct sock *s)
 	if (dgv_qp_stats(s->qp, &q))
 		return;
 	s->st->crc_drops = s->base_crc + q.crc_drops;
+	s->st->rejected = s->base_rej + q.malformed_drops + q.placement_rejects;
 	s->st->lost = s->base_lost + q.reasm_timeouts + q.no_wqe_drops + q.cq_overflows;
 	s->st->retransmits = s->base_rexmit + q.rd_retransmits;
 	s->st->wire_tx = s->base_wtx + q.tx_datagrams;
@@ -742,7 +743,7 @@ void qp_teardown(struct sock *s, bool all)
 		if (!all)
 			consume_cq(s);
 		stats_pull(s);
-		s->base_crc = s->st->crc_drops, s->base_lost = s->st->lost;
+		s->base_crc = s->st->crc_drops, s->base_lost = s->st->lost, s->base_rej = s->st->rejected;
 		s->base_rexmit = s->st->retransmits, s->base_wtx = s->st->wire_tx, s->base_wrx = s->st->wire_rx;
 		dgv_destroy_qp(s->qp);
 		s->qp = NULL;

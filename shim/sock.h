@@ -129,7 +129,7 @@ struct sock {
 	struct iwarp_stats *st;       /* in the shared counters file, or own */
 	struct iwarp_stats own_st;
 	int stat_slot;
-	uint64_t base_crc, base_lost, base_rexmit, base_wtx, base_wrx;
+	uint64_t base_crc, base_lost, base_rexmit, base_wtx, base_wrx, base_rej;
 };
 
 /* The two kinds of taken socket (shim.h struct sock_ops): data.c, stream.c. */

@@ -180,14 +180,14 @@ void shim_fini(void)
 			goto out; /* a process without sockets (a shell on the way) says nothing */
 		dg_log(DG_LOG_INFO,
 		       "summary: sockets=%u tx_framed=%llu tx_plain=%llu rx_framed=%llu rx_plain=%llu "
-		       "tx_zcopy=%llu tx_bytes=%llu rx_bytes=%llu crc_drops=%llu lost=%llu retransmits=%llu "
-		       "rc_conns=%llu rc_plain=%llu rc_tx_bytes=%llu rc_rx_bytes=%llu rc_on_device=%llu "
+		       "tx_zcopy=%llu tx_bytes=%llu rx_bytes=%llu crc_drops=%llu rejected=%llu lost=%llu "
+		       "retransmits=%llu rc_conns=%llu rc_plain=%llu rc_tx_bytes=%llu rc_rx_bytes=%llu rc_on_device=%llu "
 		       "udp_on_device=%u%s%s",
 		       n, (unsigned long long)t.tx_framed, (unsigned long long)t.tx_plain,
 		       (unsigned long long)t.rx_framed, (unsigned long long)t.rx_plain,
 		       (unsigned long long)t.tx_zcopy, (unsigned long long)(t.tx_framed_bytes + t.tx_plain_bytes),
 		       (unsigned long long)(t.rx_framed_bytes + t.rx_plain_bytes),
-		       (unsigned long long)t.crc_drops, (unsigned long long)t.lost,
+		       (unsigned long long)t.crc_drops, (unsigned long long)t.rejected, (unsigned long long)t.lost,
 		       (unsigned long long)t.retransmits, (unsigned long long)rc.conns,
 		       (unsigned long long)rc.plain, (unsigned long long)rc.tx_bytes,
 		       (unsigned long long)rc.rx_bytes, (unsigned long long)rc.dev, ndev, G.dev_why[0] ? " provider=" : "", G.dev_why);

@@ -10,7 +10,7 @@
 #include "dgshim.h"
 
 #define DGSHIM_STAT_MAGIC 0x64677374u /* "dgst" */
-#define DGSHIM_STAT_VERSION 2
+#define DGSHIM_STAT_VERSION 3
 #define DGSHIM_STAT_SLOTS 1024
 
 struct dgshim_stat_slot {
