@@ -26,6 +26,7 @@
 #include "env.h"
 #include "log.h"
 #include "sock.h"
+#include "disco_wire.h"
 #include "wire.h"
 
 static struct {
@@ -68,42 +69,6 @@ static uint8_t host_caps(unsigned port)
 			 (reg_has(reg_key(IWARP_MODE_RD, port)) ? DG_DISCO_RD : 0) |
 			 (reg_has(reg_key(SVC_UDV, port)) ? DG_DISCO_UDV : 0) |
 			 (reg_has(REG_KEY(REG_RC, port, 0)) ? DG_DISCO_RC : 0));
-}
-
-/* A discovery message's fields, or -1 when it is not one of ours (counted, never answered). */
-int disco_parse(const void *buf, size_t len, int type, unsigned *port, uint64_t *nonce, uint8_t *caps,
-		uint32_t *lease_ms)
-{
-	struct dg_disco m;
-	if (len != sizeof m)
-		return -1;
-	memcpy(&m, buf, sizeof m);
-	if (memcmp(m.magic, DG_DISCO_MAGIC, 4) || m.version != DG_DISCO_VERSION || m.type != type ||
-	    m.rsvd[0] || m.rsvd[1] || m.rsvd[2] || !m.port)
-		return -1;
-	if (type == DG_DISCO_PROBE && (m.caps || m.lease_ms))
-		return -1;
-	if (type == DG_DISCO_ANSWER && (m.caps & ~(DG_DISCO_UD | DG_DISCO_RD | DG_DISCO_UDV | DG_DISCO_RC)))
-		return -1;
-	*port = be16toh(m.port);
-	*nonce = be64toh(m.nonce);
-	if (caps)
-		*caps = m.caps;
-	if (lease_ms)
-		*lease_ms = be32toh(m.lease_ms);
-	return 0;
-}
-
-static void put_msg(struct dg_disco *m, int type, unsigned port, uint64_t nonce, uint8_t caps, uint32_t lease)
-{
-	memset(m, 0, sizeof *m);
-	memcpy(m->magic, DG_DISCO_MAGIC, 4);
-	m->version = DG_DISCO_VERSION;
-	m->type = (uint8_t)type;
-	m->port = htobe16((uint16_t)port);
-	m->nonce = htobe64(nonce);
-	m->caps = caps;
-	m->lease_ms = htobe32(lease);
 }
 
 /* One bound answering socket (IPv4, or IPv6 dual-stack), or -1. */
@@ -166,7 +131,7 @@ static void *serve_thread(void *arg)
 			continue;
 		}
 		struct dg_disco m;
-		put_msg(&m, DG_DISCO_ANSWER, port, nonce, host_caps(port), DISCO_LEASE_MS);
+		disco_put(&m, DG_DISCO_ANSWER, port, nonce, host_caps(port), DISCO_LEASE_MS);
 		real.sendto(fd, &m, sizeof m, MSG_DONTWAIT, &from.sa, fl);
 	}
 	return NULL;
@@ -227,7 +192,7 @@ int disco_ask(const union dgv_sockaddr *to, uint64_t nonce)
 	else
 		port = ntohs(to->sin6.sin6_port), d.sin6.sin6_port = htons((uint16_t)D.port), dl = sizeof d.sin6;
 	struct dg_disco m;
-	put_msg(&m, DG_DISCO_PROBE, port, nonce, 0, 0);
+	disco_put(&m, DG_DISCO_PROBE, port, nonce, 0, 0);
 	return real.sendto(fd, &m, sizeof m, MSG_DONTWAIT | MSG_NOSIGNAL, &d.sa, dl) < 0 ? -errno : 0;
 }
 

@@ -274,9 +274,6 @@ int disco_ask(const union dgv_sockaddr *to, uint64_t nonce);
 int disco_read(disco_answer_fn fn);
 /* Waits up to ms for an answer on the asking socket of family. */
 int disco_wait(int family, int ms);
-/* Parses a discovery message of type (DG_DISCO_PROBE/ANSWER): 0, or -1 when it is not one. */
-int disco_parse(const void *buf, size_t len, int type, unsigned *port, uint64_t *nonce, uint8_t *caps,
-		uint32_t *lease_ms);
 uint64_t disco_drops(void);
 
 /* stats.c: counters readable from outside (/dev/shm/dgshim.<pid>). */

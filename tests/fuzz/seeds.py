@@ -250,8 +250,16 @@ def stream_seeds():
     write("stream", "data_cross_ring_end", b"\x03\x00" + rec(1, 12288) + rec(3, 8192, 12288))
 
 
+# --- fuzz_disco.c input: one discovery datagram --------------------------------------------
+def disco_seeds():
+    # the worked example of docs/wire.md section 13
+    write("disco", "question", bytes.fromhex("444744530101" "5c3a" "1122334455667788" "00000000" "00000000"))
+    write("disco", "answer_ud", bytes.fromhex("444744530102" "5c3a" "1122334455667788" "01000000" "00000064"))
+    write("disco", "answer_all", bytes.fromhex("444744530102" "ffff" "0000000000000001" "0f000000" "ffffffff"))
+
+
 def main():
-    only = sys.argv[1:] or ["frame", "qp", "rd", "mpa", "rc", "rules", "stream"]
+    only = sys.argv[1:] or ["frame", "qp", "rd", "mpa", "rc", "rules", "stream", "disco"]
     for h in only:
         shutil.rmtree(os.path.join(OUT, h), ignore_errors=True)
         globals()[h + "_seeds"]()
