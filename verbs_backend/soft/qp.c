@@ -1369,7 +1369,8 @@ static void rx_one(struct soft_qp *qp, uint32_t i)
 		return;
 	}
 	uint8_t *buf = qp->rxiov[i].iov_base;
-	if (gso && (size_t)gso < len) {
+	/* gso >= len: the kernel says train but the buffer holds one datagram; taken as one */
+	if (gso < 0 || (gso && (size_t)gso < len)) {
 		struct dg_gso_piece pc[GRO_MAX_SEGS];
 		int n = gso < 0 ? -EINVAL : dg_gso_split(buf, len, (size_t)gso, false, pc, GRO_MAX_SEGS);
 		if (n < 0) {
