@@ -61,6 +61,8 @@ static const struct var vars[DG_ENV_COUNT] = {
 				   .expect = "0 (off) or 1..65535"},
 	[DG_ENV_STATS] = {.name = "DGSHIM_STATS", .kind = K_WORD, .dflt = DG_ON,
 			  .words = {{"on", DG_ON}, {"off", DG_OFF}}, .expect = "on or off"},
+	[DG_ENV_UDP_GSO] = {.name = "DGSHIM_UDP_GSO", .kind = K_WORD, .dflt = DG_ON,
+			    .words = {{"on", DG_ON}, {"off", DG_OFF}}, .expect = "on or off"},
 };
 
 /* one complaint per variable and process, however often it is read */

@@ -74,6 +74,7 @@ ok --stream-buf 64K DGSHIM_STREAM_BUF 64K; ok --stream-buf 16384 DGSHIM_STREAM_B
 bad --stream-buf 8K; bad --stream-buf 65M; bad --stream-buf 1G; bad --stream-buf big
 ok --mpa-crc off DGSHIM_MPA_CRC off; bad --mpa-crc no
 ok --stats off DGSHIM_STATS off; bad --stats 0
+ok --udp-gso off DGSHIM_UDP_GSO off; bad --udp-gso 0
 for l in off error warn info debug 0 4; do ok -l $l DGSHIM_LOG $l; done
 bad -l verbose; bad -l 5
 ok --log-file "$tmp/x.%p.log" DGSHIM_LOG_FILE "$tmp/x.%p.log"; bad --log-file /nonexistent-dir/x.log

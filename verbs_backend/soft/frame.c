@@ -265,6 +265,32 @@ void dg_put_read_req(struct rdmap_read_req *r, uint32_t sink_stag, uint64_t sink
 	r->src_to = htobe64(src_to);
 }
 
+int dg_gso_split(uint8_t *buf, size_t len, size_t gso, bool truncated, struct dg_gso_piece *out,
+		 uint32_t max)
+{
+	/* gso > UINT32_MAX would not fit a piece; no UDP buffer is that large anyway. */
+	if (!gso || !len || gso > len || truncated || gso > UINT32_MAX)
+		return -EINVAL;
+	size_t n = len / gso + (len % gso != 0);
+	if (n > max)
+		return -EINVAL;
+	size_t off = 0;
+	for (size_t i = 0; i < n; i++) {
+		size_t l = len - off < gso ? len - off : gso;
+		out[i] = (struct dg_gso_piece){buf + off, (uint32_t)l};
+		off += l;
+	}
+	return (int)n;
+}
+
+uint32_t dg_gso_max_segs(uint32_t dgram)
+{
+	if (!dgram)
+		return 0;
+	uint32_t n = DG_GSO_MAX_BYTES / dgram;
+	return n > DG_GSO_MAX_SEGS ? DG_GSO_MAX_SEGS : n;
+}
+
 const char *dg_opcode_name(unsigned opcode)
 {
 	static const char *const names[] = {

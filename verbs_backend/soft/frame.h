@@ -61,6 +61,36 @@ void dg_put_untagged(struct dg_untagged_hdr *h, uint8_t opcode, bool last, uint3
 void dg_put_read_req(struct rdmap_read_req *r, uint32_t sink_stag, uint64_t sink_to,
 		     uint32_t size, uint32_t src_stag, uint64_t src_to);
 
+/*
+ * UDP GSO/GRO: several datagrams laid back to back in one buffer, each gso bytes except a last
+ * that may be shorter (the layout of a UDP_SEGMENT send and of a UDP_GRO receive).
+ * DG_GSO_MAX_SEGS is the kernel's smallest UDP_MAX_SEGMENTS (64; 128 from Linux 6.x on);
+ * DG_GSO_MAX_BYTES the most UDP payload one send may carry (65535 less the IPv4 and UDP
+ * headers), which bounds a train whatever the segment count.
+ */
+#define DG_GSO_MAX_SEGS 64u
+#define DG_GSO_MAX_BYTES 65507u
+
+/* One datagram of a coalesced buffer. */
+struct dg_gso_piece {
+	uint8_t *buf;
+	uint32_t len;
+};
+
+/*
+ * Cuts a coalesced receive of len bytes at buf into its datagrams of gso bytes (the last
+ * len % gso when not zero) and writes them to out[0..max). truncated: the kernel cut the
+ * buffer (MSG_TRUNC), so its last datagram is not whole.
+ * Returns the count (>= 1), or -EINVAL when gso is 0, len is 0, gso > len, truncated is set,
+ * or more than max pieces would be needed; out is then untouched. Reads no byte of buf.
+ */
+int dg_gso_split(uint8_t *buf, size_t len, size_t gso, bool truncated, struct dg_gso_piece *out,
+		 uint32_t max);
+
+/* How many datagrams of dgram bytes one UDP_SEGMENT send may carry (0 or 1: GSO gains
+ * nothing for that size). */
+uint32_t dg_gso_max_segs(uint32_t dgram);
+
 /* Human-readable name of an opcode ("SEND", "WRITE_RECORD", ... or "UNKNOWN"). */
 const char *dg_opcode_name(unsigned opcode);
 

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <netinet/udp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -18,6 +19,7 @@
 #include <unistd.h>
 
 #include "crc.h"
+#include "env.h"
 #include "log.h"
 #include "soft.h"
 
@@ -25,6 +27,21 @@
 #define DEFAULT_MAX_MSG (16u << 20)
 #define DEFAULT_REASM_US 20000
 #define TERM_PER_100MS 64
+
+#ifndef SOL_UDP
+#define SOL_UDP IPPROTO_UDP
+#endif
+#ifndef UDP_SEGMENT
+#define UDP_SEGMENT 103
+#endif
+#ifndef UDP_GRO
+#define UDP_GRO 104
+#endif
+/* A coalesced receive holds at most the kernel's UDP_MAX_SEGMENTS (128 since Linux 6.x; GRO
+ * itself stops at 64): more is not a train the kernel made, and is dropped as malformed. */
+#define GRO_MAX_SEGS 128
+/* Receive control space per buffer: one UDP_GRO cmsg (an int), with room to spare. */
+#define RXCTL_LEN 64
 
 static void pump(struct soft_qp *qp);
 static int rx_segment(struct soft_qp *qp, const union dgv_sockaddr *from, socklen_t fromlen,
@@ -382,6 +399,104 @@ static int pump_ud_batched(struct soft_qp *qp, uint32_t idx, uint8_t op, bool ta
 	return 0;
 }
 
+/* errno values with which a UDP_SEGMENT send says "not here" (kernel without UDP GSO, a
+ * device without checksum offload, a route whose MTU is below the segment size): the QP then
+ * sends one datagram per system call from now on. */
+static bool gso_refused(int err)
+{
+	return err == EINVAL || err == EIO || err == ENOPROTOOPT || err == EOPNOTSUPP ||
+	       err == EMSGSIZE;
+}
+
+/*
+ * UD bulk path with UDP GSO: up to dg_gso_max_segs() whole datagrams of one message (each its
+ * own DDP/RDMAP header, payload and CRC, exactly what pump_ud_batched sends one by one) laid
+ * back to back in one iovec and handed down by one sendmsg with a UDP_SEGMENT cmsg of the
+ * datagram size; the kernel (or the device) cuts the train at those boundaries, so the wire
+ * carries the same datagrams. Every datagram of a train is full-size; the message's last one
+ * is left to the caller, which completes the WQE. Leaves w->sent at the first byte not handed
+ * to UDP. Returns 0 (the rest goes by pump_ud_batched, also after the kernel refused GSO:
+ * qp->gso_off is then set), -EAGAIN (socket full), or -errno after completing the WQE with an
+ * error.
+ */
+static int pump_ud_gso(struct soft_qp *qp, uint32_t idx, uint8_t op, bool tagged)
+{
+	struct soft_swqe *w = &qp->sq[idx];
+	uint32_t hlen = tagged ? DG_TAGGED_HLEN : DG_UNTAGGED_HLEN;
+	uint32_t dgram = hlen + w->segsz + DG_CRC_LEN;
+	uint32_t per = dg_gso_max_segs(dgram);
+	if (per < 2 || dgram > UINT16_MAX)
+		return 0;
+	union {
+		struct dg_tagged_hdr t;
+		struct dg_untagged_hdr u;
+	} h[DG_GSO_MAX_SEGS];
+	be32 crc[DG_GSO_MAX_SEGS];
+	struct iovec iov[DG_GSO_MAX_SEGS * (SOFT_MAX_SGE + 2)];
+	union {
+		char buf[CMSG_SPACE(sizeof(uint16_t))];
+		struct cmsghdr align;
+	} ctl;
+	memset(&ctl, 0, sizeof ctl);
+	struct cmsghdr *cm = &ctl.align;
+	cm->cmsg_level = SOL_UDP;
+	cm->cmsg_type = UDP_SEGMENT;
+	cm->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+	uint16_t gso = (uint16_t)dgram;
+	memcpy(CMSG_DATA(cm), &gso, sizeof gso);
+	bool conn = qp->has_peer && dgv_addr_eq(&w->dst, &qp->peer);
+	while (w->len - w->sent > 2 * (uint64_t)w->segsz) {
+		uint32_t pos = w->sent, n = 0;
+		int k = 0;
+		while (n < per && w->len - pos > w->segsz) {
+			int first = k;
+			if (tagged)
+				dg_put_tagged(&h[n].t, op, false, w->rkey, w->remote_addr + pos, w->msn, pos,
+					      w->len, (uint16_t)w->segsz);
+			else
+				dg_put_untagged(&h[n].u, op, false, DDP_QN_SEND, w->msn, pos, w->len,
+						(uint16_t)w->segsz, 0);
+			iov[k++] = (struct iovec){&h[n], hlen};
+			k += soft_sge_iov(w->sge, w->num_sge, pos, w->segsz, &iov[k], SOFT_MAX_SGE);
+			crc[n] = htobe32(dg_crc32c_iov(&iov[first], k - first));
+			iov[k++] = (struct iovec){&crc[n], sizeof crc[n]};
+			pos += w->segsz;
+			n++;
+		}
+		if (n < 2)
+			break; /* one datagram: no train to make */
+		struct msghdr mh = {.msg_name = conn ? NULL : &w->dst, .msg_namelen = conn ? 0 : w->dstlen,
+				    .msg_iov = iov, .msg_iovlen = (size_t)k, .msg_control = ctl.buf,
+				    .msg_controllen = sizeof ctl.buf};
+		ssize_t r;
+		do
+			r = sendmsg(qp->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+		while (r < 0 && errno == EINTR);
+		if (r < 0) {
+			int e = errno;
+			if (e == EAGAIN || e == EWOULDBLOCK || e == ENOBUFS) {
+				__atomic_store_n(&qp->pump_blocked, true, __ATOMIC_RELAXED);
+				return -EAGAIN;
+			}
+			if (gso_refused(e)) {
+				/* nothing of this train left: the old path sends it datagram by datagram */
+				qp->gso_off = true;
+				DG_INFO("UDP GSO refused on fd %d (%s): one datagram per send from now on",
+					qp->fd, strerror(e));
+				return 0;
+			}
+			DG_WARN("send to peer failed: %s", strerror(e));
+			w->all_sent = true;
+			sq_complete(qp, idx, DGV_WC_GENERAL_ERR, w->sent);
+			return -e;
+		}
+		qp->st.tx_datagrams += n;
+		qp->st.tx_bytes += (uint64_t)r;
+		w->sent = pos;
+	}
+	return 0;
+}
+
 /* Transmits what it can of send WQE idx. Returns 0 when the WQE is fully handed down,
  * -EAGAIN when the LLP is full, or another -errno after completing the WQE with an error. */
 static int pump_swqe(struct soft_qp *qp, uint32_t idx)
@@ -429,7 +544,9 @@ static int pump_swqe(struct soft_qp *qp, uint32_t idx)
 	uint8_t op = w->opcode == DGV_WR_SEND ? RDMAP_SEND : w->opcode == DGV_WR_SEND_SE ? RDMAP_SEND_SE
 		     : w->opcode == DGV_WR_WRITE ? RDMAP_WRITE : RDMAP_WRITE_RECORD;
 	if (qp->base.type == DGV_QPT_UD && !qp->ftx.active && w->len - w->sent > w->segsz) {
-		int rc = pump_ud_batched(qp, idx, op, tagged);
+		int rc = qp->gso_off ? 0 : pump_ud_gso(qp, idx, op, tagged);
+		if (!rc)
+			rc = pump_ud_batched(qp, idx, op, tagged);
 		if (rc)
 			return rc;
 	}
@@ -1303,26 +1420,73 @@ static void rx_fault_emit(void *arg, const struct dg_pkt *pkt)
 	rx_datagram(c->qp, pkt->iov[0].iov_base, pkt->len, pkt->addr, pkt->addrlen);
 }
 
-/* Drains the socket. Returns the number of datagrams read. */
+/* One datagram as UDP sent it (a GRO train already cut): through the receive-edge faults,
+ * which so drop, hold or damage single datagrams, then the receive path. */
+static void rx_piece(struct soft_qp *qp, uint8_t *buf, size_t len, const union dgv_sockaddr *from,
+		     socklen_t fromlen)
+{
+	if (qp->frx.active) {
+		struct iovec v = {buf, len};
+		struct dg_pkt pkt = {&v, 1, len, from, fromlen};
+		struct rx_emit_ctx c = {qp};
+		dg_fault_apply(&qp->frx, &pkt, rx_fault_emit, &c);
+	} else {
+		rx_datagram(qp, buf, len, from, fromlen);
+	}
+}
+
+/* The segment size of a GRO-coalesced receive (its UDP_GRO cmsg), 0 when the buffer is one
+ * datagram, -1 when the cmsg holds no usable size. */
+static long rx_gro_size(struct msghdr *mh)
+{
+	for (struct cmsghdr *cm = CMSG_FIRSTHDR(mh); cm; cm = CMSG_NXTHDR(mh, cm)) {
+		if (cm->cmsg_level != SOL_UDP || cm->cmsg_type != UDP_GRO)
+			continue;
+		int v;
+		if (cm->cmsg_len < CMSG_LEN(sizeof v))
+			return -1;
+		memcpy(&v, CMSG_DATA(cm), sizeof v);
+		return v > 0 ? v : -1;
+	}
+	return 0;
+}
+
+/* Receive buffer i as the kernel filled it: one datagram, or with GRO a train of datagrams
+ * of one sender, each handed on alone with its own boundaries (a plain datagram of a
+ * pass_plain QP too). Resets the message header for the next read. */
 static void rx_one(struct soft_qp *qp, uint32_t i)
 {
+	struct msghdr *mh = &qp->rxmsg[i].msg_hdr;
 	size_t len = qp->rxmsg[i].msg_len;
-	socklen_t al = qp->rxmsg[i].msg_hdr.msg_namelen;
-	qp->rxmsg[i].msg_hdr.msg_namelen = sizeof qp->rxaddr[i];
-	if (qp->rxmsg[i].msg_hdr.msg_flags & MSG_TRUNC) {
+	socklen_t al = mh->msg_namelen;
+	mh->msg_namelen = sizeof qp->rxaddr[i];
+	long gso = 0;
+	if (qp->gro) {
+		gso = rx_gro_size(mh);
+		mh->msg_controllen = RXCTL_LEN;
+	}
+	if (mh->msg_flags & MSG_TRUNC) {
 		qp->st.rx_datagrams++;
 		qp->st.malformed_drops++;
 		DG_DBG("datagram larger than the segment size (%u): dropped", qp->rxbuf_size);
 		return;
 	}
-	if (qp->frx.active) {
-		struct iovec v = {qp->rxiov[i].iov_base, len};
-		struct dg_pkt pkt = {&v, 1, len, &qp->rxaddr[i], al};
-		struct rx_emit_ctx c = {qp};
-		dg_fault_apply(&qp->frx, &pkt, rx_fault_emit, &c);
-	} else {
-		rx_datagram(qp, qp->rxiov[i].iov_base, len, &qp->rxaddr[i], al);
+	uint8_t *buf = qp->rxiov[i].iov_base;
+	/* gso >= len: the kernel says train but the buffer holds one datagram; taken as one */
+	if (gso < 0 || (gso && (size_t)gso < len)) {
+		struct dg_gso_piece pc[GRO_MAX_SEGS];
+		int n = gso < 0 ? -EINVAL : dg_gso_split(buf, len, (size_t)gso, false, pc, GRO_MAX_SEGS);
+		if (n < 0) {
+			qp->st.rx_datagrams++;
+			qp->st.malformed_drops++;
+			DG_DBG("coalesced receive of %zu bytes with segment size %ld: dropped", len, gso);
+			return;
+		}
+		for (int k = 0; k < n; k++)
+			rx_piece(qp, pc[k].buf, pc[k].len, &qp->rxaddr[i], al);
+		return;
 	}
+	rx_piece(qp, buf, len, &qp->rxaddr[i], al);
 }
 
 /*
@@ -1336,6 +1500,20 @@ static int rx_drain(struct soft_qp *qp, int budget)
 {
 	if (qp->rx_hold && !qp->rq_count)
 		return 0; /* the kernel keeps them until a receive is posted */
+	if (qp->rx_vlen <= 1 && qp->gro) {
+		/* GRO: the segment size comes in a control message, which needs recvmsg */
+		qp->rxmsg[0].msg_hdr.msg_controllen = RXCTL_LEN;
+		ssize_t r = recvmsg(qp->fd, &qp->rxmsg[0].msg_hdr, MSG_DONTWAIT);
+		if (r < 0) {
+			qp->rx_streak = 0;
+			return 0;
+		}
+		qp->rxmsg[0].msg_len = (unsigned)r;
+		rx_one(qp, 0);
+		if (++qp->rx_streak >= 2 && qp->rx_cap != 1)
+			qp->rx_vlen = qp->rx_batch;
+		return 1;
+	}
 	if (qp->rx_vlen <= 1) {
 		/* recvfrom: no message header for the kernel to import; MSG_TRUNC returns the real
 		 * length, so an oversized datagram is still recognised */
@@ -1365,6 +1543,9 @@ static int rx_drain(struct soft_qp *qp, int budget)
 			vlen = qp->rx_cap - (uint32_t)total;
 		if (!vlen)
 			break;
+		if (qp->gro)
+			for (uint32_t i = 0; i < vlen; i++)
+				qp->rxmsg[i].msg_hdr.msg_controllen = RXCTL_LEN;
 		int n = recvmmsg(qp->fd, qp->rxmsg, vlen, MSG_DONTWAIT, NULL);
 		if (n <= 0)
 			break;
@@ -1540,6 +1721,7 @@ static void qp_free(struct soft_qp *qp)
 	free(qp->rxmsg);
 	free(qp->rxiov);
 	free(qp->rxaddr);
+	free(qp->rxctl);
 	pthread_mutex_destroy(&qp->lock);
 	dg_zfree(qp, sizeof *qp);
 }
@@ -1588,6 +1770,25 @@ static int qp_socket(struct soft_qp *qp, const struct dgv_qp_init_attr *a, int *
 	return 0;
 }
 
+/*
+ * UDP GSO/GRO (DGSHIM_UDP_GSO, default on). Sends: a UD message of several datagrams goes by
+ * UDP_SEGMENT trains (pump_ud_gso) on any socket: the cmsg changes nothing on the socket.
+ * Receives: UDP_GRO only on the QP's own socket, and not with rx_hold (which counts datagrams
+ * per read). An adopted socket is the program's: it may read it itself again (a socket the
+ * shim gives back, a fork's copy), and with UDP_GRO left on it would meet trains where it
+ * expects datagrams; a GSO train reaching it is cut by the kernel into datagrams as before.
+ */
+static void qp_gso_setup(struct soft_qp *qp)
+{
+	if (dg_env_word(DG_ENV_UDP_GSO) == DG_OFF) {
+		qp->gso_off = true;
+		return;
+	}
+	int one = 1;
+	qp->gro = qp->own_fd && !qp->rx_hold &&
+		  setsockopt(qp->fd, SOL_UDP, UDP_GRO, &one, sizeof one) == 0;
+}
+
 /* The work queues and the batch of receive buffers (recvmmsg) of a UD or RD QP. Returns 0 or
  * -ENOMEM (qp_free frees what was allocated). */
 static int qp_rings(struct soft_qp *qp, const struct dgv_qp_init_attr *a)
@@ -1596,20 +1797,29 @@ static int qp_rings(struct soft_qp *qp, const struct dgv_qp_init_attr *a)
 	qp->rq_cap = a->max_recv_wr ? a->max_recv_wr : DEFAULT_WR;
 	qp->sq = dg_zalloc((size_t)qp->sq_cap * sizeof *qp->sq);
 	qp->rq = dg_zalloc((size_t)qp->rq_cap * sizeof *qp->rq);
-	/* pass_plain: a plain datagram may be as large as UDP allows, and must not be cut */
-	qp->rxbuf_size = qp->pass_plain ? 65536 : qp->seg_size < 2048 ? 2048 : qp->seg_size;
-	qp->rx_batch = qp->rxbuf_size <= 4096 ? SOFT_RX_BATCH : 4;
+	/* pass_plain: a plain datagram may be as large as UDP allows, and must not be cut; GRO:
+	 * a coalesced train is up to 64 KiB too. 8 such buffers (pages touched only as trains
+	 * fill them) take 350 MTU datagrams per recvmmsg. */
+	qp->rxbuf_size = qp->pass_plain || qp->gro ? 65536 : qp->seg_size < 2048 ? 2048 : qp->seg_size;
+	qp->rx_batch = qp->rxbuf_size <= 4096 ? SOFT_RX_BATCH : qp->gro ? 8 : 4;
 	qp->rxbuf = dg_pages_alloc((size_t)qp->rxbuf_size * qp->rx_batch);
 	qp->rxmsg = calloc(qp->rx_batch, sizeof *qp->rxmsg);
 	qp->rxiov = calloc(qp->rx_batch, sizeof *qp->rxiov);
 	qp->rxaddr = calloc(qp->rx_batch, sizeof *qp->rxaddr);
-	if (!qp->sq || !qp->rq || !qp->rxbuf || !qp->rxmsg || !qp->rxiov || !qp->rxaddr)
+	if (qp->gro)
+		qp->rxctl = calloc(qp->rx_batch, RXCTL_LEN);
+	if (!qp->sq || !qp->rq || !qp->rxbuf || !qp->rxmsg || !qp->rxiov || !qp->rxaddr ||
+	    (qp->gro && !qp->rxctl))
 		return -ENOMEM;
 	for (uint32_t i = 0; i < qp->rx_batch; i++) {
 		qp->rxiov[i] = (struct iovec){qp->rxbuf + (size_t)i * qp->rxbuf_size, qp->rxbuf_size};
 		qp->rxmsg[i].msg_hdr = (struct msghdr){.msg_name = &qp->rxaddr[i],
 						       .msg_namelen = sizeof qp->rxaddr[i],
 						       .msg_iov = &qp->rxiov[i], .msg_iovlen = 1};
+		if (qp->gro) {
+			qp->rxmsg[i].msg_hdr.msg_control = qp->rxctl + (size_t)i * RXCTL_LEN;
+			qp->rxmsg[i].msg_hdr.msg_controllen = RXCTL_LEN;
+		}
 	}
 	return 0;
 }
@@ -1651,6 +1861,7 @@ int soft_create_qp(struct dgv_pd *pdb, const struct dgv_qp_init_attr *a, struct 
 		err = -EINVAL;
 		goto fail;
 	}
+	qp_gso_setup(qp);
 	if ((err = qp_rings(qp, a)))
 		goto fail;
 	struct dgv_fault ftx, frx;
@@ -1939,8 +2150,27 @@ int soft_peek(struct dgv_qp *qpb, void *buf, size_t len, struct dgv_peek *out)
 		goto out;
 	union dgv_sockaddr from;
 	socklen_t al = sizeof from;
-	ssize_t r = recvfrom(qp->fd, qp->rxbuf, qp->rxbuf_size, MSG_PEEK | MSG_DONTWAIT | MSG_TRUNC,
+	ssize_t r;
+	if (qp->gro) {
+		/* a coalesced train: its first datagram is the next one */
+		struct iovec v = {qp->rxbuf, qp->rxbuf_size};
+		union {
+			char buf[RXCTL_LEN];
+			struct cmsghdr align;
+		} ctl;
+		struct msghdr mh = {.msg_name = &from, .msg_namelen = al, .msg_iov = &v, .msg_iovlen = 1,
+				    .msg_control = ctl.buf, .msg_controllen = sizeof ctl.buf};
+		r = recvmsg(qp->fd, &mh, MSG_PEEK | MSG_DONTWAIT | MSG_TRUNC);
+		al = mh.msg_namelen;
+		long gso = r >= 0 ? rx_gro_size(&mh) : 0;
+		if (gso < 0)
+			goto out;
+		if (gso && r > gso)
+			r = gso;
+	} else {
+		r = recvfrom(qp->fd, qp->rxbuf, qp->rxbuf_size, MSG_PEEK | MSG_DONTWAIT | MSG_TRUNC,
 			     &from.sa, &al);
+	}
 	if (r < 0) {
 		rc = -errno;
 		goto out;

@@ -245,6 +245,12 @@ struct soft_qp {
 	struct mmsghdr *rxmsg;
 	struct iovec *rxiov;
 	union dgv_sockaddr *rxaddr;
+	/* UDP GSO and GRO (qp.c "UDP GSO/GRO"): gso_off once DGSHIM_UDP_GSO=off or the kernel
+	 * refused a UDP_SEGMENT send; gro: UDP_GRO is on (own sockets only), rxctl holds each
+	 * receive buffer's control message (the segment size of a coalesced train) */
+	bool gso_off;
+	bool gro;
+	uint8_t *rxctl;
 	/* progress coordination with the libev thread */
 	atomic_uint app_polls;      /* bumped by every application progress call */
 	uint32_t seen_polls;        /* loop thread: app_polls at its last tick */

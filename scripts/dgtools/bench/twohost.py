@@ -22,8 +22,10 @@ LAT = [  # key, label, dgperf args
     ("raw_udp", "plain UDP", ["--raw-udp", "-t", "send_lat"]),
     ("raw_tcp", "plain TCP", ["--raw-tcp", "-t", "send_lat"]),
 ]
-BW = [
+BW = [  # key, label, dgperf args (leading NAME=VALUE items: environment of both ends)
     ("ud_wr", "UD Write-Record, 1472-B datagrams", ["-c", "UD", "-t", "wr_bw"]),
+    ("ud_wr_nogso", "UD Write-Record, 1472-B datagrams, no UDP GSO/GRO",
+     ["DGSHIM_UDP_GSO=off", "-c", "UD", "-t", "wr_bw"]),
     ("ud_wr64", "UD Write-Record, 64 KB datagrams", ["-c", "UD", "-t", "wr_bw", "--seg", "65507"]),
     ("rc_write", "RC Write", ["-c", "RC", "-t", "write_bw"]),
     ("raw_udp", "plain UDP, 1472-B datagrams", ["--raw-udp", "-t", "send_bw", "--seg", "1472"]),
@@ -115,7 +117,9 @@ def _run_pair(bed, server, client, pre, timeout=120, server_exits=True):
 
 def _dgperf(bed, args):
     port = str(ctx.next_port())
-    base = [ctx.PERF, "-p", port, "--detail"] + args
+    env = [a for a in args if a.startswith("DGSHIM_")]
+    args = [a for a in args if not a.startswith("DGSHIM_")]
+    base = (["env"] + env if env else []) + [ctx.PERF, "-p", port, "--detail"] + args
     text, _, cpu = _run_pair(bed, base, base + [B_IP], False)
     rows = [json.loads(l) for l in text.splitlines() if l.startswith("{")]
     if not rows:
