@@ -254,7 +254,7 @@ def stream_seeds():
 def disco_seeds():
     # the worked example of docs/wire.md section 13
     write("disco", "question", bytes.fromhex("444744530101" "5c3a" "1122334455667788" "00000000" "00000000"))
-    write("disco", "answer_ud", bytes.fromhex("444744530102" "5c3a" "1122334455667788" "01000000" "00000064"))
+    write("disco", "answer_ud", bytes.fromhex("444744530102" "5c3a" "1122334455667788" "01000000" "00000050"))
     write("disco", "answer_all", bytes.fromhex("444744530102" "ffff" "0000000000000001" "0f000000" "ffffffff"))
 
 

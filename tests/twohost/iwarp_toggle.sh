@@ -53,7 +53,7 @@ run_case() {
 	return 0
 }
 
-# Each phase starts 150 ms after the last: longer than the discovery lease (100 ms), so its first
+# Each phase starts 150 ms after the last: longer than the discovery lease (80 ms), so its first
 # datagram asks host a again (docs/shim.md). On a loaded machine the answer can come after the
 # phase's 4 datagrams: a run where only that happened (a ud/rd phase that ended plain) runs
 # again, at most 3 times, and says so.

@@ -58,7 +58,7 @@ run() {
 run native -u LD_PRELOAD STREAMAPI_EXPECT=native ||
 	dg_fail "native: an expectation is not the kernel's between two hosts (fix the test)"
 cap_check native --plain-host "$TH_A_IP" --plain-host "$TH_B_IP" || dg_fail "native: MPA bytes without the shim?"
-# A connect to another host whose last discovery answer is older than its lease (100 ms) asks
+# A connect to another host whose last discovery answer is older than its lease (80 ms) asks
 # again and waits at most 10 ms (docs/shim.md): on a loaded machine a later answer leaves that
 # connection plain, and streamapi's "carried" check fails. Such a run (every failure a "carried"
 # one) runs again, at most 3 times, and says so; any other failure fails at once.
