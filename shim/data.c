@@ -530,6 +530,19 @@ void zc_cache_clear(struct sock *s)
 			dgv_dereg_mr(s->zc[i].mr), s->zc[i].mr = NULL;
 }
 
+/* Waits for room to send: events POLLOUT for a free slot, 0 for a completion only. Returns 0
+ * to try again, 1 when the socket lost its queue pair meanwhile (send plain), or -errno
+ * (-EAGAIN at once when nb). Needs s->lock. */
+static int tx_room_wait(struct sock *s, int fd, bool nb, short events, int *timeout)
+{
+	if (nb)
+		return -EAGAIN;
+	int w = wait_sock(s, fd, events, timeout);
+	if (w)
+		return w;
+	return s->qp ? 0 : 1;
+}
+
 static ssize_t dgram_send(struct sock *s, int fd, const struct iovec *iov, int iovcnt, int flags,
 			  const struct sockaddr *dest, socklen_t destlen)
 {
@@ -602,19 +615,13 @@ again:
 			consume_cq(s);
 		if (s->tx_free_n)
 			break;
-		if (nb) {
-			rc = -EAGAIN;
-			goto out;
-		}
-		int w = wait_sock(s, fd, POLLOUT, &timeout);
-		if (w) {
+		int w = tx_room_wait(s, fd, nb, POLLOUT, &timeout);
+		if (w < 0) {
 			rc = w;
 			goto out;
 		}
-		if (!s->qp) {
-			pthread_mutex_unlock(&s->lock);
-			return send_plain(s, fd, iov, iovcnt, flags & ~MSG_DONTWAIT, dest, destlen, nb);
-		}
+		if (w > 0)
+			goto plain;
 	}
 	uint32_t slot = s->tx_free[--s->tx_free_n];
 	uint8_t *b = s->tx_area + (size_t)slot * SHIM_SLOT;
@@ -637,20 +644,14 @@ again:
 		 * answering holds its entries until its retries run out): a blocking send waits
 		 * as the kernel's does when the send buffer is full, never ENOBUFS */
 		s->tx_free[s->tx_free_n++] = (uint16_t)slot;
-		if (nb) {
-			rc = -EAGAIN;
-			goto out;
-		}
 		/* only a completion frees the entries: the kernel socket's room would wake at once */
-		int w = wait_sock(s, fd, 0, &timeout);
-		if (w) {
+		int w = tx_room_wait(s, fd, nb, 0, &timeout);
+		if (w < 0) {
 			rc = w;
 			goto out;
 		}
-		if (!s->qp) {
-			pthread_mutex_unlock(&s->lock);
-			return send_plain(s, fd, iov, iovcnt, flags & ~MSG_DONTWAIT, dest, destlen, nb);
-		}
+		if (w > 0)
+			goto plain;
 		goto again;
 	}
 	if (pr) {
@@ -669,6 +670,9 @@ out:
 		stats_pull(s);
 	pthread_mutex_unlock(&s->lock);
 	return rc;
+plain: /* the socket lost its queue pair while the send waited */
+	pthread_mutex_unlock(&s->lock);
+	return send_plain(s, fd, iov, iovcnt, flags & ~MSG_DONTWAIT, dest, destlen, nb);
 }
 
 /* UDP over UD or RD, on whichever provider carries the socket (its capabilities decide the
