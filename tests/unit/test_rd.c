@@ -761,7 +761,8 @@ Test(rd, silent_peer_times_out, .timeout = 120)
 	cr_assert_geq(a->failed_at_us - t0, budget);
 	cr_assert_lt(a->failed_at_us - t0, budget + 10000);
 	cr_assert_eq(b->ndeliver, 0);
-	cr_assert_eq(stats(a).retransmits, 12u * 12);
+	/* only the oldest is retransmitted on a timeout: the rest waits for the acks it brings */
+	cr_assert_eq(stats(a).retransmits, 12u);
 
 	/* the datagram sent from failed() belongs to a new epoch, which works once the path does */
 	s.drop_from = -1;
