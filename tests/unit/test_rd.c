@@ -1326,9 +1326,9 @@ Test(rd, lossless_slow_receiver_no_retransmission)
 	sim_fini(&s);
 }
 
-/* Stalls far longer than the timeout (6 ms of every 10 ms) with a full window: each costs
- * retransmissions of the oldest datagram only (the timer backs off: at most 2 fit in a stall),
- * never of the window behind it, which is on its way. */
+/* Stalls far longer than the timeout (6 ms of every 10 ms) with a full window: a timeout
+ * retransmits the oldest datagram only (the timer backs off: at most 2 fit in a stall), never
+ * the window behind it, which is on its way; the acks after it show the timeout spurious. */
 Test(rd, long_receiver_stall_one_duplicate)
 {
 	struct sim s;
@@ -1351,5 +1351,10 @@ Test(rd, long_receiver_stall_one_duplicate)
 	cr_assert_leq(sa.retransmits, stalls * 2, "%lu retransmissions in %lu stalls",
 		      (unsigned long)sa.retransmits, (unsigned long)stalls);
 	cr_assert_eq(sb.dup_drops, sa.retransmits);
+	/* and the timeouts found spurious raise the RTO above the stalls: the first stall costs
+	 * its duplicates (the RTO floor of 2 ms and one backoff), the others none */
+	cr_assert_geq(sa.spurious_timeouts, 1);
+	cr_assert_leq(sa.retransmits, 3, "%lu retransmissions in %lu stalls", (unsigned long)sa.retransmits,
+		      (unsigned long)stalls);
 	sim_fini(&s);
 }

@@ -58,6 +58,8 @@
  * twice, so this many of them mean a reset. */
 #define RD_BEHIND_ACKS 4u
 #define RD_BEHIND_TIMEOUTS 2u
+/* A spurious timeout's raised RTO floor halves after this long. */
+#define RD_FLOOR_DECAY_US 1000000ull
 #define RD_MAX_SLOTS (1u << 20)
 #define RD_MAX_PEERS (1u << 20)
 #define RD_MAX_RETRIES 1000u
@@ -101,6 +103,8 @@ struct rd_peer {
 	uint64_t rec_due;           /* next batch of go-back retransmissions, 0: none armed */
 	uint32_t rec_end;           /* snd_nxt at rec_start */
 	uint32_t rec_burst;         /* datagrams in that batch */
+	uint32_t rto_floor;         /* µs: raised by a spurious timeout, 0: rto_min */
+	uint64_t floor_us;          /* when rto_floor last changed */
 	/* receive side */
 	uint32_t rx_epoch, rx_old_epoch, rcv_nxt;
 	uint32_t rx_head, rx_tail;
@@ -701,7 +705,18 @@ bool rd_can_send(struct rd_ep *ep, const union dgv_sockaddr *to, socklen_t tolen
 
 /* ------------------------------------------------------------------ acknowledgements */
 
-static void rtt_sample(const struct rd_ep *ep, struct rd_peer *p, uint64_t r64)
+/* The lowest RTO for p: rto_min, or higher while a spurious timeout is recent (halved every
+ * RD_FLOOR_DECAY_US). */
+static uint32_t rto_floor(const struct rd_ep *ep, struct rd_peer *p, uint64_t now)
+{
+	while (p->rto_floor > ep->cfg.rto_min_us && since(now, p->floor_us) >= RD_FLOOR_DECAY_US) {
+		p->rto_floor /= 2;
+		p->floor_us += RD_FLOOR_DECAY_US;
+	}
+	return p->rto_floor > ep->cfg.rto_min_us ? p->rto_floor : ep->cfg.rto_min_us;
+}
+
+static void rtt_sample(const struct rd_ep *ep, struct rd_peer *p, uint64_t r64, uint64_t now)
 {
 	uint32_t r = r64 > UINT32_MAX / 16 ? UINT32_MAX / 16 : (uint32_t)r64;
 	if (r == 0)
@@ -719,8 +734,9 @@ static void rtt_sample(const struct rd_ep *ep, struct rd_peer *p, uint64_t r64)
 	/* RFC 6298, but never below two RTTs: the receiver delays acks by up to ack_delay */
 	uint64_t var = (uint64_t)p->rttvar * 4;
 	uint64_t rto = p->srtt + (var > p->srtt ? var : p->srtt);
-	if (rto < ep->cfg.rto_min_us)
-		rto = ep->cfg.rto_min_us;
+	uint32_t lo = rto_floor(ep, p, now);
+	if (rto < lo)
+		rto = lo;
 	if (rto > ep->cfg.rto_max_us)
 		rto = ep->cfg.rto_max_us;
 	p->rto = (uint32_t)rto;
@@ -767,6 +783,22 @@ static void retransmit(struct rd_ep *ep, struct rd_peer *p, uint32_t s, uint64_t
 static void rec_ack(struct rd_ep *ep, struct rd_peer *p, bool advanced, bool news, uint32_t ack,
 		    uint64_t now)
 {
+	if (news && !p->peer_rnr) {
+		/* Spurious (the originals were only late): what was waited for is no longer an
+		 * RTO's worth. As Eifel's response (RFC 4015) adapts the timer, the RTO is kept
+		 * above twice that wait until it is halved again (RD_FLOOR_DECAY_US): a receiver
+		 * descheduled again and again costs a duplicate the first time, not every time. */
+		uint64_t seen = 2 * (since(now, p->rec_start) + p->rto);
+		if (seen > ep->cfg.rto_max_us)
+			seen = ep->cfg.rto_max_us;
+		if (seen > p->rto_floor) {
+			p->rto_floor = (uint32_t)seen;
+			p->floor_us = now;
+		}
+		if (p->rto < p->rto_floor)
+			p->rto = p->rto_floor;
+		ep->st.spurious_timeouts++;
+	}
 	if (news || !seq_lt(ack, p->rec_end) || p->peer_rnr) {
 		p->rec_start = p->rec_due = 0;
 		return;
@@ -873,7 +905,7 @@ static void rx_ack(struct rd_ep *ep, struct rd_peer *p, const struct dg_rd_hdr *
 		}
 	}
 	if (rtt != UINT64_MAX)
-		rtt_sample(ep, p, rtt);
+		rtt_sample(ep, p, rtt, now);
 	if (rack > p->rack_us)
 		p->rack_us = rack;
 	if (p->rec_start)

@@ -59,6 +59,7 @@ struct rd_stats {
 	uint64_t data_sent, retransmits, acks_sent, acks_rcvd, dup_drops, ooo_buffered;
 	uint64_t window_stalls, peer_failures, resets_sent, resets_rcvd, malformed;
 	uint64_t timeouts;    /* retransmissions by a timer (the others: SACK and RACK, go-back) */
+	uint64_t spurious_timeouts; /* timeouts the acks after them showed needless */
 	uint64_t nobuf_drops; /* out-of-order datagrams dropped for want of a buffer */
 	uint32_t peers;
 };
