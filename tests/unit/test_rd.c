@@ -1289,8 +1289,14 @@ static void loss_run(unsigned loss_pm, uint64_t seed)
 	struct rd_cfg c = base_cfg();
 	struct node *a = node_add(&s, &c, false), *b = node_add(&s, &c, false);
 	struct flow f = { .a = a, .b = b, .total = 20000 };
+	uint64_t t0 = s.now;
 	run_flows(&s, &f, 1, 5000000);
 	struct rd_stats sa = stats(a);
+	/* ~75 ms at 1 %, ~300 ms at 5 %; a timeout taken for spurious while datagrams are being
+	 * lost would raise the RTO floor towards rto_max and take seconds */
+	cr_assert_lt(s.now - t0, 1000000, "20000 datagrams took %lu us (%lu timeouts, %lu spurious)",
+		     (unsigned long)(s.now - t0), (unsigned long)sa.timeouts,
+		     (unsigned long)sa.spurious_timeouts);
 	cr_assert_eq(sa.data_sent, 20000);
 	cr_assert_gt(s.data_lost, 0);
 	cr_assert_geq(sa.retransmits, s.data_lost - sa.retransmits * loss_pm / 1000 - 5,

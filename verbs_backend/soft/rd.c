@@ -101,8 +101,10 @@ struct rd_peer {
 	/* recovery after a timeout (rec_start != 0): see rec_ack() */
 	uint64_t rec_start;         /* the first timeout of the episode */
 	uint64_t rec_due;           /* next batch of go-back retransmissions, 0: none armed */
+	uint64_t rec_base;          /* since when the oldest datagram waited for its ack */
 	uint32_t rec_end;           /* snd_nxt at rec_start */
 	uint32_t rec_burst;         /* datagrams in that batch */
+	uint8_t rec_clean;          /* no loss was in sight at the timeout: it may prove spurious */
 	uint32_t rto_floor;         /* µs: raised by a spurious timeout, 0: rto_min */
 	uint64_t floor_us;          /* when rto_floor last changed */
 	/* receive side */
@@ -783,12 +785,15 @@ static void retransmit(struct rd_ep *ep, struct rd_peer *p, uint32_t s, uint64_t
 static void rec_ack(struct rd_ep *ep, struct rd_peer *p, bool advanced, bool news, uint32_t ack,
 		    uint64_t now)
 {
-	if (news && !p->peer_rnr) {
-		/* Spurious (the originals were only late): what was waited for is no longer an
-		 * RTO's worth. As Eifel's response (RFC 4015) adapts the timer, the RTO is kept
-		 * above twice that wait until it is halved again (RD_FLOOR_DECAY_US): a receiver
-		 * descheduled again and again costs a duplicate the first time, not every time. */
-		uint64_t seen = 2 * (since(now, p->rec_start) + p->rto);
+	if (news && p->rec_clean && !p->peer_rnr) {
+		/* Spurious: no loss was in sight (the last ack before the timeout showed no hole, the
+		 * oldest datagram had not been retransmitted) and the originals were only late. As
+		 * Eifel's response (RFC 4015) adapts the timer, the RTO is kept above twice what
+		 * the oldest waited until it is halved again (RD_FLOOR_DECAY_US): a receiver
+		 * descheduled again and again costs a duplicate the first time, not every time.
+		 * (With a hole in sight the same ack shape only says the receiver had buffered
+		 * what followed the lost datagram.) */
+		uint64_t seen = 2 * since(now, p->rec_base);
 		if (seen > ep->cfg.rto_max_us)
 			seen = ep->cfg.rto_max_us;
 		if (seen > p->rto_floor) {
@@ -1221,6 +1226,8 @@ static void tx_timers(struct rd_ep *ep, struct rd_peer *p, uint64_t now, uint64_
 		t->backoff++;
 	if (!p->rec_start && !p->peer_rnr) {
 		p->rec_start = now;
+		p->rec_base = base;
+		p->rec_clean = !p->sack_seen && !t->retries;
 		p->rec_end = p->snd_nxt;
 		p->rec_burst = 2;
 	}
