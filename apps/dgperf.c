@@ -222,6 +222,7 @@ static void client_phase(uint64_t phase, uint64_t size)
 			g_detail.tx_dg = st1.tx_datagrams - V.st0.tx_datagrams;
 			g_detail.tx_bytes = st1.tx_bytes - V.st0.tx_bytes;
 			g_detail.retx = st1.rd_retransmits - V.st0.rd_retransmits;
+			g_detail.peer_drops = rep.fault_drops;
 		}
 		if (opt.raw)
 			vlog("size %" PRIu64 ": server received %" PRIu64 " datagrams", size, rep.dgrams);
@@ -283,6 +284,9 @@ static void server_phases(void)
 			else
 				vb_server_bw(size, iters, budget, &rep);
 			stats_log(label);
+			struct dgv_qp_stats st;
+			if (dgv_qp_stats(V.qp, &st) == 0)
+				rep.fault_drops = st.fault_dropped - V.st0.fault_dropped;
 		}
 		vlog("size %" PRIu64 ": received %" PRIu64 " messages, %" PRIu64 " bytes, %" PRIu64
 		     " valid of %" PRIu64 " recorded", size, rep.count, rep.bytes, rep.valid, rep.lensum);

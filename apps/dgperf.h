@@ -140,12 +140,14 @@ struct report { /* the receiver's view of one phase */
 	uint64_t delta_ns; /* time from the last arrival to the report */
 	uint64_t dgrams;  /* datagrams received (raw; write_bw: QP rx_datagrams) */
 	uint64_t rejects; /* write_bw: datagrams the QP received but did not place */
+	uint64_t fault_drops; /* verbs: datagrams the receiver's --loss dropped (QP fault_dropped) */
 };
 
 /* --detail: what the client knows about the row being printed (filled by client_phase). */
 struct row_detail {
 	uint64_t pings, lost;                  /* *_lat */
 	uint64_t sent, tx_dg, tx_bytes, retx;  /* *_bw; the QP counters only when qp_stats */
+	uint64_t peer_drops;                   /* *_bw: the server's fault_drops (its report) */
 	bool qp_stats;
 };
 

@@ -146,10 +146,11 @@ void print_bw_row(uint64_t size, uint64_t iters, uint64_t bytes, uint64_t msgs,
 			json_num("elapsed_s", secs, false, 6, false);
 			if (g_detail.qp_stats)
 				printf("\"tx_datagrams\":%" PRIu64 ",\"tx_wire_bytes\":%" PRIu64
-				       ",\"rd_retransmits\":%" PRIu64, g_detail.tx_dg, g_detail.tx_bytes,
-				       g_detail.retx);
+				       ",\"rd_retransmits\":%" PRIu64 ",\"peer_fault_drops\":%" PRIu64,
+				       g_detail.tx_dg, g_detail.tx_bytes, g_detail.retx, g_detail.peer_drops);
 			else
-				printf("\"tx_datagrams\":null,\"tx_wire_bytes\":null,\"rd_retransmits\":null");
+				printf("\"tx_datagrams\":null,\"tx_wire_bytes\":null,\"rd_retransmits\":null,"
+				       "\"peer_fault_drops\":null");
 		}
 		printf("}\n");
 	} else {
@@ -192,6 +193,7 @@ void report_put(struct ctl_msg *m, uint64_t phase, const struct report *r)
 	m->v[5] = r->delta_ns;
 	m->v[6] = r->dgrams;
 	m->v[7] = r->rejects;
+	m->v[8] = r->fault_drops;
 }
 
 void report_get(const struct ctl_msg *m, uint64_t phase, struct report *r)
@@ -206,4 +208,5 @@ void report_get(const struct ctl_msg *m, uint64_t phase, struct report *r)
 	r->delta_ns = m->v[5];
 	r->dgrams = m->v[6];
 	r->rejects = m->v[7];
+	r->fault_drops = m->v[8];
 }

@@ -43,6 +43,10 @@ struct sim {
 	bool hold;                  /* keep everything queued */
 	int drop_from;              /* a node whose every datagram is lost, or -1 */
 	uint64_t outage_from, outage_to; /* everything sent in [from, to) is lost */
+	bool fifo;                  /* latency varies but never reorders (a loopback socket) */
+	uint64_t fifo_at[MAXN][MAXN];
+	uint64_t stall_every, stall_len; /* nothing is delivered for stall_len of every stall_every µs */
+	uint64_t data_lost;         /* DATA datagrams the channel dropped */
 	struct node *nodes[MAXN];
 	int nnodes;
 };
@@ -207,6 +211,8 @@ static int cb_xmit(void *arg, const struct iovec *iov, int iovcnt, const union d
 	bool lost = !dst || s->drop_from == n->id || (s->now >= s->outage_from && s->now < s->outage_to) ||
 		    xrand(&s->rng) % 1000 < s->loss_pm;
 	if (lost) {
+		if (h.flags & RD_FLAG_DATA)
+			s->data_lost++;
 		free(b);
 		return 0;
 	}
@@ -223,6 +229,11 @@ static int cb_xmit(void *arg, const struct iovec *iov, int iovcnt, const union d
 		cr_assert_not_null(p.data);
 		if (c)
 			memcpy(p.data, b, len);
+		if (s->fifo) {
+			if (p.at < s->fifo_at[n->id][dst->id])
+				p.at = s->fifo_at[n->id][dst->id];
+			s->fifo_at[n->id][dst->id] = p.at;
+		}
 		heap_push(s, p);
 	}
 	return 0;
@@ -391,7 +402,8 @@ static void node_restart(struct node *n)
  * Returns false when nothing at all is pending. */
 static bool sim_step(struct sim *s)
 {
-	while (!s->hold && s->n && s->heap[0].at <= s->now) {
+	bool held = s->hold || (s->stall_every && s->now % s->stall_every < s->stall_len);
+	while (!held && s->n && s->heap[0].at <= s->now) {
 		struct pkt p = heap_pop(s);
 		struct node *dst = s->nodes[p.dst];
 		if (dst->ep) {
@@ -403,8 +415,10 @@ static bool sim_step(struct sim *s)
 		free(p.data);
 	}
 	uint64_t next = UINT64_MAX;
-	if (!s->hold && s->n)
+	if (!held && s->n)
 		next = s->heap[0].at;
+	else if (!s->hold && s->n)
+		next = s->now - s->now % s->stall_every + s->stall_len; /* the stall's end */
 	for (int i = 0; i < s->nnodes; i++) {
 		if (!s->nodes[i]->ep)
 			continue;
@@ -761,7 +775,8 @@ Test(rd, silent_peer_times_out, .timeout = 120)
 	cr_assert_geq(a->failed_at_us - t0, budget);
 	cr_assert_lt(a->failed_at_us - t0, budget + 10000);
 	cr_assert_eq(b->ndeliver, 0);
-	cr_assert_eq(stats(a).retransmits, 12u * 12);
+	/* only the oldest is retransmitted on a timeout: the rest waits for the acks it brings */
+	cr_assert_eq(stats(a).retransmits, 12u);
 
 	/* the datagram sent from failed() belongs to a new epoch, which works once the path does */
 	s.drop_from = -1;
@@ -1257,5 +1272,95 @@ Test(rd, receiver_not_ready_flow_control, .timeout = 120)
 	cr_assert_eq(b->rcv[a->id].count, 500);
 	cr_assert_eq(a->nacked[b->id], 500);
 	cr_assert_eq(a->nfailed[b->id], 0);
+	sim_fini(&s);
+}
+
+/* Loss on a path that never reorders (a loopback socket): every retransmission is of a datagram
+ * the channel really dropped (or of one whose retransmission it dropped too), however full the
+ * window: no timer fires for a datagram the SACKs already account for, no datagram is resent
+ * while its first retransmission is on its way. */
+static void loss_run(unsigned loss_pm, uint64_t seed)
+{
+	struct sim s;
+	sim_init(&s, seed);
+	s.loss_pm = loss_pm;
+	s.lat_jit = 200;
+	s.fifo = true;
+	struct rd_cfg c = base_cfg();
+	struct node *a = node_add(&s, &c, false), *b = node_add(&s, &c, false);
+	struct flow f = { .a = a, .b = b, .total = 20000 };
+	uint64_t t0 = s.now;
+	run_flows(&s, &f, 1, 5000000);
+	struct rd_stats sa = stats(a);
+	/* ~75 ms at 1 %, ~300 ms at 5 %; a timeout taken for spurious while datagrams are being
+	 * lost would raise the RTO floor towards rto_max and take seconds */
+	cr_assert_lt(s.now - t0, 1000000, "20000 datagrams took %lu us (%lu timeouts, %lu spurious)",
+		     (unsigned long)(s.now - t0), (unsigned long)sa.timeouts,
+		     (unsigned long)sa.spurious_timeouts);
+	cr_assert_eq(sa.data_sent, 20000);
+	cr_assert_gt(s.data_lost, 0);
+	cr_assert_geq(sa.retransmits, s.data_lost - sa.retransmits * loss_pm / 1000 - 5,
+		      "%lu retransmissions for %lu datagrams lost", (unsigned long)sa.retransmits,
+		      (unsigned long)s.data_lost);
+	cr_assert_leq(sa.retransmits * 2, s.data_lost * 3, "%lu retransmissions for %lu datagrams lost",
+		      (unsigned long)sa.retransmits, (unsigned long)s.data_lost);
+	cr_assert_eq(sa.peer_failures, 0);
+	sim_fini(&s);
+}
+
+Test(rd, loss_1pct_retransmits_only_lost) { loss_run(10, 31); }
+Test(rd, loss_5pct_retransmits_only_lost) { loss_run(50, 32); }
+
+/* A lossless path with a varying delay and a receiver that stops reading for 1.5 ms of every
+ * 10 ms (descheduled), with a full window: not one retransmission. */
+Test(rd, lossless_slow_receiver_no_retransmission)
+{
+	struct sim s;
+	sim_init(&s, 33);
+	s.lat_jit = 300;
+	s.fifo = true;
+	s.stall_every = 10000;
+	s.stall_len = 1500;
+	struct rd_cfg c = base_cfg();
+	struct node *a = node_add(&s, &c, false), *b = node_add(&s, &c, false);
+	struct flow f = { .a = a, .b = b, .total = 20000 };
+	run_flows(&s, &f, 1, 5000000);
+	struct rd_stats sa = stats(a), sb = stats(b);
+	cr_assert_eq(sa.retransmits, 0, "%lu spurious retransmissions", (unsigned long)sa.retransmits);
+	cr_assert_eq(sb.dup_drops, 0);
+	cr_assert_eq(sb.ooo_buffered, 0);
+	sim_fini(&s);
+}
+
+/* Stalls far longer than the timeout (6 ms of every 10 ms) with a full window: a timeout
+ * retransmits the oldest datagram only (the timer backs off: at most 2 fit in a stall), never
+ * the window behind it, which is on its way; the acks after it show the timeout spurious. */
+Test(rd, long_receiver_stall_one_duplicate)
+{
+	struct sim s;
+	sim_init(&s, 34);
+	s.lat_jit = 100;
+	s.fifo = true;
+	s.stall_every = 10000;
+	s.stall_len = 6000;
+	s.now = 10000 * 200 + 6000; /* as a stall ends */
+	uint64_t t0 = s.now;
+	struct rd_cfg c = base_cfg();
+	struct node *a = node_add(&s, &c, false), *b = node_add(&s, &c, false);
+	struct flow f = { .a = a, .b = b, .total = 20000 };
+	run_flows(&s, &f, 1, 5000000);
+	uint64_t stalls = (s.now - t0) / 10000 + 1;
+	struct rd_stats sa = stats(a), sb = stats(b);
+	cr_assert_gt(stalls, 5);
+	cr_assert_gt(sa.timeouts, 0);
+	cr_assert_eq(sa.retransmits, sa.timeouts);
+	cr_assert_leq(sa.retransmits, stalls * 2, "%lu retransmissions in %lu stalls",
+		      (unsigned long)sa.retransmits, (unsigned long)stalls);
+	cr_assert_eq(sb.dup_drops, sa.retransmits);
+	/* and the timeouts found spurious raise the RTO above the stalls: the first stall costs
+	 * its duplicates (the RTO floor of 2 ms and one backoff), the others none */
+	cr_assert_geq(sa.spurious_timeouts, 1);
+	cr_assert_leq(sa.retransmits, 3, "%lu retransmissions in %lu stalls", (unsigned long)sa.retransmits,
+		      (unsigned long)stalls);
 	sim_fini(&s);
 }

@@ -2,10 +2,18 @@
  * rd.c - the reliable-datagram LLP beneath DDP for RD queue pairs (rd.h).
  *
  * Per peer: a send sequence space identified by a random epoch, a receive sequence space of the
- * peer's epoch, cumulative + 32-bit selective acks, and a receive window made of the free
- * out-of-order buffers. Loss is detected within the SACK's reach by three later arrivals or by
- * a later-sent datagram arriving first (RACK), otherwise by a timer per datagram with
- * exponential backoff; the retry budget of a datagram decides the peer's failure.
+ * peer's epoch, cumulative + 32-bit selective acks, and a receive window counted from the
+ * cumulative ack (this peer's buffered datagrams plus the free out-of-order buffers).
+ *
+ * Loss recovery retransmits what is known lost, once: within the SACK's reach a datagram is lost
+ * once 3 later ones arrived (first transmissions only) or once one first sent sufficiently later
+ * arrived (RACK, RFC 8985, with Karn's rule). One timer per peer covers the oldest datagram
+ * (RFC 6298: SRTT/RTTVAR, Karn, exponential backoff): a timeout retransmits only that one, and
+ * the acks that follow decide whether the rest was lost too (rec_ack), so a receiver that was
+ * merely descheduled costs one duplicate, not a window of them. A fast retransmission not acked
+ * within SRTT + 4 RTTVAR was lost as well and goes again without waiting for the RTO floor.
+ * The retry budget of the oldest datagram decides the peer's failure. The receiver acks every
+ * second datagram, a hole or what arrived after it within the SACK's reach at once.
  *
  * Memory: everything is allocated in rd_create. Lists are singly linked through indices (RD_NIL
  * ends them): a peer's in-flight datagrams and its buffered out-of-order datagrams (both in
@@ -50,6 +58,8 @@
  * twice, so this many of them mean a reset. */
 #define RD_BEHIND_ACKS 4u
 #define RD_BEHIND_TIMEOUTS 2u
+/* A spurious timeout's raised RTO floor halves after this long. */
+#define RD_FLOOR_DECAY_US 1000000ull
 #define RD_MAX_SLOTS (1u << 20)
 #define RD_MAX_PEERS (1u << 20)
 #define RD_MAX_RETRIES 1000u
@@ -79,7 +89,6 @@ struct rd_peer {
 	uint32_t anext, aprev; /* active list: peers with timers */
 	uint64_t last_us;      /* last datagram from it or data to it */
 	uint64_t una_us;       /* snd_una last advanced: the oldest datagram's timer restarts */
-	uint64_t alive_us;     /* last ack of the current epoch: the others' timers restart */
 	uint64_t ack_due;      /* delayed-ack deadline, 0: none armed */
 	uint64_t rack_us;      /* latest transmission time of a datagram known delivered */
 	/* send side */
@@ -89,9 +98,19 @@ struct rd_peer {
 	uint32_t srtt, rttvar, rto; /* µs; srtt 0: no sample yet */
 	uint32_t min_rtt;           /* µs, 0: no sample yet */
 	uint32_t behind;
+	/* recovery after a timeout (rec_start != 0): see rec_ack() */
+	uint64_t rec_start;         /* the first timeout of the episode */
+	uint64_t rec_due;           /* next batch of go-back retransmissions, 0: none armed */
+	uint64_t rec_base;          /* since when the oldest datagram waited for its ack */
+	uint32_t rec_end;           /* snd_nxt at rec_start */
+	uint32_t rec_burst;         /* datagrams in that batch */
+	uint8_t rec_clean;          /* no loss was in sight at the timeout: it may prove spurious */
+	uint32_t rto_floor;         /* µs: raised by a spurious timeout, 0: rto_min */
+	uint64_t floor_us;          /* when rto_floor last changed */
 	/* receive side */
 	uint32_t rx_epoch, rx_old_epoch, rcv_nxt;
 	uint32_t rx_head, rx_tail;
+	uint32_t rx_count;   /* buffered out-of-order datagrams */
 	uint32_t rx_unacked; /* in-order datagrams since our last ack */
 	uint16_t pin;
 	uint8_t in_use, active, synced, rx_valid, rx_old_valid, ack_dirty;
@@ -373,6 +392,7 @@ static void rx_reset(struct rd_ep *ep, struct rd_peer *p)
 		r = n;
 	}
 	p->rx_head = p->rx_tail = RD_NIL;
+	p->rx_count = 0;
 	p->rx_unacked = 0;
 	p->ack_dirty = 0;
 	p->ack_due = 0;
@@ -400,6 +420,7 @@ static void tx_reset(struct rd_ep *ep, struct rd_peer *p, int err)
 	p->behind = 0;
 	p->sack_seen = 0;
 	p->rack_us = 0;
+	p->rec_start = p->rec_due = 0;
 	p->peer_wnd = UINT16_MAX;
 	p->peer_rnr = 0;
 }
@@ -478,9 +499,12 @@ static uint32_t peer_new(struct rd_ep *ep, const union dgv_sockaddr *a, socklen_
 
 /* ------------------------------------------------------------------ transmission */
 
-static uint16_t adv_wnd(const struct rd_ep *ep)
+/* The receive window offered to p, counted from our cumulative ack as the sender counts what it
+ * has in flight: the datagram at rcv_nxt (delivered without a buffer), the ones p already has
+ * buffered here, and the free buffers (shared by all peers). Returns it clamped to 1..65535. */
+static uint16_t adv_wnd(const struct rd_ep *ep, const struct rd_peer *p)
 {
-	uint32_t w = ep->rx_nfree;
+	uint32_t w = ep->rx_nfree + (p ? p->rx_count + 1 : 0);
 	/* never 0: the peer must keep probing, or it would never learn the window reopened */
 	if (w < 1)
 		w = 1;
@@ -506,7 +530,7 @@ static void hdr_fill(const struct rd_ep *ep, const struct rd_peer *p, struct dg_
 {
 	memset(h, 0, sizeof(*h));
 	h->magic = RD_MAGIC;
-	h->wnd = htobe16(adv_wnd(ep));
+	h->wnd = htobe16(adv_wnd(ep, p));
 	h->epoch = htobe32(p->tx_epoch);
 	h->seq = htobe32(seq);
 	if (p->rx_valid) {
@@ -575,7 +599,7 @@ static void send_rst(struct rd_ep *ep, const union dgv_sockaddr *to, socklen_t t
 	memset(&h, 0, sizeof(h));
 	h.magic = RD_MAGIC;
 	h.flags = RD_FLAG_RST;
-	h.wnd = htobe16(adv_wnd(ep));
+	h.wnd = htobe16(adv_wnd(ep, NULL));
 	h.ack_epoch = htobe32(their_epoch);
 	memcpy(b, &h, sizeof(h));
 	xmit_raw(ep, b, DG_RD_HLEN, to, tolen);
@@ -685,7 +709,18 @@ bool rd_can_send_any(const struct rd_ep *ep) { return ep->tx_nfree > 0; }
 
 /* ------------------------------------------------------------------ acknowledgements */
 
-static void rtt_sample(const struct rd_ep *ep, struct rd_peer *p, uint64_t r64)
+/* The lowest RTO for p: rto_min, or higher while a spurious timeout is recent (halved every
+ * RD_FLOOR_DECAY_US). */
+static uint32_t rto_floor(const struct rd_ep *ep, struct rd_peer *p, uint64_t now)
+{
+	while (p->rto_floor > ep->cfg.rto_min_us && since(now, p->floor_us) >= RD_FLOOR_DECAY_US) {
+		p->rto_floor /= 2;
+		p->floor_us += RD_FLOOR_DECAY_US;
+	}
+	return p->rto_floor > ep->cfg.rto_min_us ? p->rto_floor : ep->cfg.rto_min_us;
+}
+
+static void rtt_sample(const struct rd_ep *ep, struct rd_peer *p, uint64_t r64, uint64_t now)
 {
 	uint32_t r = r64 > UINT32_MAX / 16 ? UINT32_MAX / 16 : (uint32_t)r64;
 	if (r == 0)
@@ -703,19 +738,22 @@ static void rtt_sample(const struct rd_ep *ep, struct rd_peer *p, uint64_t r64)
 	/* RFC 6298, but never below two RTTs: the receiver delays acks by up to ack_delay */
 	uint64_t var = (uint64_t)p->rttvar * 4;
 	uint64_t rto = p->srtt + (var > p->srtt ? var : p->srtt);
-	if (rto < ep->cfg.rto_min_us)
-		rto = ep->cfg.rto_min_us;
+	uint32_t lo = rto_floor(ep, p, now);
+	if (rto < lo)
+		rto = lo;
 	if (rto > ep->cfg.rto_max_us)
 		rto = ep->cfg.rto_max_us;
 	p->rto = (uint32_t)rto;
 }
 
-/* RACK: the latest transmission known delivered. A retransmitted datagram's ack counts only
- * if it came too late to be the original's. */
-static inline void rack_note(const struct rd_peer *p, const struct rd_txslot *t, uint64_t now,
-			     uint64_t *rack)
+/* RACK: the latest transmission known delivered. Only first transmissions count (Karn's rule
+ * applied to RACK): without timestamps, the ack of a retransmitted datagram may be the
+ * original's, still queued at a slow receiver, and taking the retransmission's time for it would
+ * declare everything sent in between lost. A lost retransmission is still found by RACK, once a
+ * datagram first sent after it is acked. */
+static inline void rack_note(const struct rd_txslot *t, uint64_t *rack)
 {
-	if ((!t->retries || (p->min_rtt && since(now, t->sent_us) >= p->min_rtt)) && t->sent_us > *rack)
+	if (!t->retries && t->sent_us > *rack)
 		*rack = t->sent_us;
 }
 
@@ -726,18 +764,75 @@ static inline uint64_t reo_wnd(const struct rd_peer *p)
 	return p->min_rtt ? p->min_rtt / 4 : UINT64_MAX;
 }
 
-/* Fast retransmit needs one round trip to show in the acks: wait that long between two. */
-static inline uint64_t fast_gap(const struct rd_peer *p)
-{
-	return p->srtt ? (uint64_t)p->srtt + p->rttvar : p->rto;
-}
-
 static void retransmit(struct rd_ep *ep, struct rd_peer *p, uint32_t s, uint64_t now)
 {
 	ep->tx[s].retries++;
 	ep->tx[s].sent_us = now;
 	ep->st.retransmits++;
 	xmit_slot(ep, p, s);
+}
+
+/*
+ * Recovery after a timeout. A timeout retransmits only the oldest datagram: the peer may merely
+ * have been slow (descheduled) while everything else is still on its way, and retransmitting the
+ * whole window then would be a window of duplicates. The acks that follow tell the cases apart
+ * (the question of RFC 5682, answered with sequence numbers instead of new data): an ack that
+ * covers or SACKs a transmission from before the timeout means the originals arrive, so the
+ * timeout was spurious or SACK and RACK take over, and recovery ends. An ack that covers only
+ * what was retransmitted since means the rest was lost as well (an outage): it is retransmitted
+ * in batches doubling each round trip (rec_go), each after a short wait for originals that a
+ * slow receiver may still be reading.
+ * news: the ack SACKs something or covers a transmission from before the timeout.
+ */
+static void rec_ack(struct rd_ep *ep, struct rd_peer *p, bool advanced, bool news, uint32_t ack,
+		    uint64_t now)
+{
+	if (news && p->rec_clean && !p->peer_rnr) {
+		/* Spurious: no loss was in sight (the last ack before the timeout showed no hole, the
+		 * oldest datagram had not been retransmitted) and the originals were only late. As
+		 * Eifel's response (RFC 4015) adapts the timer, the RTO is kept above twice what
+		 * the oldest waited until it is halved again (RD_FLOOR_DECAY_US): a receiver
+		 * descheduled again and again costs a duplicate the first time, not every time.
+		 * (With a hole in sight the same ack shape only says the receiver had buffered
+		 * what followed the lost datagram.) */
+		uint64_t seen = 2 * since(now, p->rec_base);
+		if (seen > ep->cfg.rto_max_us)
+			seen = ep->cfg.rto_max_us;
+		if (seen > p->rto_floor) {
+			p->rto_floor = (uint32_t)seen;
+			p->floor_us = now;
+		}
+		if (p->rto < p->rto_floor)
+			p->rto = p->rto_floor;
+		ep->st.spurious_timeouts++;
+	}
+	if (news || !seq_lt(ack, p->rec_end) || p->peer_rnr) {
+		p->rec_start = p->rec_due = 0;
+		return;
+	}
+	if (advanced && !p->rec_due) {
+		uint64_t wait = p->srtt ? p->srtt : p->rto;
+		p->rec_due = now + min64(wait, p->rto);
+		arm(ep, p->rec_due);
+	}
+}
+
+/* The next batch of a recovery after a timeout: datagrams sent before it and not since. */
+static void rec_go(struct rd_ep *ep, struct rd_peer *p, uint64_t now)
+{
+	uint32_t n = p->rec_burst;
+	p->rec_due = 0;
+	for (uint32_t s = p->tx_head; s != RD_NIL && n; s = ep->tx[s].next) {
+		struct rd_txslot *t = &ep->tx[s];
+		if (!seq_lt(t->seq, p->rec_end))
+			break;
+		if (t->sacked || t->sent_us >= p->rec_start)
+			continue;
+		retransmit(ep, p, s, now);
+		n--;
+	}
+	if (p->rec_burst < ep->cfg.max_wnd)
+		p->rec_burst *= 2;
 }
 
 static void rx_ack(struct rd_ep *ep, struct rd_peer *p, const struct dg_rd_hdr *h, uint64_t now)
@@ -781,16 +876,18 @@ static void rx_ack(struct rd_ep *ep, struct rd_peer *p, const struct dg_rd_hdr *
 	bool advanced = ack != p->snd_una;
 	uint64_t rtt = UINT64_MAX, rack = 0;
 	p->sack_seen = sack != 0;
-	p->alive_us = now;
 	if (advanced)
 		p->una_us = now;
+	bool before_rec = false; /* acked: a transmission from before the timeout */
 	while (p->tx_head != RD_NIL && seq_lt(ep->tx[p->tx_head].seq, ack)) {
 		uint32_t s = p->tx_head;
 		struct rd_txslot *t = &ep->tx[s];
 		p->tx_head = t->next;
 		p->inflight--;
+		if (t->sent_us < p->rec_start)
+			before_rec = true;
 		if (!t->sacked) {
-			rack_note(p, t, now, &rack);
+			rack_note(t, &rack);
 			if (clean && !t->retries)
 				rtt = since(now, t->sent_us);
 		}
@@ -809,18 +906,21 @@ static void rx_ack(struct rd_ep *ep, struct rd_peer *p, const struct dg_rd_hdr *
 			break;
 		if (off > 0 && !t->sacked && (sack >> (off - 1)) & 1) {
 			t->sacked = 1;
-			rack_note(p, t, now, &rack);
+			rack_note(t, &rack);
 			if (!advanced && !t->retries)
 				rtt = since(now, t->sent_us);
 		}
 	}
 	if (rtt != UINT64_MAX)
-		rtt_sample(ep, p, rtt);
+		rtt_sample(ep, p, rtt, now);
 	if (rack > p->rack_us)
 		p->rack_us = rack;
+	if (p->rec_start)
+		rec_ack(ep, p, advanced, before_rec || sack, ack, now);
 
 	/* Loss detection within the SACK's reach: a datagram is lost once 3 later ones arrived
-	 * (retransmitted at most once per RTT), or once one sent sufficiently later arrived (RACK,
+	 * (only before its first retransmission: those SACK bits stay set while the
+	 * retransmission is on its way), or once one first sent sufficiently later arrived (RACK,
 	 * RFC 8985: its retransmission is then newer than anything known delivered, so it is not
 	 * marked again before a newer one arrives). The last retry is left to the timer, which
 	 * decides the peer's failure. */
@@ -834,7 +934,7 @@ static void rx_ack(struct rd_ep *ep, struct rd_peer *p, const struct dg_rd_hdr *
 			continue;
 		uint32_t later = off >= 32 ? 0 : sack >> off;
 		if ((reo != UINT64_MAX && t->sent_us + reo < p->rack_us) ||
-		    (__builtin_popcount(later) >= 3 && since(now, t->sent_us) >= fast_gap(p)))
+		    (!t->retries && __builtin_popcount(later) >= 3))
 			retransmit(ep, p, s, now);
 	}
 }
@@ -874,8 +974,10 @@ static void rx_buffer(struct rd_ep *ep, struct rd_peer *p, uint32_t seq, const u
 	if (len > ep->rx_stride)
 		return;
 	uint32_t r = rx_alloc(ep);
-	if (r == RD_NIL)
+	if (r == RD_NIL) {
+		ep->st.nobuf_drops++;
 		return;
+	}
 	memcpy(rxbuf(ep, r), seg, len);
 	ep->rx[r].seq = seq;
 	ep->rx[r].len = (uint32_t)len;
@@ -886,6 +988,7 @@ static void rx_buffer(struct rd_ep *ep, struct rd_peer *p, uint32_t seq, const u
 		p->rx_head = r;
 	if (cur == RD_NIL)
 		p->rx_tail = r;
+	p->rx_count++;
 	ep->st.ooo_buffered++;
 }
 
@@ -922,6 +1025,7 @@ static uint32_t deliver_buffered(struct rd_ep *ep, struct rd_peer *p, uint32_t e
 		p->rx_head = ep->rx[r].next;
 		if (p->rx_head == RD_NIL)
 			p->rx_tail = RD_NIL;
+		p->rx_count--;
 		rx_release(ep, r);
 		n++;
 	}
@@ -948,6 +1052,16 @@ void rd_kick(struct rd_ep *ep)
 		p->pin--;
 	}
 	drain(ep);
+}
+
+/* Arms the delayed ack of peer i (p) unless it is armed already. */
+static void ack_later(struct rd_ep *ep, struct rd_peer *p, uint32_t i, uint64_t now)
+{
+	if (p->ack_due)
+		return;
+	p->ack_due = now + ep->cfg.ack_delay_us;
+	arm(ep, p->ack_due);
+	activate(ep, i);
 }
 
 /* Returns the peer's index (created and pinned here if it was unknown), or RD_NIL. */
@@ -989,9 +1103,14 @@ static uint32_t rx_data(struct rd_ep *ep, uint32_t i, const union dgv_sockaddr *
 			rx_buffer(ep, p, seq, seg, len);
 		else
 			return i;
-		/* out of order or duplicate: the sender needs to know at once */
 		p->ack_dirty = 1;
-		send_ack(ep, p, now);
+		/* A duplicate, or news the SACK bits can carry (a hole, or what arrived after it):
+		 * the sender needs to know at once. Beyond the SACK's reach an ack only says the
+		 * same again, so those are acked as in-order data is. */
+		if (d <= 32 || ++p->rx_unacked >= 2)
+			send_ack(ep, p, now);
+		else
+			ack_later(ep, p, i, now);
 		return i;
 	}
 
@@ -1013,13 +1132,10 @@ static uint32_t rx_data(struct rd_ep *ep, uint32_t i, const union dgv_sockaddr *
 	deliver_buffered(ep, p, epoch);
 	if (!p->ack_dirty)
 		return i; /* a reply from deliver() carried the ack */
-	if (filled_hole || p->rx_unacked >= 2) {
+	if (filled_hole || p->rx_unacked >= 2)
 		send_ack(ep, p, now);
-	} else if (!p->ack_due) {
-		p->ack_due = now + ep->cfg.ack_delay_us;
-		arm(ep, p->ack_due);
-		activate(ep, i);
-	}
+	else
+		ack_later(ep, p, i, now);
 	return i;
 }
 
@@ -1071,44 +1187,55 @@ malformed:
 
 /* ------------------------------------------------------------------ timers */
 
-/* Retransmits what timed out, or fails the peer when a datagram's retries are spent. Lowers
- * *next to this peer's next retransmission deadline. */
+/* The peer's timers: a due batch of recovery after a timeout, and the oldest datagram's
+ * retransmission timer (RFC 6298 5.3: restarted whenever the cumulative ack advances), which
+ * fails the peer when its retries are spent. Lowers *next to the next deadline. */
 static void tx_timers(struct rd_ep *ep, struct rd_peer *p, uint64_t now, uint64_t *next)
 {
-	for (uint32_t s = p->tx_head; s != RD_NIL; s = ep->tx[s].next) {
-		struct rd_txslot *t = &ep->tx[s];
-		if (t->sacked)
-			continue; /* buffered by the peer: the ack will come with the hole's */
-		/* Beyond the SACK's reach we cannot tell received from lost: such a datagram waits
-		 * for the oldest, unless the oldest timed out twice more than it did (the peer went
-		 * silent, or the path dropped everything for a while). */
-		if (s != p->tx_head && t->seq - p->snd_una > 32 &&
-		    ep->tx[p->tx_head].backoff < t->backoff + 2)
-			continue;
-		/* RFC 6298 5.3 restarts the timer when an ack acks new data. Here the oldest
-		 * datagram's restarts when it becomes the oldest; the others' restart with every ack,
-		 * since while the peer acks, they mostly wait behind a hole (perhaps beyond the
-		 * SACK's reach) and fast retransmit or the oldest's timer will deal with them. */
-		uint64_t base = s == p->tx_head ? p->una_us : p->alive_us;
-		if (base < t->sent_us)
-			base = t->sent_us;
-		uint64_t dl = base + slot_rto(ep, p, t);
-		if (now < dl) {
-			*next = min64(*next, dl);
-			continue;
-		}
-		if (t->retries >= ep->cfg.max_retries) {
-			DG_DBG("rd: peer %u failed: seq %u unacked after %u retries", peer_index(ep, p),
-			       t->seq, t->retries);
-			ep->st.peer_failures++;
-			tx_reset(ep, p, -ETIMEDOUT);
-			return;
-		}
-		if (t->backoff < UINT8_MAX)
-			t->backoff++;
-		retransmit(ep, p, s, now);
-		*next = min64(*next, now + slot_rto(ep, p, t));
+	uint32_t s = p->tx_head;
+	if (s == RD_NIL)
+		return;
+	if (p->rec_due) {
+		if (now >= p->rec_due)
+			rec_go(ep, p, now);
+		else
+			*next = min64(*next, p->rec_due);
 	}
+	struct rd_txslot *t = &ep->tx[s];
+	uint64_t base = p->una_us > t->sent_us ? p->una_us : t->sent_us;
+	uint64_t dl = base + slot_rto(ep, p, t);
+	/* A fast retransmission that is not acked within a round trip (and its variation) was
+	 * lost too: the path is known to be losing now, and when the window is full no later
+	 * datagram's SACK can tell (RACK needs one). Not floored at rto_min: a receiver that was
+	 * merely slow costs a duplicate here only while datagrams are being lost anyway. */
+	if (t->retries && !t->backoff && p->srtt && !p->peer_rnr) {
+		uint64_t lr = t->sent_us + p->srtt + 4 * (uint64_t)p->rttvar;
+		if (lr < dl)
+			dl = lr;
+	}
+	if (now < dl) {
+		*next = min64(*next, dl);
+		return;
+	}
+	if (t->retries >= ep->cfg.max_retries) {
+		DG_DBG("rd: peer %u failed: seq %u unacked after %u retries", peer_index(ep, p),
+		       t->seq, t->retries);
+		ep->st.peer_failures++;
+		tx_reset(ep, p, -ETIMEDOUT);
+		return;
+	}
+	if (t->backoff < UINT8_MAX)
+		t->backoff++;
+	if (!p->rec_start && !p->peer_rnr) {
+		p->rec_start = now;
+		p->rec_base = base;
+		p->rec_clean = !p->sack_seen && !t->retries;
+		p->rec_end = p->snd_nxt;
+		p->rec_burst = 2;
+	}
+	ep->st.timeouts++;
+	retransmit(ep, p, s, now);
+	*next = min64(*next, now + slot_rto(ep, p, t));
 }
 
 uint64_t rd_tick(struct rd_ep *ep, uint64_t now_us)

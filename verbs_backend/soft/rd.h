@@ -1,8 +1,10 @@
 /*
  * rd.h - the reliable-datagram LLP beneath DDP for RD queue pairs (paper 003 III.B: "a reliable
  * form of UDP", its mechanism outside the iWARP specification). Reliable and in order per source,
- * with light per-peer state: sequence numbers, cumulative + selective acks, retransmission with
- * exponential backoff, a receive window. A peer silent past the retry budget fails its cookies.
+ * with light per-peer state: sequence numbers, cumulative + selective acks, retransmission of
+ * what the acks show lost (once per loss; one backed-off timer per peer for the rest), a receive
+ * window. A peer silent past the retry budget fails its cookies. docs/design.md ("RD
+ * reliability") describes the algorithm.
  *
  * Datagram format: wire.h struct dg_rd_hdr, then the DDP segment, then CRC32c over both.
  *
@@ -56,6 +58,9 @@ struct rd_cfg {
 struct rd_stats {
 	uint64_t data_sent, retransmits, acks_sent, acks_rcvd, dup_drops, ooo_buffered;
 	uint64_t window_stalls, peer_failures, resets_sent, resets_rcvd, malformed;
+	uint64_t timeouts;    /* retransmissions by a timer (the others: SACK and RACK, go-back) */
+	uint64_t spurious_timeouts; /* timeouts the acks after them showed needless */
+	uint64_t nobuf_drops; /* out-of-order datagrams dropped for want of a buffer */
 	uint32_t peers;
 };
 

@@ -196,8 +196,15 @@ def page(R, M, made, elapsed):
                     if not d:
                         cells.append("-")
                     elif key == "rd_send":
-                        cells.append("%s MB/s, %s (%d retx)" % (fmt(d["bw"], "", 0 if d["bw"] >= 10 else 1),
-                                                               fmt(100 * d["delivered"], " %", 1), d["retx"] or 0))
+                        # retransmissions against the data datagrams the server's --loss dropped
+                        retx, drops = d["retx"] or 0, d.get("drops")
+                        extra = "%d retx" % retx
+                        if drops is not None:
+                            extra += ", %d dropped" % drops
+                            if drops:
+                                extra += ", %.2fx" % (retx / drops)
+                        cells.append("%s MB/s, %s (%s)" % (fmt(d["bw"], "", 0 if d["bw"] >= 10 else 1),
+                                                          fmt(100 * d["delivered"], " %", 1), extra))
                     else:
                         cells.append("%s MB/s, %s" % (fmt(d["bw"], "", 0 if d["bw"] >= 10 else 1), fmt(100 * d["delivered"], " %", 1)))
                 w("| %s | %s | %s |" % (label, s if s < 1024 else "%d KB" % (s // 1024), " | ".join(cells)))

@@ -78,6 +78,7 @@ def loss():
                     "bw": r["bw_MBps"], "delivered": r["delivered_bytes"] / sent if sent else None,
                     "msgs": r["delivered_msgs"], "sent": r["sent_msgs"],
                     "dg_per_msg": r["tx_datagrams"] / r["sent_msgs"] if r.get("tx_datagrams") else None,
-                    "wire": r["tx_wire_bytes"], "retx": r["rd_retransmits"], "n": n}
+                    "wire": r["tx_wire_bytes"], "retx": r["rd_retransmits"],
+                    "drops": r.get("peer_fault_drops"), "n": n}
         log("loss: %s done" % label)
     return res
