@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # rd_loss_counters.sh DGPERF PORT: RD's retransmissions against the datagrams really lost, from
 # the QP counters of both dgperf sides (-v): an RD send_bw stream of 500 x 64 KiB on loopback,
-#  - without loss: not one retransmission (a spurious one is a duplicate on the wire);
+#  - without loss: at most LOSSLESS_MAX (5) retransmissions of the ~23 000 datagrams (the strict
+#    zero is the unit test rd/lossless_slow_receiver_no_retransmission, in simulated time);
 #  - with --loss 1 and --loss 5 (each receiver drops that share of what it reads): every message
 #    delivered, and retransmissions <= 1.5 x the data datagrams the server's fault injection
 #    dropped (a retransmission only for what was lost; the client's dropped acks cost none).
 # The goodput of each run is printed (the ratio lossy/lossless is a measurement, not asserted:
 # two cores shared with other work make timings noisy).
-# A lossless run that retransmitted is repeated (3 runs at most) and passes only if one run
-# has none: a receiver descheduled for longer than the retransmission timeout (2 ms at least)
-# costs one duplicate by design, while a systematic spurious retransmission shows in every run.
+# A lossless run over the bound is repeated (3 runs at most) and passes only if one run is
+# within it: a receiver descheduled for longer than the retransmission timeout (2 ms at least)
+# costs one duplicate by design (a CI machine loaded by other suites made 1-4 per run), while
+# the spurious retransmissions this test guards against came by the tens to thousands per run.
 set -u
 perf=$1 port=$2
 tmp=$(mktemp -d /tmp/rd_loss_counters.XXXXXX)
@@ -48,13 +50,14 @@ run() {
 }
 
 ok0=0
+LOSSLESS_MAX=5
 for attempt in 1 2 3; do
 	run 0 || break
 	bw0=$bw
-	if [ "$retx" -eq 0 ]; then ok0=1; break; fi
-	echo "lossless run $attempt retransmitted $retx datagrams"
+	if [ "$retx" -le "$LOSSLESS_MAX" ]; then ok0=1; break; fi
+	echo "lossless run $attempt retransmitted $retx datagrams (bound $LOSSLESS_MAX)"
 done
-[ $ok0 = 1 ] || { echo "FAIL: retransmissions without loss in every run"; fail=1; }
+[ $ok0 = 1 ] || { echo "FAIL: more than $LOSSLESS_MAX retransmissions without loss in every run"; fail=1; }
 
 for loss in 1 5; do
 	run "$loss" || continue
