@@ -23,6 +23,7 @@
 #include "dgverbs.h"
 #include "frame.h"
 #include "wire.h"
+#include "wait_wc.h"
 
 #ifndef SOL_UDP
 #define SOL_UDP IPPROTO_UDP
@@ -180,19 +181,8 @@ static void side_close(struct side *s)
 	free(s->buf);
 }
 
-static int wait_wc(struct side *s, struct dgv_wc *wc, int timeout_ms)
-{
-	for (;;) {
-		int n = dgv_poll_cq(s->cq, 1, wc);
-		cr_assert_geq(n, 0);
-		if (n == 1)
-			return 1;
-		int r = dgv_cq_wait(s->cq, timeout_ms);
-		if (r == -ETIMEDOUT)
-			return dgv_poll_cq(s->cq, 1, wc) == 1;
-		cr_assert_eq(r, 0);
-	}
-}
+/* Polls s until one completion arrives or timeout_ms passes; returns 1 or 0. */
+static int wait_wc(struct side *s, struct dgv_wc *wc, int timeout_ms) { return cq_wait_one(s->cq, wc, timeout_ms); }
 
 /* A plain loopback UDP socket; with gro, UDP_GRO on (the test is skipped where the kernel
  * has no UDP GRO). */

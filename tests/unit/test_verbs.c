@@ -15,6 +15,7 @@
 #include "dgverbs.h"
 #include "frame.h"
 #include "wire.h"
+#include "wait_wc.h"
 
 struct side {
 	struct dgv_cq *cq;
@@ -110,19 +111,7 @@ static void teardown_pair(void)
 }
 
 /* Polls s until one completion arrives or timeout_ms passes; returns 1 or 0. */
-static int wait_wc(struct side *s, struct dgv_wc *wc, int timeout_ms)
-{
-	for (int spins = 0;; spins++) {
-		int n = dgv_poll_cq(s->cq, 1, wc);
-		cr_assert_geq(n, 0);
-		if (n == 1)
-			return 1;
-		int r = dgv_cq_wait(s->cq, timeout_ms);
-		if (r == -ETIMEDOUT)
-			return dgv_poll_cq(s->cq, 1, wc) == 1;
-		cr_assert_eq(r, 0);
-	}
-}
+static int wait_wc(struct side *s, struct dgv_wc *wc, int timeout_ms) { return cq_wait_one(s->cq, wc, timeout_ms); }
 
 static void post_recv(struct side *s, uint64_t off, uint32_t len, uint64_t id)
 {
