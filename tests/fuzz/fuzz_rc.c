@@ -248,10 +248,17 @@ size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max_size, unsi
 	size_t room = max_size - size + l; /* the record may grow into the free space */
 	if (room > MPA_MAX_ULPDU)
 		room = MPA_MAX_ULPDU;
+	if (l > room) /* a record longer than an ULPDU may be: leave it to libFuzzer */
+		return LLVMFuzzerMutate(data, size, max_size);
 	uint8_t *rec = malloc(room ? room : 1), *rest = malloc(tail ? tail : 1);
 	memcpy(rec, data + s, l);
 	memcpy(rest, data + tail_at, tail);
 	size_t nl = LLVMFuzzerMutate(rec, l, room);
+	/* A 10-million run (2026-11-26) wrote the tail past max_size here (ASan, 8192-byte
+	 * buffer): the nested LLVMFuzzerMutate returned more than the room it was given. Clamp,
+	 * whatever the cause, so the harness never writes outside libFuzzer's buffer. */
+	if (nl > room)
+		nl = room;
 	memcpy(data + s, rec, nl);
 	memcpy(data + s + nl, rest, tail);
 	data[starts[pick] + 1] = (uint8_t)(nl >> 8);
