@@ -54,11 +54,11 @@ void disco_after_fork(void)
 	pthread_mutex_init(&D.lock, NULL);
 	D.serving = false;
 	if (D.serve_fd >= 0)
-		real.close(D.serve_fd);
+		own_close(D.serve_fd);
 	if (D.ask_fd >= 0)
-		real.close(D.ask_fd);
+		own_close(D.ask_fd);
 	if (D.ask_fd6 >= 0)
-		real.close(D.ask_fd6);
+		own_close(D.ask_fd6);
 	D.serve_fd = D.ask_fd = D.ask_fd6 = -1;
 }
 
@@ -94,7 +94,7 @@ static int serve_socket(void)
 		a.sin.sin_family = AF_INET, a.sin.sin_port = htons((uint16_t)D.port), al = sizeof a.sin;
 	}
 	if (real.bind(fd, &a.sa, al) < 0) {
-		real.close(fd);
+		own_close(fd);
 		return -1;
 	}
 	return fd_to_high(fd);

@@ -399,7 +399,7 @@ void ev_epoll_closing(int epfd)
 			sock_ep_link(r->ps, ep, 0);
 	}
 	if (ep->inner >= 0)
-		real.close(ep->inner);
+		own_close(ep->inner);
 	/* a concurrent epoll_wait on a closing instance is the program's race; the kernel makes
 	 * that wait return EBADF before it reads our entries */
 	ep_free(ep);
@@ -489,7 +489,7 @@ static int inner_get(struct ep *ep)
 	struct epoll_event ev = {.events = EPOLLIN, .data.u64 = EP_INNER_TAG};
 	if (real.epoll_ctl(ep->epfd, EPOLL_CTL_ADD, in, &ev) < 0) {
 		int e = errno;
-		real.close(in);
+		own_close(in);
 		return -e;
 	}
 	ep->inner = in;

@@ -57,16 +57,54 @@ static inline struct sock *taken(int fd)
 
 /* ------------------------------------------------------------------ lifecycle */
 
+/* A descriptor the shim or the provider just made (shim_depth): moved away from the program's
+ * numbers and marked its own, so that a program closing every descriptor leaves it alone. */
+static int own_new(int fd)
+{
+	return fd >= 0 ? fd_to_high(fd) : fd;
+}
+
+/* Says (once at info, then at debug) that a program's call aimed at one of the shim's own
+ * descriptors left it alone. */
+static void own_kept(const char *call, int fd)
+{
+	static atomic_bool said;
+	if (!atomic_exchange(&said, true))
+		DG_INFO("%s: descriptor %d is the shim's own and stays open; a program that closes every "
+			"descriptor goes on working", call, fd);
+	else
+		DG_DBG("%s: descriptor %d is the shim's own and stays open", call, fd);
+}
+
+/* A program's close or dup2 aimed at one of the shim's own descriptors: natively no such
+ * descriptor is the program's, so the answer is the kernel's for a number not open (EBADF),
+ * or EBUSY for dup2 (the kernel's answer while the number is being set up). */
+static int own_refused(const char *call, int fd, int err)
+{
+	own_kept(call, fd);
+	return (int)ret(-err);
+}
+
 SHIM_EXPORT int socket(int domain, int type, int protocol)
 {
 	shim_real_init();
 	int fd = real.socket(domain, type, protocol);
-	if (fd >= 0 && !shim_depth && (domain == AF_INET || domain == AF_INET6)) {
+	if (shim_depth)
+		return own_new(fd);
+	if (fd >= 0 && (domain == AF_INET || domain == AF_INET6)) {
 		ENTER();
 		sock_created(fd, domain, type, protocol);
 		LEAVE();
 	}
 	return fd;
+}
+
+/* libev's and the provider's event descriptors (the program's own eventfds pass straight). */
+SHIM_EXPORT int eventfd(unsigned int initval, int flags)
+{
+	shim_real_init();
+	int fd = real.eventfd(initval, flags);
+	return shim_depth ? own_new(fd) : fd;
 }
 
 /* fd is about to be closed or to name something else: the shim lets go of what it knew of it.
@@ -85,7 +123,13 @@ static void fd_forget(int fd)
 SHIM_EXPORT int close(int fd)
 {
 	shim_real_init();
-	if (!shim_depth && fd_get(fd)) {
+	if (shim_depth) {
+		own_clear(fd); /* the provider's or libev's own, closed by them */
+		return real.close(fd);
+	}
+	if (unlikely(own_has(fd)))
+		return own_refused("close", fd, EBADF);
+	if (fd_get(fd)) {
 		ENTER();
 		fd_forget(fd);
 		LEAVE();
@@ -108,15 +152,44 @@ static void fd_forget_range(unsigned first, unsigned last)
 	LEAVE();
 }
 
-SHIM_EXPORT int close_range(unsigned first, unsigned last, int flags)
+static int close_range_real(unsigned first, unsigned last, int flags)
 {
-	shim_real_init();
-	/* CLOSE_RANGE_CLOEXEC closes nothing now; exec starts the shim over anyway */
-	if (!(flags & CLOSE_RANGE_CLOEXEC) && first <= last)
-		fd_forget_range(first, last);
 	if (!real.close_range)
 		return (int)real.syscall(SYS_close_range, first, last, flags);
 	return real.close_range(first, last, flags);
+}
+
+/* close_range over first..last but for the shim's own descriptors: the kernel's call once per
+ * run of the program's numbers between them. Returns 0 or -1/errno (the first failure). */
+static int close_range_around_own(unsigned first, unsigned last, int flags)
+{
+	int hi = own_max();
+	if (shim_depth || (flags & CLOSE_RANGE_CLOEXEC) || hi < 0 || first > (unsigned)hi)
+		return close_range_real(first, last, flags); /* close-on-exec: ours have it already */
+	unsigned from = first; /* where the current run of the program's numbers starts */
+	int rc = 0;
+	for (unsigned fd = first; fd <= (unsigned)hi && fd <= last; fd++) {
+		if (!own_has((int)fd))
+			continue;
+		own_kept("close_range", (int)fd);
+		if (fd > from && close_range_real(from, fd - 1, flags) && !rc)
+			rc = -1;
+		from = fd + 1; /* fd <= INT_MAX: no wrap */
+	}
+	if (from <= last && close_range_real(from, last, flags) && !rc)
+		rc = -1;
+	return rc;
+}
+
+SHIM_EXPORT int close_range(unsigned first, unsigned last, int flags)
+{
+	shim_real_init();
+	if (first > last)
+		return close_range_real(first, last, flags); /* the kernel's EINVAL */
+	/* CLOSE_RANGE_CLOEXEC closes nothing now; exec starts the shim over anyway */
+	if (!(flags & CLOSE_RANGE_CLOEXEC))
+		fd_forget_range(first, last);
+	return close_range_around_own(first, last, flags);
 }
 
 SHIM_EXPORT void closefrom(int lowfd)
@@ -125,6 +198,10 @@ SHIM_EXPORT void closefrom(int lowfd)
 	if (lowfd < 0)
 		lowfd = 0;
 	fd_forget_range((unsigned)lowfd, ~0u);
+	if (own_max() >= lowfd && !shim_depth) {
+		close_range_around_own((unsigned)lowfd, ~0u, 0);
+		return;
+	}
 	if (real.closefrom)
 		real.closefrom(lowfd);
 	else
@@ -164,6 +241,8 @@ static void dup_replacing(int fd, int fd2)
 SHIM_EXPORT int dup2(int fd, int fd2)
 {
 	shim_real_init();
+	if (unlikely(!shim_depth && fd != fd2 && own_has(fd2)))
+		return own_refused("dup2", fd2, EBUSY);
 	dup_replacing(fd, fd2);
 	int r = real.dup2(fd, fd2);
 	return r >= 0 ? dup_common(fd, r) : r;
@@ -172,6 +251,8 @@ SHIM_EXPORT int dup2(int fd, int fd2)
 SHIM_EXPORT int dup3(int fd, int fd2, int flags)
 {
 	shim_real_init();
+	if (unlikely(!shim_depth && fd != fd2 && own_has(fd2)))
+		return own_refused("dup3", fd2, EBUSY);
 	dup_replacing(fd, fd2);
 	int r = real.dup3(fd, fd2, flags);
 	return r >= 0 ? dup_common(fd, r) : r;
@@ -287,6 +368,8 @@ SHIM_EXPORT int listen(int fd, int backlog)
 static int accept_common(int fd, struct sockaddr *a, socklen_t *l, int flags)
 {
 	shim_real_init();
+	if (shim_depth) /* the provider's own listener */
+		return own_new(real.accept4(fd, a, l, flags));
 	struct sock *s = taken(fd);
 	if (!s || !sock_ops(s)->accept)
 		return real.accept4(fd, a, l, flags);
@@ -767,7 +850,9 @@ SHIM_EXPORT int epoll_create(int size)
 {
 	shim_real_init();
 	int fd = real.epoll_create(size);
-	if (fd >= 0 && !shim_depth)
+	if (shim_depth)
+		return own_new(fd); /* libev's, the provider's */
+	if (fd >= 0)
 		ev_epoll_created(fd);
 	return fd;
 }
@@ -776,7 +861,9 @@ SHIM_EXPORT int epoll_create1(int flags)
 {
 	shim_real_init();
 	int fd = real.epoll_create1(flags);
-	if (fd >= 0 && !shim_depth)
+	if (shim_depth)
+		return own_new(fd); /* libev's, the provider's */
+	if (fd >= 0)
 		ev_epoll_created(fd);
 	return fd;
 }

@@ -215,9 +215,10 @@ bool registry_exists(const struct sockaddr_un *a, socklen_t al)
 		int fd = real.socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
 		if (fd < 0)
 			return false;
+		fd = fd_to_high(fd);
 		int expect = -1;
 		if (!__atomic_compare_exchange_n(&probe_fd, &expect, fd, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-			real.close(fd);
+			own_close(fd);
 	}
 	/* connecting a datagram unix socket only checks that the name is bound */
 	return real.connect(probe_fd, (const struct sockaddr *)a, al) == 0;

@@ -18,7 +18,7 @@ static void real_load(void)
 {
 	LOAD(socket), LOAD(bind), LOAD(connect), LOAD(close), LOAD(shutdown);
 	LOAD(listen), LOAD(accept), LOAD(accept4), LOAD(sendfile), LOAD(sendfile64);
-	LOAD(close_range), LOAD(closefrom);
+	LOAD(close_range), LOAD(closefrom), LOAD(eventfd);
 	LOAD(dup), LOAD(dup2), LOAD(dup3), LOAD(fcntl), LOAD(ioctl);
 	LOAD(setsockopt), LOAD(getsockopt), LOAD(getpeername);
 	LOAD(send), LOAD(sendto), LOAD(sendmsg), LOAD(sendmmsg);

@@ -53,6 +53,7 @@ struct real_fns {
 	ssize_t (*sendfile)(int, int, off_t *, size_t);
 	ssize_t (*sendfile64)(int, int, off_t *, size_t);
 	int (*close)(int);
+	int (*eventfd)(unsigned, int);
 	int (*close_range)(unsigned, unsigned, int);
 	void (*closefrom)(int);
 	int (*shutdown)(int, int);
@@ -142,6 +143,33 @@ static inline struct ep *fd_ep(int fd)
 struct ent *fd_set_ent(int fd, struct ent *e);
 /* The highest descriptor that ever had an entry (-1: none): the bound for walks over the table. */
 int fd_max(void);
+
+/*
+ * The shim's and the provider's own descriptors (event and epoll descriptors, the registry's
+ * presence, a carried stream's TCP socket, the provider's sockets): marked when made, cleared
+ * when the shim closes them. A program's close, close_range, closefrom or dup2 never takes a
+ * marked number from under the shim (interpose.c): a daemon that closes every descriptor goes
+ * on working (docs/shim.md "The shim's own descriptors").
+ */
+void own_mark(int fd);
+void own_clear(int fd);
+bool own_has(int fd);
+/* How many are marked now; the highest number ever marked (-1: none). */
+int own_count(void);
+int own_max(void);
+/* (sock.c) */
+/* A private duplicate of fd at a high descriptor number (close-on-exec), marked the shim's own
+ * (own_mark), or -1. */
+int high_fd(int fd);
+/* fd moved to a high descriptor number (the original closed), marked own; fd itself (marked)
+ * when none is free. */
+int fd_to_high(int fd);
+/* Closes one of the shim's own descriptors (clears its mark first). Returns close's result. */
+int own_close(int fd);
+/* Whether the shim may make `need` more descriptors of its own for `what` (a log line's
+ * subject; NULL: say nothing): it keeps to a quarter of RLIMIT_NOFILE, the rest is the
+ * program's. Says why once per process when not. */
+bool own_room(int need, const char *what);
 
 /* ------------------------------------------------------------------ taken sockets (sock.c) */
 

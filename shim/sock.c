@@ -81,23 +81,57 @@ static void *pages(size_t n)
 	return p == MAP_FAILED ? NULL : p;
 }
 
-/* Where the shim's own descriptors start: away from the low numbers programs expect. */
-static int high_lo(void)
+/* The program's descriptor limit now (RLIMIT_NOFILE's soft value), at most INT_MAX. */
+static int nofile_cur(void)
 {
 	struct rlimit rl;
-	int lo = 3;
-	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur > 4096)
-		lo = (int)(rl.rlim_cur - 4096 + (rl.rlim_cur > 8192 ? 2048 : 0));
-	return lo;
+	if (getrlimit(RLIMIT_NOFILE, &rl) || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > INT_MAX)
+		return INT_MAX;
+	return (int)rl.rlim_cur;
 }
 
-/* A descriptor number for the shim's own use, away from the low numbers programs expect. */
+/* Where the shim's own descriptors start: away from the low numbers programs expect (the
+ * kernel hands out the lowest free number, so a program under the shim gets the numbers it
+ * gets natively), in the top quarter of a small limit, 2048-4096 below a large one. */
+static int high_lo(void)
+{
+	int cur = nofile_cur();
+	if (cur == INT_MAX)
+		return 3;
+	if (cur > 4096)
+		return cur - 4096 + (cur > 8192 ? 2048 : 0);
+	return cur / 4 * 3 > 3 ? cur / 4 * 3 : 3;
+}
+
+/* A private duplicate of fd for the shim's own use (marked own, close-on-exec), away from the
+ * low numbers programs expect when one is free there, or -1 with errno. */
 int high_fd(int fd)
 {
 	int n = real.fcntl(fd, F_DUPFD_CLOEXEC, high_lo());
 	if (n < 0)
 		n = real.fcntl(fd, F_DUPFD_CLOEXEC, 3);
+	if (n >= 0)
+		own_mark(n);
 	return n;
+}
+
+bool own_room(int need, const char *what)
+{
+	int cur = nofile_cur(), cap = cur == INT_MAX ? INT_MAX : cur / 4;
+	if (own_count() + need <= cap)
+		return true;
+	static atomic_bool said;
+	if (what && !atomic_exchange(&said, true))
+		DG_INFO("%s stays with the OS: the shim holds %d descriptors, a quarter of RLIMIT_NOFILE (%d), "
+			"and leaves the rest to the program (raise the limit, e.g. ulimit -n, to carry more)",
+			what, own_count(), cur);
+	return false;
+}
+
+int own_close(int fd)
+{
+	own_clear(fd);
+	return real.close(fd);
 }
 
 int shim_thread(void *(*fn)(void *), void *arg)
@@ -129,9 +163,11 @@ int shim_spin_us(void)
 int fd_to_high(int fd)
 {
 	int h = high_fd(fd);
-	if (h < 0)
+	if (h < 0) {
+		own_mark(fd);
 		return fd;
-	real.close(fd);
+	}
+	own_close(fd);
 	return h;
 }
 
@@ -156,7 +192,7 @@ static void high_fd_reserve(void)
 	int n = real.fcntl(t, F_DUPFD_CLOEXEC, lo);
 	if (n >= 0)
 		real.close(n);
-	real.close(t);
+	own_close(t);
 }
 
 int sock_lock(struct sock *s)
@@ -255,8 +291,18 @@ int ctx_get(void)
 		rc = pv_open(&G.host, &(struct dgv_context_attr){.provider = DGV_PROV_SOFT});
 		if (!rc)
 			DG_INFO("verbs provider %s", dgv_provider_name(G.host.ctx));
-		if (rc)
+		static bool said_err, said_fds; /* under ctx_lock */
+		if (rc == -EMFILE || rc == -ENFILE) {
+			/* the descriptor limit, not a broken installation: tried again by the next
+			 * socket, when the program may have closed some */
+			if (!said_fds)
+				DG_INFO("no verbs provider yet (%s): sockets stay with the OS until descriptors "
+					"are free", strerror(-rc));
+			said_fds = true;
+		} else if (rc && !said_err) {
 			dg_log_always("no verbs provider (%s): UDP sockets left to the OS", strerror(-rc));
+			said_err = true;
+		}
 	}
 	pthread_mutex_unlock(&ctx_lock);
 	return rc;
@@ -664,6 +710,10 @@ retry:
 	 * lets go of (docs/shim.md "The queue pair sits on the program's own socket") */
 	bool adopt = sock_can(s, DGV_CAP_ADOPT_FD);
 	s->qfd = adopt ? fd : -1;
+	if (!s->cq && adopt && !own_room(1, "a UDP socket")) {
+		s->broken = true; /* its CQ's event descriptor would not fit: own_room said why */
+		return -EMFILE;
+	}
 	if (!s->cq && (rc = dgv_create_cq(s->pv->ctx, SHIM_RX_SLOTS + SHIM_TX_SLOTS + 16, &s->cq)))
 		goto dev_fail;
 	if (sock_can(s, DGV_CAP_BACKGROUND))
@@ -868,7 +918,7 @@ int registry_bind(const struct sockaddr_un *a, socklen_t al)
 	u = fd_to_high(u);
 	if (real.bind(u, (const struct sockaddr *)a, al)) {
 		int e = errno;
-		real.close(u);
+		own_close(u);
 		return -e;
 	}
 	return u;

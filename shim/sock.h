@@ -162,10 +162,6 @@ int registry_bind(const struct sockaddr_un *a, socklen_t al);
 bool registry_exists(const struct sockaddr_un *a, socklen_t al);
 /* a on this host (loopback or one of its addresses): discovery applies */
 bool ip_local(const union dgv_sockaddr *a);
-/* A private duplicate of fd at a high descriptor number (close-on-exec), or -1. */
-int high_fd(int fd);
-/* fd moved to a high descriptor number (the original closed); fd itself when none is free. */
-int fd_to_high(int fd);
 /* s->lock, resetting a forked child's copy first. */
 int sock_lock(struct sock *s);
 void sock_unlock(struct sock *s);

@@ -109,6 +109,7 @@ struct stream {
 	/* listener: its port is named (by this process, or by the parent before a fork: the
 	 * child's accepts still expect MPA from clients that saw the name) */
 	bool named;
+	bool budget_off;         /* listener: name withdrawn at the descriptor budget (own_room) */
 	struct shim_pv *pv;      /* the context its QP and CQ are on (res_setup) */
 	/* pv's provider sets connections up itself (no DGV_CAP_ADOPT_FD: a device's rdma_cm):
 	 * the program's TCP connection only meets the peer there (rendezvous) */
@@ -226,6 +227,10 @@ static int high_fd_epoll(void)
  * dev_get has opened). Returns 0 or -errno. */
 static int res_setup(struct stream *t, struct shim_pv *pv)
 {
+	/* its descriptors: a private duplicate, the CQ's and the channel's event descriptors, and
+	 * an epoll descriptor with the provider's own socket when it runs its own CM */
+	if (!own_room(pv_can(pv, DGV_CAP_ADOPT_FD) ? 3 : 5, "a TCP connection"))
+		return -EMFILE;
 	int rc = ctx_get();
 	if (rc)
 		return rc;
@@ -286,13 +291,13 @@ static void res_free(struct stream *t)
 	if (t->area)
 		munmap(t->area, t->area_len), t->area = NULL;
 	if (t->qfd >= 0)
-		real.close(t->qfd), t->qfd = -1;
+		own_close(t->qfd), t->qfd = -1;
 	if (t->regfd >= 0)
 		reg_del(t->regfd), t->regfd = -1, t->named = false;
 	if (t->dregfd >= 0)
 		reg_del(t->dregfd), t->dregfd = -1;
 	if (t->wfd >= 0)
-		real.close(t->wfd), t->wfd = -1;
+		own_close(t->wfd), t->wfd = -1;
 	for (int i = 0; i < RV_STASH; i++)
 		if (t->stash[i].req)
 			dgv_reject(t->stash[i].req, NULL, 0), t->stash[i].req = NULL;
@@ -1119,6 +1124,8 @@ static void stream_name_listener(struct stream *t, int fd, const union dgv_socka
 	socklen_t ll = la->sa.sa_family == AF_INET ? sizeof la->sin : sizeof la->sin6;
 	if (t->regfd >= 0 || t->named || decide(t, DG_ROLE_RECEIVER, la, ll) == IWARP_MODE_OFF)
 		return;
+	if (!own_room(4 * 4, "a TCP listener"))
+		return; /* clients connect plain */
 	uint64_t un = name_listen((unsigned)port, false);
 	t->regfd = reg_add(un);
 	if (t->regfd < 0) {
@@ -1525,6 +1532,26 @@ static int accept_dev(struct sock *ns, int nfd, struct sock *ls, const union dgv
 	return accept_hello(ns, t, req, (const uint8_t *)&dh.h, sizeof dh.h);
 }
 
+/* A named listener's registry name follows the shim's descriptor budget: withdrawn when a few
+ * more connections would not fit (new clients then connect plain, as they would to a program
+ * without the shim; those already connecting are carried), named again when they fit. Needs
+ * ls->lock. */
+static void listener_budget(struct stream *lt, int fd)
+{
+	if (lt->regfd >= 0 && !lt->budget_off && !own_room(4 * 4, "a new TCP connection to a listener")) {
+		reg_del(lt->regfd);
+		lt->regfd = -1;
+		lt->budget_off = true;
+	} else if (lt->budget_off && own_room(4 * 8, NULL)) {
+		union dgv_sockaddr la;
+		int port = local_port(fd, &la);
+		if (port > 0 && (lt->regfd = reg_add(name_listen((unsigned)port, false))) >= 0)
+			lt->budget_off = false;
+		else
+			lt->regfd = -1;
+	}
+}
+
 int stream_accept(int fd, struct sockaddr *a, socklen_t *l, int flags)
 {
 	struct sock *ls = fd_sock(fd);
@@ -1534,6 +1561,8 @@ int stream_accept(int fd, struct sockaddr *a, socklen_t *l, int flags)
 	if (lt) {
 		sock_lock(ls);
 		ours = lt->state == SS_LISTEN && lt->named;
+		if (ours)
+			listener_budget(lt, fd);
 		if ((devl = ours && lt->dlis != NULL))
 			dlis = lt->dlis_addr;
 		sock_unlock(ls);

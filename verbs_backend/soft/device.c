@@ -323,8 +323,10 @@ int dgv_soft_open(const struct dgv_context_attr *attr, struct dgv_context **out)
 	if (ctx->progress != DGV_PROGRESS_APP) {
 		ctx->loop = ev_loop_new(EVFLAG_AUTO | EVFLAG_NOSIGMASK);
 		if (!ctx->loop) {
+			/* libev says nothing; its epoll descriptor is what fails at the limit */
+			int e = errno == EMFILE || errno == ENFILE ? errno : ENOMEM;
 			soft_close(&ctx->base);
-			return -ENOMEM;
+			return -e;
 		}
 		ev_set_userdata(ctx->loop, ctx);
 		ev_set_loop_release_cb(ctx->loop, loop_release, loop_acquire);

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# daemonclose.sh BUILD_DIR BASE_PORT: a daemon-like program (daemonclose.c) makes sockets, closes
+# every descriptor from 3 up (close_range, closefrom, a close loop, a /proc/self/fd walk, dup2 of
+# /dev/null over each) and goes on without exec: natively and preloaded it must still work, and
+# preloaded its new sockets must be carried (the shim's own descriptors survived: issue
+# "Hardening" item 5). Then RLIMIT_NOFILE 64: the program must open at least 3/4 of what it opens
+# natively (the shim keeps to a quarter of the limit, item 7), every socket working, the first
+# ones carried, and one info line saying why the rest stayed plain. BASE_PORT is unused.
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=lib.sh
+. "$here/lib.sh"
+dg_init daemonclose "$@"
+bin=$DG_BUILD/tests/integration/daemonclose
+[ -x "$bin" ] || dg_fail "$bin does not exist: build it first (ninja -C $DG_BUILD)"
+dg_require_shim
+failed=()
+for m in close_range closefrom loop procfd dup2; do
+	timeout -k 5 60 "$bin" "$m" >"$DG_TMP/$m.native" 2>&1 || { failed+=("$m: native run failed"); dg_tail "$DG_TMP/$m.native" 5; }
+	timeout -k 5 60 env "${DG_SHIM_ENV[@]}" DGSHIM_LOG=info "$bin" "$m" >"$DG_TMP/$m.shim" 2>"$DG_TMP/$m.err"
+	r=$?
+	if [ $r -ne 0 ] || ! grep -q "^ok $m" "$DG_TMP/$m.shim"; then
+		failed+=("$m: preloaded run failed (exit $r)")
+		dg_tail "$DG_TMP/$m.shim" 5
+		dg_tail "$DG_TMP/$m.err" 20
+		continue
+	fi
+	# the daemon's own summary (the first line of its pid; the server child is killed)
+	dpid=$(sed -n "s/^ok $m pid \([0-9]*\)$/\1/p" "$DG_TMP/$m.shim")
+	grep -q "^dgshim\[$dpid\]: info: .*is the shim's own and stays open" "$DG_TMP/$m.err" ||
+		failed+=("$m: no info line saying the shim's own descriptors stayed open")
+	sum=$(grep "^dgshim\[$dpid\]: info: summary:" "$DG_TMP/$m.err")
+	tf=$(sed -n 's/.* tx_framed=\([0-9]*\).*/\1/p' <<<"$sum") rc=$(sed -n 's/.* rc_conns=\([0-9]*\).*/\1/p' <<<"$sum")
+	dg_log "$m: preloaded ok, daemon's tx_framed=${tf:-?} rc_conns=${rc:-?}"
+	# 50 datagrams before, 200 after; one connection before, one after
+	[ "${tf:-0}" -ge 250 ] || failed+=("$m: datagrams after closing everything not carried (tx_framed=${tf:-none}, want >= 250)")
+	[ "${rc:-0}" -ge 2 ] || failed+=("$m: the connection after closing everything not carried (rc_conns=${rc:-none}, want 2)")
+	if grep -Eq "abort|Assertion|libev|fatal" "$DG_TMP/$m.err"; then
+		failed+=("$m: the shim complained")
+		grep -E "abort|Assertion|libev|fatal" "$DG_TMP/$m.err" | head -n 3
+	fi
+done
+# RLIMIT_NOFILE 64
+timeout -k 5 60 "$bin" nofile >"$DG_TMP/nofile.native" 2>&1 || failed+=("nofile: native run failed")
+timeout -k 5 60 env "${DG_SHIM_ENV[@]}" DGSHIM_LOG=info "$bin" nofile >"$DG_TMP/nofile.shim" 2>"$DG_TMP/nofile.err" ||
+	failed+=("nofile: preloaded run failed")
+read -r _ _ nn _ un < <(grep '^nofile' "$DG_TMP/nofile.native") || true
+read -r _ _ ns _ us < <(grep '^nofile' "$DG_TMP/nofile.shim") || true
+dpid=$(sed -n 's/^dgshim\[\([0-9]*\)\]: info: .*stays with the OS: the shim holds.*/\1/p' "$DG_TMP/nofile.err" | head -n1)
+tf=$( [ -n "$dpid" ] && sed -n "s/^dgshim\[$dpid\]: info: summary:.* tx_framed=\([0-9]*\).*/\1/p" "$DG_TMP/nofile.err")
+dg_log "nofile (RLIMIT_NOFILE 64): natively ${nn:-?} UDP sockets opened, ${un:-?} used; preloaded ${ns:-?} opened, ${us:-?} used, tx_framed=${tf:-?}"
+if [ -z "${nn:-}" ] || [ -z "${ns:-}" ]; then
+	failed+=("nofile: no figures")
+else
+	# a quarter of 64 is the shim's when it takes a socket; the discovery sockets it may make
+	# later (two) are not counted against that budget
+	[ "$ns" -ge $((nn - 18)) ] || failed+=("nofile: preloaded the program opened $ns sockets, natively $nn (want >= $((nn - 18)): the shim keeps to about a quarter of 64)")
+	[ "$us" -eq "$ns" ] || failed+=("nofile: $((ns - us)) of $ns sockets did not carry a datagram")
+	[ -n "$dpid" ] || failed+=("nofile: no info line saying why sockets stayed with the OS")
+	[ "${tf:-0}" -ge 2 ] || failed+=("nofile: no socket carried (tx_framed=${tf:-none})")
+fi
+if [ ${#failed[@]} -gt 0 ]; then
+	for f in "${failed[@]}"; do dg_log "FAIL: $f"; done
+	exit 1
+fi
+dg_log "PASS"
