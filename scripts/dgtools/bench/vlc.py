@@ -4,7 +4,7 @@ import hashlib, os, shutil, signal, subprocess, time
 
 from . import ctx
 from .ctx import RunFailed, failed, log, med, next_port
-from .procs import Bg, carried, listening, placed, reap, shim_env, ssum, wait_listen
+from .procs import Bg, carried, listening, placed, reap, ssum, wait_listen
 
 VLCOPTS = ["-I", "dummy", "--no-dbus", "--no-media-library", "--no-metadata-network-access", "--no-lua",
            "-A", "none", "--no-video", "--no-stats", "--verbose=1"]
@@ -55,7 +55,6 @@ def vlc_case(vdir, media, proto, pre, thresholds, where=None):
     tag = "%s-%s-%d" % (proto, "shim" if pre else "native", port)
     dump = os.path.join(vdir, tag + ".ts")
     go, t0f = os.path.join(vdir, tag + ".go"), os.path.join(vdir, tag + ".t0")
-    env = shim_env(pre)
     rip = sip = ctx.HOST
     if where:
         rip, sip = where["recv"][1], where["send"][1]
