@@ -28,7 +28,8 @@ def placed(end, preload, cmd, extra=None):
 
 def reap(p, timeout):
     """Waits up to timeout s for the Popen p and reaps it with wait4 (p.returncode set). Returns the
-    CPU seconds it used (user + sys), or None when it did not end in time (left running)."""
+    CPU seconds it used (user + sys), or None when it did not end in time (left running) or was
+    reaped before (poll, wait: no usage left to read)."""
     end = time.monotonic() + timeout
     while True:
         if p.returncode is not None:

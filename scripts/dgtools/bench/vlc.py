@@ -113,7 +113,7 @@ def vlc_case(vdir, media, proto, pre, thresholds, where=None):
         cpu = {}
         if where:
             cpu["send"] = reap(sp, 20)
-            if cpu["send"] is None:
+            if sp.returncode is None:
                 raise RunFailed("the VLC sender did not end within 20 s of the stream's end")
         else:
             sp.wait(timeout=20)
