@@ -16,6 +16,32 @@ def shim_env(preload, extra=None):
         e.update(extra)
     return e
 
+def placed(end, preload, cmd, extra=None):
+    """cmd and its environment for one end of a two-host run: end is (command prefix, e.g. ip netns
+    exec NS, and IP) or None (this host). With a prefix the shim's variables go after it through
+    env(1), so the prefix program itself is not preloaded. Returns (argv, environment)."""
+    if not end or not end[0]:
+        return list(cmd), shim_env(preload, extra)
+    clean = shim_env(False)
+    add = ["%s=%s" % kv for kv in sorted(shim_env(preload, extra).items()) if kv not in clean.items()]
+    return list(end[0]) + (["env"] + add if add else []) + list(cmd), clean
+
+def reap(p, timeout):
+    """Waits up to timeout s for the Popen p and reaps it with wait4 (p.returncode set). Returns the
+    CPU seconds it used (user + sys), or None when it did not end in time (left running) or was
+    reaped before (poll, wait: no usage left to read)."""
+    end = time.monotonic() + timeout
+    while True:
+        if p.returncode is not None:
+            return None
+        pid, status, ru = os.wait4(p.pid, os.WNOHANG)
+        if pid:
+            p.returncode = os.waitstatus_to_exitcode(status)
+            return ru.ru_utime + ru.ru_stime
+        if time.monotonic() > end:
+            return None
+        time.sleep(0.01)
+
 def summaries(text):
     """The shim's exit summaries in a log, as dicts of counters."""
     return [dict((k, int(v)) for k, v in re.findall(r"(\w+)=(\d+)", m)) for m in SUMMARY.findall(ANSI.sub("", text))]
@@ -53,9 +79,12 @@ class Bg:
         self.f.close()
         return self.text()
 
-def listening(port, proto):
+def listening(port, proto, pid=None):
+    """Whether a socket listens on port (TCP) or is bound to it (UDP), in this network namespace or
+    in the one of process pid."""
     pat = ":%04X " % port
-    files = ("/proc/net/tcp", "/proc/net/tcp6") if proto == "tcp" else ("/proc/net/udp", "/proc/net/udp6")
+    d = "/proc/%d/net/" % pid if pid else "/proc/net/"
+    files = (d + "tcp", d + "tcp6") if proto == "tcp" else (d + "udp", d + "udp6")
     for f in files:
         try:
             for line in open(f).readlines()[1:]:
@@ -66,10 +95,11 @@ def listening(port, proto):
             pass
     return False
 
-def wait_listen(port, proto, proc, secs=10):
+def wait_listen(port, proto, proc, secs=10, ns=False):
+    """Waits for proc (a Bg) to listen on port; ns: look in proc's own network namespace."""
     end = time.monotonic() + secs
     while time.monotonic() < end:
-        if listening(port, proto):
+        if listening(port, proto, proc.p.pid if ns else None):
             return
         if proc.p.poll() is not None:
             raise RunFailed("%s exited at start (%d): %s" % (proc.name, proc.p.returncode, proc.text()[-300:].strip()))

@@ -4,7 +4,7 @@ import csv, datetime, glob, os, re, resource, signal, statistics, subprocess, ti
 
 from . import ctx
 from .ctx import RunFailed, failed, log, med, next_port
-from .procs import Bg, carried, shim_env, wait_listen
+from .procs import Bg, carried, placed, shim_env, ssum, wait_listen
 
 SOCK_CACHES = ("TCP", "TCPv6", "UDP", "UDPv6", "UNIX", "sock_inode_cache", "request_sock_TCP", "tw_sock_TCP")
 
@@ -75,14 +75,21 @@ def shares(calls, pairs):
     """calls split over pairs as evenly as whole calls allow (10 000 over 3: 3 334, 3 333, 3 333)."""
     return [calls // pairs + (1 if i < calls % pairs else 0) for i in range(pairs)]
 
-def sipp_run(proto, pre, calls, rate, hold_ms, trace=False, extra=None, pairs=1):
+def sipp_run(proto, pre, calls, rate, hold_ms, trace=False, extra=None, pairs=1, where=None):
     """K = pairs independent SIPp pairs at once, each a UAS (-t u1 / t1) and a UAC (-t un / tn, one
     socket per call) on its own ports with its share of the calls at rate/K (the total rate stays
     rate). Samples all 2K processes' RSS and the kernel's socket memory every 100 ms (their open
     descriptors every 500 ms); returns the peak sum, the calls' statistics added over the pairs and
     each pair's own figures. Every UAC must report all its calls successful, and under the shim
-    every pair's summaries must show its traffic carried."""
+    every pair's summaries must show its traffic carried. where: None (both on this host,
+    ctx.HOST), or {"uas": END, "uac": END} with END = (command prefix, IP) of the host each runs on
+    (procs.placed): then the kernel's socket memory is not sampled (the slab caches are one for both
+    hosts, /proc/net/sockstat is per host: section 5 measures memory) and the result also has both
+    ends' exit summary counters added over the pairs."""
     env = shim_env(pre, extra)
+    at = lambda who, cmd: placed(where[who], pre, cmd, extra) if where else (cmd, env)
+    ip = lambda who: where[who][1] if where else ctx.HOST
+    bind = lambda who: ["-i", where[who][1]] if where else []
     uas_t, uac_t = ("u1", "un") if proto == "udp" else ("t1", "tn")
     P = []
     for i, c in enumerate(shares(calls, pairs)):
@@ -90,24 +97,25 @@ def sipp_run(proto, pre, calls, rate, hold_ms, trace=False, extra=None, pairs=1)
         sdir = os.path.join(ctx.TMP, "sipp-%d" % base)
         os.makedirs(sdir)
         P.append({"i": i, "calls": c, "base": base, "sdir": sdir, "uas": None, "uac": None,
-                  "common": ["-i", ctx.HOST, "-max_socket", str(min(ctx.NOFILE - 1000, max(19800, c * 5))), "-nostdin",
+                  "common": ([] if where else ["-i", ctx.HOST]) + ["-max_socket", str(min(ctx.NOFILE - 1000, max(19800, c * 5))), "-nostdin",
                              "-trace_stat", "-fd", "1", "-timeout", "120s", "-timeout_error"]})
     tag = lambda p: "" if pairs == 1 else " (pair %d/%d, %d calls)" % (p["i"] + 1, pairs, p["calls"])
-    slab0, buf0 = kmem()
+    kmem_of = kmem if not where else (lambda: (0, 0))
+    slab0, buf0 = kmem_of()
     peak = {"total": 0}
     try:
         for p in P:
-            p["uas"] = Bg(["sipp", "-sn", "uas", "-p", str(p["base"]), "-t", uas_t, "-m", str(p["calls"]),
-                           "-mp", str(p["base"] + 2), "-cp", str(p["base"] + 6), "-stf", p["sdir"] + "/uas.csv"]
-                          + p["common"], env, "sipp-uas", cwd=p["sdir"])
+            p["uas"] = Bg(*at("uas", ["sipp", "-sn", "uas"] + bind("uas") + ["-p", str(p["base"]), "-t", uas_t, "-m",
+                                      str(p["calls"]), "-mp", str(p["base"] + 2), "-cp", str(p["base"] + 6), "-stf",
+                                      p["sdir"] + "/uas.csv"] + p["common"]), "sipp-uas", cwd=p["sdir"])
         for p in P:
-            wait_listen(p["base"], "udp" if proto == "udp" else "tcp", p["uas"], 20)
+            wait_listen(p["base"], "udp" if proto == "udp" else "tcp", p["uas"], 20, ns=bool(where))
         for p in P:
-            p["uac"] = Bg(["sipp", "-sn", "uac", "%s:%d" % (ctx.HOST, p["base"]), "-p", str(p["base"] + 1), "-t", uac_t,
-                           "-m", str(p["calls"]), "-l", str(p["calls"]), "-r", "%.6g" % (rate / pairs),
-                           "-d", str(hold_ms), "-mp", str(p["base"] + 3), "-cp", str(p["base"] + 7),
-                           "-stf", p["sdir"] + "/uac.csv"] + (["-trace_msg"] if trace else []) + p["common"],
-                          env, "sipp-uac", cwd=p["sdir"])
+            p["uac"] = Bg(*at("uac", ["sipp", "-sn", "uac", "%s:%d" % (ip("uas"), p["base"])] + bind("uac") + ["-p",
+                                      str(p["base"] + 1), "-t", uac_t, "-m", str(p["calls"]), "-l", str(p["calls"]),
+                                      "-r", "%.6g" % (rate / pairs), "-d", str(hold_ms), "-mp", str(p["base"] + 3),
+                                      "-cp", str(p["base"] + 7), "-stf", p["sdir"] + "/uac.csv"]
+                              + (["-trace_msg"] if trace else []) + p["common"]), "sipp-uac", cwd=p["sdir"])
             p["uac_fds"] = p["uas_fds"] = 0
         end = time.monotonic() + 240
         k = 0
@@ -117,7 +125,7 @@ def sipp_run(proto, pre, calls, rate, hold_ms, trace=False, extra=None, pairs=1)
                 break
             a = sum(rss(p["uac"].p.pid) for p in P)
             b = sum(rss(p["uas"].p.pid) for p in P)
-            slab, buf = kmem()
+            slab, buf = kmem_of()
             tot = a + b + max(0, slab - slab0) + max(0, buf - buf0)
             if tot > peak["total"]:
                 peak = {"total": tot, "uac_rss": a, "uas_rss": b, "slab": max(0, slab - slab0),
@@ -170,9 +178,14 @@ def sipp_run(proto, pre, calls, rate, hold_ms, trace=False, extra=None, pairs=1)
     if trace:
         msgs = glob.glob(P[0]["sdir"] + "/uac_*_messages.log")
         msgs = msgs[0] if msgs else None
-    return {"peak": peak, "uac": c, "uas": s, "msglog": msgs,
-            "pairs": [{"calls": p["calls"], "peak_calls": p["c"]["peak"], "uac_fds": p["uac_fds"],
-                       "uas_fds": p["uas_fds"]} for p in P]}
+    out = {"peak": peak, "uac": c, "uas": s, "msglog": msgs,
+           "pairs": [{"calls": p["calls"], "peak_calls": p["c"]["peak"], "uac_fds": p["uac_fds"],
+                      "uas_fds": p["uas_fds"]} for p in P]}
+    if where:
+        out["counters"] = {who: {k: sum(ssum(p[t], k) for p in P) for k in
+                                 ("tx_framed", "tx_plain", "rx_framed", "rc_conns", "rc_plain")}
+                           for who, t in (("uac", "utext"), ("uas", "stext"))}
+    return out
 
 MSG = re.compile(r"^-{40,} (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+)\n(UDP|TCP) message (sent|received)[^\n]*\n", re.M)
 

@@ -3,13 +3,16 @@ veth pair shaped to 10 Gbit/s each way with tc tbf (the bed of tests/twohost/net
 here): UD against RC latency, Write-Record against RC Write bandwidth at 1 KB, 64 KB and 512 KB
 with the CPU each spends per GB moved (user + sys of both processes, from wait4), plain UDP and
 TCP the same way; and the shim against native for unmodified programs across the link: udpbench
-(UDP ping-pong), sockperf (TCP ping-pong) and iperf3 (TCP stream), both ends preloaded and no
-rules (discovery between hosts finds the peer)."""
-import json, os, re, subprocess, time
+(UDP ping-pong), sockperf (TCP ping-pong), iperf3 (TCP stream), VLC (UDP and HTTP, section 4's
+case) and SIPp (-t un and -t tn, section 5's runner), both ends preloaded and no rules (discovery
+between hosts finds the peer)."""
+import hashlib, json, os, re, subprocess, time
 
 from . import ctx
 from .ctx import RunFailed, failed, log, med
 from .procs import shim_env, ssum
+from .sipp import response_times, sipp_run
+from .vlc import make_media, roomy_rmem, vlc_case, vlc_dir
 
 A_IP, B_IP = "10.78.0.1", "10.78.0.2"   # apart from the tests' 10.77.0.x
 RATE = "10gbit"
@@ -155,6 +158,59 @@ def _iperf3(bed, pre, secs):
     return j["end"]["sum_received"]["bits_per_second"] / 8e6, ssum(text, "rc_conns")
 
 
+def _ends(bed):
+    """(prefix, IP) of host b (servers, senders) and host a (clients, receivers), as procs.placed takes them."""
+    return (bed.cmd("b", []), B_IP), (bed.cmd("a", []), A_IP)
+
+
+def _again(what, fn):
+    """fn() once, and again (3 runs at most) when it failed only because the shim's exit summaries
+    show traffic not carried: a discovery answer from the other host later than a sender's lease or
+    a connect's 10 ms wait (docs/shim.md) leaves that traffic plain, as tests/twohost/ retry. Returns
+    (fn's result, the reasons of the runs before). Raises RunFailed with every run's reason."""
+    why = []
+    for _ in range(3):
+        try:
+            return fn(), why
+        except RunFailed as e:
+            why.append(str(e))
+            if "not carried" not in str(e):
+                break
+    raise RunFailed("%s: %s" % (what, " | then: ".join(why)))
+
+
+def _vlc(bed, vdir, media, md5, proto, pre):
+    """VLC across the link (vlc.vlc_case): the sender (HTTP: the server) on host b, the receiver on
+    host a. Returns the figures kept; a dump that is not the media byte for byte is a RunFailed."""
+    b, a = _ends(bed)
+    size = os.path.getsize(media)
+    r, why = _again("VLC %s %s" % (proto, "shim" if pre else "native"),
+                    lambda: vlc_case(vdir, media, proto, pre, [2 << 20, size], {"send": b, "recv": a}))
+    if r["md5"] != md5:
+        raise RunFailed("VLC %s %s: the dump (%d of %d bytes, md5 %s) is not the media (md5 %s)" % (
+            proto, "shim" if pre else "native", r["bytes"], size, r["md5"], md5))
+    return {"t_2m": r["t"][str(2 << 20)], "t_all": r["t"][str(size)], "bytes": r["bytes"],
+            "cpu_send": r["cpu"].get("send"), "cpu_recv": r["cpu"].get("recv"), "counters": r["counters"],
+            "retried": why}
+
+
+def _sipp(bed, proto, pre, calls, rate, hold):
+    """SIPp across the link (sipp.sipp_run with a message trace): the UAS (-t u1 / t1) on host b, the
+    UAC (-t un / tn, one socket per call) on host a. Returns the figures kept."""
+    b, a = _ends(bed)
+    r, why = _again("SIPp %s %s" % (proto, "shim" if pre else "native"),
+                    lambda: sipp_run(proto, pre, calls, rate, hold, trace=True, where={"uas": b, "uac": a}))
+    if not r["msglog"]:
+        raise RunFailed("SIPp %s: no -trace_msg log" % proto)
+    rt = response_times(r["msglog"])
+    if len(rt["bye_ok"]) < calls * 0.9:
+        raise RunFailed("SIPp %s: only %d of %d calls' BYE response times in the message log" % (
+            proto, len(rt["bye_ok"]), calls))
+    return {"ok": r["uac"]["ok"], "failed": r["uac"]["failed"], "retrans": r["uac"]["retrans"],
+            "bye_ok": med(rt["bye_ok"]), "counters": r["counters"],
+            "retried": why}
+
+
 def twohost():
     if os.geteuid() != 0:
         raise RunFailed("network namespaces need root")
@@ -165,11 +221,12 @@ def twohost():
     except RunFailed as e:
         bed.down()
         raise RunFailed("no two-host bed here: %s" % e)
-    res = {"rate": RATE, "trials": trials, "lat": {}, "bw": {}, "cpu_gb": {}, "apps": {},
+    res = {"rate": RATE, "trials": trials, "lat": {}, "bw": {}, "cpu_gb": {}, "apps": {}, "progs": {}, "errors": [],
            "run": {"command": ctx.CMDLINE, "started": ctx.STARTED.strftime("%Y-%m-%d %H:%M"),
                    "git": ctx.machine()["git"], "load": open("/proc/loadavg").read().split()[:3]}}
     budget = (48 << 20) if ctx.QUICK else (256 << 20)
     try:
+        progs = _progs_setup(res)
         for t in range(trials):
             for key, label, args in (LAT if t % 2 == 0 else LAT[::-1]):
                 try:
@@ -205,6 +262,7 @@ def twohost():
                     d[name].append(v)
                     if pre:
                         d["carried"].append(carried)
+            _progs_trial(bed, res, progs, t)
             log("twohost: trial %d/%d done" % (t + 1, trials))
     finally:
         bed.down()
@@ -214,7 +272,78 @@ def twohost():
     for app, d in res["apps"].items():
         d["native"], d["shim"] = med(d["native"]), med(d["shim"])
         d["carried"] = min(d["carried"]) if d["carried"] else 0
+    _progs_med(res)
     return res
+
+
+# VLC and SIPp across the link: key, label, kind, protocol
+PROGS = [("vlc_udp", "VLC UDP", "vlc", "udp"), ("vlc_http", "VLC HTTP over TCP", "vlc", "http"),
+         ("sipp_un", "SIPp -t un (UDP, one socket per call)", "sipp", "udp"),
+         ("sipp_tn", "SIPp -t tn (TCP, one connection per call)", "sipp", "tcp")]
+
+
+def _progs_setup(res):
+    """The media for the VLC rows (section 4's 4-s MPEG-TS, 3.7 MiB, fed at once) and the SIPp load:
+    quick 200 calls at 100/s held 0.5 s, full 1000 at 200/s held 1 s. Returns the plan."""
+    sp = (200, 100, 500) if ctx.QUICK else (1000, 200, 1000)
+    res["sipp_plan"] = {"calls": sp[0], "rate": sp[1], "hold_ms": sp[2]}
+    plan = {"sipp": sp, "vdir": None}
+    try:
+        if os.getuid() != 0:
+            raise RunFailed("VLC runs as nobody through setpriv: run the bench as root")
+        plan["vdir"] = vlc_dir("twohost-vlc")
+        plan["media"] = make_media(plan["vdir"], 4)
+        plan["md5"] = hashlib.md5(open(plan["media"], "rb").read()).hexdigest()
+        res["vlc_size"] = os.path.getsize(plan["media"])
+        roomy_rmem()
+    except (RunFailed, OSError) as e:
+        plan["vdir"] = None
+        res["errors"].append("VLC rows not run: %s" % e)
+        failed("twohost", "VLC rows not run: %s" % e)
+    return plan
+
+
+def _progs_trial(bed, res, plan, t):
+    """One trial of the VLC and SIPp rows, native and shim in alternating order."""
+    sides = (("native", False), ("shim", True))
+    for key, label, kind, proto in PROGS:
+        if kind == "vlc" and not plan["vdir"]:
+            continue
+        for name, pre in (sides if t % 2 == 0 else sides[::-1]):
+            try:
+                if kind == "vlc":
+                    r = _vlc(bed, plan["vdir"], plan["media"], plan["md5"], proto, pre)
+                else:
+                    r = _sipp(bed, proto, pre, *plan["sipp"])
+            except (RunFailed, OSError, ValueError, KeyError, IndexError) as e:
+                msg = "%s %s: %s" % (label, name, e)
+                res["errors"].append(msg)
+                failed("twohost", msg)
+                continue
+            for why in r.pop("retried"):
+                res["errors"].append("%s %s: run again after: %s" % (label, name, why))
+            res["progs"].setdefault(key, {"native": [], "shim": []})[name].append(r)
+
+
+def _progs_med(res):
+    """Per row and side: medians of the figures over the trials, the runs that worked, the counters
+    added over the runs."""
+    for key, d in res["progs"].items():
+        for side, runs in list(d.items()):
+            m = {"runs": len(runs)}
+            for f in ("t_2m", "t_all", "cpu_send", "cpu_recv", "bye_ok", "bytes"):
+                if runs and f in runs[0]:
+                    m[f] = med([r[f] for r in runs])
+            for f in ("ok", "failed", "retrans"):
+                if runs and f in runs[0]:
+                    m[f] = sum(r[f] for r in runs)
+            m["counters"] = {}
+            for r in runs:
+                for who, c in r["counters"].items():
+                    for k, v in c.items():
+                        m["counters"].setdefault(who, {}).setdefault(k, 0)
+                        m["counters"][who][k] += v
+            d[side] = m
 
 
 def page_section(T, w, fmt, made):
@@ -262,6 +391,7 @@ def page_section(T, w, fmt, made):
         ratio = d["shim"] / d["native"] if d["shim"] and d["native"] else None
         w("| %s | %s | %s | %s | %s=%s | %s |" % (label, fmt(d["native"]), fmt(d["shim"]),
                                                fmt(ratio, "x"), ck, d["carried"], target))
+    _progs_page(T, w, fmt)
     w("")
     for name in ("twohost_bw.png", "twohost_cpu.png"):
         if name in made:
@@ -285,3 +415,65 @@ def plots(T, save, plt):
         ax.grid(True, axis="y", alpha=0.3)
         ax.legend(fontsize=7)
         save(fig, name)
+
+
+def _progs_page(T, w, fmt):
+    """The VLC and SIPp rows of section 6 (absent from runs before they existed)."""
+    P = T.get("progs")
+    if P is None:
+        return
+    sp = T.get("sipp_plan", {})
+    w("")
+    w("VLC and SIPp across the link, both ends preloaded against both native in the same trials, no "
+      "rules. VLC: section 4's case (4-s MPEG-TS, %s bytes, written to the sender at once), the sender "
+      "(HTTP: VLC's http output) on host b, the receiving VLC on host a dumping what it gets; every dump "
+      "must be the media byte for byte (md5), else the run is a failure below. CPU: user + sys of the "
+      "sending and the receiving VLC (wait4). SIPp: section 5's runner, the UAS on host b, the UAC on "
+      "host a, %s calls at %s calls/s held %s ms, with a message trace; every call must succeed. The "
+      "kernel's socket memory is not sampled across hosts (one slab for both; section 5 measures "
+      "memory). Carried: the shim's exit summaries added over the trials (sender/UAC first)."
+      % (fmt(T.get("vlc_size"), "", 0), sp.get("calls", "?"), sp.get("rate", "?"), sp.get("hold_ms", "?")))
+    w("")
+    w("| program across the link | figure | native | both ends preloaded | ratio | carried (shim) |")
+    w("|---|---|---:|---:|---:|---|")
+    n = T.get("trials", 0)
+    for key, label, kind, proto in PROGS:
+        d = P.get(key) or {}
+        nat, shim = d.get("native") or {}, d.get("shim") or {}
+        c = shim.get("counters") or {}
+        ck = {"udp": ("tx_framed", "tx_plain", "rx_framed"), "tcp": ("rc_conns", "rc_plain")}[
+            "udp" if proto == "udp" else "tcp"]
+        ends = (("sender", "send", ck[:2]), ("receiver", "recv", ck[2:])) if kind == "vlc" and proto == "udp" else \
+            (("sender", "send", ck), ("receiver", "recv", ck)) if kind == "vlc" else (("UAC", "uac", ck), ("UAS", "uas", ck))
+        carried = "; ".join("%s %s" % (name, " ".join("%s=%d" % (k, c[who].get(k, 0)) for k in keys))
+                            for name, who, keys in ends if who in c) or "-"
+        if kind == "vlc":
+            rows = [("runs whose dump is the media (md5)", "runs", "%d of %d"),
+                    ("time to 2 MiB [s]", "t_2m", None), ("time to all bytes [s]", "t_all", None),
+                    ("CPU of the sending VLC [s]", "cpu_send", None), ("CPU of the receiving VLC [s]", "cpu_recv", None)]
+        else:
+            rows = [("runs with every call successful", "runs", "%d of %d"),
+                    ("calls successful / failed, over those runs", "okfail", None),
+                    ("BYE -> 200 OK, median [ms]", "bye_ok", None),
+                    ("retransmissions, over those runs", "retrans", None)]
+        for i, (lab, f, form) in enumerate(rows):
+            if form:
+                # fewer runs than trials: a failure, listed under the table
+                cells = [(form if x.get(f, 0) == n else "**" + form + "**") % (x.get(f, 0), n) for x in (nat, shim)]
+                ratio = ""
+            elif f == "okfail":
+                cells = ["%d / %d" % (x["ok"], x["failed"]) if "ok" in x else "-" for x in (nat, shim)]
+                ratio = ""
+            else:
+                a, b = nat.get(f), shim.get(f)
+                cells = [fmt(a, "", 0), fmt(b, "", 0)] if f == "retrans" else [fmt(a), fmt(b)]
+                ratio = fmt(b / a, "x") if a and b and f != "retrans" else ""
+            w("| %s | %s | %s | %s | %s | %s |" % (label if i == 0 else "", lab, cells[0], cells[1], ratio,
+                                                  carried if i == 0 else ""))
+    errs = T.get("errors") or []
+    if errs:
+        w("")
+        w("Failed or repeated runs of this section (a failure leaves its run out of the medians):")
+        w("")
+        for e in errs:
+            w("- %s" % e.replace("|", "/"))
