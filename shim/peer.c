@@ -232,7 +232,7 @@ static bool registry_has(unsigned port, int svc)
 
 static uint8_t cap_of(int svc)
 {
-	return svc == IWARP_MODE_RD ? CAP_RD : svc == SVC_UDV ? CAP_UDV : CAP_UD;
+	return svc == IWARP_MODE_RD ? CAP_RD : svc == SVC_UDV ? CAP_UDV : svc == IWARP_MODE_RC ? CAP_RC : CAP_UD;
 }
 
 static uint8_t caps_of_disco(uint8_t c)
@@ -265,7 +265,9 @@ static void on_answer(const union dgv_sockaddr *from, unsigned port, uint64_t no
 		if (lease_ms > 60000)
 			lease_ms = 60000;
 		p->lease_until_us = now + (uint64_t)lease_ms * 1000;
-		p->next_ask_us = p->caps ? now + (uint64_t)lease_ms * 500 : now + RETRY_NO_REMOTE_US;
+		/* asked again at a quarter of the lease: an answer may take three quarters of it on a
+		 * loaded host before the destination goes plain */
+		p->next_ask_us = p->caps ? now + (uint64_t)lease_ms * 250 : now + RETRY_NO_REMOTE_US;
 		if (had != p->caps)
 			DG_DBG("port %u on another host speaks:%s%s%s%s", port, p->caps & CAP_UD ? " ud" : "",
 			       p->caps & CAP_RD ? " rd" : "", p->caps & CAP_UDV ? " ud-on-device" : "",

@@ -251,7 +251,7 @@ void peer_failed(const union dgv_sockaddr *to, socklen_t tolen);
 int peer_remote_wait(const union dgv_sockaddr *to, socklen_t tolen, int svc, int wait_ms);
 
 /* disco.c: discovery between hosts (wire.h struct dg_disco). */
-#define DISCO_LEASE_MS 80      /* how long an answer may be believed (and asked again halfway): with
+#define DISCO_LEASE_MS 80      /* how long an answer may be believed (asked again at a quarter): with
                                 * the answer's way, the window after a restart stays under 100 ms */
 /* An RD datagram to another host waits this long at most for an outstanding discovery answer
  * (the asker's own "no answer" bound, ASK_WAIT_US in peer.c), instead of going plain. */

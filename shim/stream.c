@@ -591,6 +591,10 @@ static void progress(struct sock *s, struct stream *t)
 					break;
 				}
 				t->state = SS_ESTAB;
+				/* the MPA Reply is as good as a discovery answer: the next connection
+				 * to that port need not wait for one (peer.c's lease) */
+				if (s->peerlen && !ip_local(&s->peer))
+					peer_heard(&s->peer, s->peerlen, true, IWARP_MODE_RC);
 				if (!t->counted) {
 					t->counted = true, atomic_fetch_add(&T.conns, 1);
 					if (t->pv == &G.dev)
