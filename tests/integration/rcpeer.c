@@ -11,6 +11,7 @@
  *   rcpeer write HOST PORT stall     fill the connection non-blocking until EAGAIN, check that
  *                                    poll and epoll say not writable and that SO_SNDTIMEO
  *                                    expires, then one blocking send of the rest of 64 MiB
+ *   rcpeer write HOST PORT untilpoll the same non-blocking, waiting in poll(POLLOUT)
  *   rcpeer write HOST PORT until     send 16 MiB at a time until a send fails (the reader
  *                                    was killed): exit 0 for EPIPE or ECONNRESET
  *
@@ -25,6 +26,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -278,10 +280,11 @@ static int write_stall(int s)
 	return 0;
 }
 
-/* Sends BURST bytes at a time until a send fails; see the file's comment. */
-static int write_until(int s)
+/* Sends BURST bytes at a time until a send fails; see the file's comment. pollw: non-blocking,
+ * waiting in poll(POLLOUT) whenever a send says EAGAIN (at most 10 s each: then a failure). */
+static int write_until(int s, bool pollw)
 {
-	uint8_t *buf = malloc(BURST * 2);
+	uint8_t *buf = malloc(BURST);
 	if (!buf)
 		fail("malloc");
 	uint64_t off = 0;
@@ -289,9 +292,19 @@ static int write_until(int s)
 		fill(buf, off, BURST);
 		size_t done = 0;
 		while (done < BURST) {
-			ssize_t n = send(s, buf + done, BURST - done, 0);
+			ssize_t n = send(s, buf + done, BURST - done, pollw ? MSG_DONTWAIT : 0);
 			if (n < 0 && errno == EINTR)
 				continue;
+			if (n < 0 && pollw && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+				struct pollfd p = {.fd = s, .events = POLLOUT};
+				int r = poll(&p, 1, 10000);
+				if (r == 0) {
+					printf("FAIL: poll(POLLOUT) waited 10 s after %llu bytes\n",
+					       (unsigned long long)(off + done));
+					return 1;
+				}
+				continue;
+			}
 			if (n < 0) {
 				int e = errno;
 				printf("send end=%s bytes=%llu t=%.3f\n", strerrorname_np(e),
@@ -322,8 +335,8 @@ int main(int argc, char **argv)
 		printf("connected\n");
 		if (!strcmp(mode, "stall"))
 			return write_stall(s);
-		if (!strcmp(mode, "until"))
-			return write_until(s);
+		if (!strcmp(mode, "until") || !strcmp(mode, "untilpoll"))
+			return write_until(s, !strcmp(mode, "untilpoll"));
 	}
 usage:
 	fprintf(stderr, "usage: rcpeer read|write HOST PORT MODE [N] (see rcpeer.c)\n");

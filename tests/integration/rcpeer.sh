@@ -14,15 +14,18 @@
 #   killstop  the reader reads 1 MiB, stops, and is SIGKILLed while the writer is blocked in
 #             a 16 MiB send: the writer's send must fail with EPIPE or ECONNRESET (SIGPIPE
 #             ignored) within 5 s of the kill.
-#   killbusy  the same with the reader reading at full speed when killed (the writer mid-way
+#   killpoll  the same with a non-blocking writer waiting in poll(POLLOUT): poll must wake and
+#             the next send fail with EPIPE or ECONNRESET within 5 s.
+#   killbusy  the same as killstop with the reader reading at full speed when killed (the writer mid-way
 #             through a 16 MiB send).
 #   killw     the writer is SIGKILLed mid-way through its sends: the reader must read at least
 #             every byte of the sends that had returned, only bytes sent, in order, and then
 #             end of file or ECONNRESET within 5 s of the kill (natively: end of file).
-# Preloaded, the survivor's summary must also say how the connection ended: killstop and
-# killbusy rc_peer_gone + rc_reset >= 1 on the writer, killw rc_peer_gone >= 1 on the reader
+# Preloaded, the survivor's summary must also say how the connection ended: killstop,
+# killpoll and killbusy rc_peer_gone + rc_reset >= 1 on the writer, killw rc_peer_gone >= 1 on the reader
 # (docs/shim.md, "Counters").
-# Environment: RCPEER_TWOHOST=1 the reader on host a, the writer on host b of the two-host bed
+# Environment: RCPEER_ONLY=REGEX runs only the cases whose KIND-CASE (native-stall...) matches;
+# RCPEER_TWOHOST=1 the reader on host a, the writer on host b of the two-host bed
 # (tests/twohost/netns.sh), found by discovery with no rules.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -106,6 +109,8 @@ reap() {
 	for p in "$JOB_r" "$JOB_w"; do
 		if ! wait_gone "$p" "$2"; then
 			kill -KILL "$PID_r" "$PID_w" 2>/dev/null
+			dg_kill_tree "$JOB_r"
+			dg_kill_tree "$JOB_w"
 			bad "$1" "a program still runs $2 s after it should have ended (a hang)"
 			return 1
 		fi
@@ -130,7 +135,7 @@ carried() {
 }
 
 case_stall() {
-	local tag=$KIND-stall
+	local tag=$KIND-stall$TRY
 	start r "$tag" stall || return 1
 	start w "$tag" stall || return 1
 	wait_line "$DG_TMP/$tag.w" '^(blocking|FAIL)' 15 || { bad "$tag" "the writer did not reach its blocking send"; return 1; }
@@ -161,12 +166,12 @@ case_stall() {
 	carried "$tag" r || return $?
 }
 
-# case_killr TAG READER_MODE...: the reader is killed while the writer sends.
+# case_killr TAG WRITER_MODE READER_MODE...: the reader is killed while the writer sends.
 case_killr() {
-	local tag=$KIND-$1
-	shift
+	local tag=$KIND-$1$TRY wmode=$2
+	shift 2
 	start r "$tag" "$@" || return 1
-	start w "$tag" until || return 1
+	start w "$tag" "$wmode" || return 1
 	if [ "$1" = stop ]; then
 		wait_line "$DG_TMP/$tag.r" '^stopped' 15 || { bad "$tag" "the reader did not read its first MiB"; return 1; }
 		sleep 1 # the writer blocks: its window is full
@@ -194,7 +199,7 @@ case_killr() {
 }
 
 case_killw() {
-	local tag=$KIND-killw
+	local tag=$KIND-killw$TRY
 	start r "$tag" all || return 1
 	start w "$tag" until || return 1
 	wait_line "$DG_TMP/$tag.w" '^writing' 15 || { bad "$tag" "the writer's first 16 MiB did not go"; return 1; }
@@ -228,19 +233,24 @@ run() {
 	shift
 	if [ "$KIND" = native ]; then ENV=(-u LD_PRELOAD); else ENV=("${DG_SHIM_ENV[@]}"); fi
 	local try
+	local what=${1#case_}
+	[ "$1" = case_killr ] && what=$2
+	[[ $KIND-$what =~ ${RCPEER_ONLY:-.} ]] || return 0
 	for try in 1 2 3; do
+		TRY=$([ "$try" = 1 ] || echo "-$try")
 		"$@"
 		local rc=$?
 		port=$((port == DG_PORT ? DG_PORT + 1 : DG_PORT)) # TIME_WAIT: alternate
 		[ "$rc" = 2 ] || return 0
-		dg_log "$KIND $1 went plain (discovery answer after the connect's wait): run again ($try)"
+		dg_log "$KIND-$what went plain (discovery answer after the connect's wait): run again ($try)"
 	done
-	failed+=("$KIND $1: plain three times in a row")
+	failed+=("$KIND-$what: plain three times in a row")
 }
 for kind in native shim; do
 	run "$kind" case_stall
-	run "$kind" case_killr killstop stop $((1 << 20))
-	run "$kind" case_killr killbusy all
+	run "$kind" case_killr killstop until stop $((1 << 20))
+	run "$kind" case_killr killpoll untilpoll stop $((1 << 20))
+	run "$kind" case_killr killbusy until all
 	run "$kind" case_killw
 done
 if [ ${#failed[@]} -gt 0 ]; then
