@@ -11,9 +11,9 @@
  *   rcpeer write HOST PORT stall     fill the connection non-blocking until EAGAIN, check that
  *                                    poll and epoll say not writable and that SO_SNDTIMEO
  *                                    expires, then one blocking send of the rest of 64 MiB
- *   rcpeer write HOST PORT untilpoll the same non-blocking, waiting in poll(POLLOUT)
- *   rcpeer write HOST PORT until     send 16 MiB at a time until a send fails (the reader
+ *   rcpeer write HOST PORT until [N] send N bytes (16 MiB) at a time until a send fails (the reader
  *                                    was killed): exit 0 for EPIPE or ECONNRESET
+ *   rcpeer write HOST PORT untilpoll the same non-blocking, waiting in poll(POLLOUT)
  *
  * Every byte of the stream is a function of its offset (pattern()), so a reader proves each
  * byte it got is the one sent at that place, exactly once and in order. Lines on stdout say
@@ -157,8 +157,8 @@ static int reader(const char *host, int port, const char *mode, uint64_t n)
 		sigwait(&usr1, &sig); /* alive, reading nothing, until the script says */
 		double t0 = now();
 		uint64_t got = read_checked(c, 0, &how);
-		printf("read bytes=%llu end=%s secs=%.2f\n", (unsigned long long)got, how, now() - t0);
-		return strcmp(how, "EOF") ? 1 : 0;
+		printf("read bytes=%llu end=%s secs=%.2f t=%.3f\n", (unsigned long long)got, how, now() - t0, now());
+		return strcmp(how, "EOF") && strcmp(how, "ECONNRESET") ? 1 : 0;
 	}
 	if (!strcmp(mode, "stop")) {
 		uint64_t got = read_checked(c, n, &how);
@@ -282,17 +282,17 @@ static int write_stall(int s)
 
 /* Sends BURST bytes at a time until a send fails; see the file's comment. pollw: non-blocking,
  * waiting in poll(POLLOUT) whenever a send says EAGAIN (at most 10 s each: then a failure). */
-static int write_until(int s, bool pollw)
+static int write_until(int s, bool pollw, size_t burst)
 {
-	uint8_t *buf = malloc(BURST);
+	uint8_t *buf = malloc(burst);
 	if (!buf)
 		fail("malloc");
 	uint64_t off = 0;
 	for (;;) {
-		fill(buf, off, BURST);
+		fill(buf, off, burst);
 		size_t done = 0;
-		while (done < BURST) {
-			ssize_t n = send(s, buf + done, BURST - done, pollw ? MSG_DONTWAIT : 0);
+		while (done < burst) {
+			ssize_t n = send(s, buf + done, burst - done, pollw ? MSG_DONTWAIT : 0);
 			if (n < 0 && errno == EINTR)
 				continue;
 			if (n < 0 && pollw && (errno == EAGAIN || errno == EWOULDBLOCK)) {
@@ -313,7 +313,7 @@ static int write_until(int s, bool pollw)
 			}
 			done += (size_t)n;
 		}
-		off += BURST;
+		off += burst;
 		/* what the reader must get at least if this process is killed from now on */
 		printf("writing bursts=%llu\n", (unsigned long long)off);
 	}
@@ -336,7 +336,8 @@ int main(int argc, char **argv)
 		if (!strcmp(mode, "stall"))
 			return write_stall(s);
 		if (!strcmp(mode, "until") || !strcmp(mode, "untilpoll"))
-			return write_until(s, !strcmp(mode, "untilpoll"));
+			return write_until(s, !strcmp(mode, "untilpoll"),
+					   argc > 5 ? (size_t)strtoull(argv[5], NULL, 0) : BURST);
 	}
 usage:
 	fprintf(stderr, "usage: rcpeer read|write HOST PORT MODE [N] (see rcpeer.c)\n");

@@ -21,6 +21,8 @@
 #   killw     the writer is SIGKILLed mid-way through its sends: the reader must read at least
 #             every byte of the sends that had returned, only bytes sent, in order, and then
 #             end of file or ECONNRESET within 5 s of the kill (natively: end of file).
+#   killwstall the writer is SIGKILLed while blocked by a stalled reader (64 KiB sends), which
+#             then reads: the same checks as killw.
 # Preloaded, the survivor's summary must also say how the connection ended: killstop,
 # killpoll and killbusy rc_peer_gone + rc_reset >= 1 on the writer, killw rc_peer_gone >= 1 on the reader
 # (docs/shim.md, "Counters").
@@ -226,6 +228,33 @@ case_killw() {
 		{ bad "$tag" "the reader's summary does not count the writer's end: $(dg_summaries "$f")"; return 1; }
 }
 
+# The writer is SIGKILLed while blocked (its reader stalled, 64 KiB sends), then the reader
+# reads: at least the bytes of every send that returned, only bytes sent, then an end.
+case_killwstall() {
+	local tag=$KIND-killwstall$TRY
+	start r "$tag" stall || return 1
+	start w "$tag" until 65536 || return 1
+	wait_line "$DG_TMP/$tag.r" '^stalled' 15 || { bad "$tag" "the reader did not accept"; return 1; }
+	wait_line "$DG_TMP/$tag.w" '^writing' 15 || { bad "$tag" "no send returned"; return 1; }
+	sleep 1 # the writer blocks: the reader's window is full
+	local least t0
+	kill -KILL "$PID_w"
+	t0=$(now)
+	least=$(word "$DG_TMP/$tag.w" bursts)
+	sleep 0.5
+	kill -USR1 "$PID_r"
+	reap "$tag" 10 || return 1
+	wait "$JOB_r"
+	local rc=$? t1 got
+	t1=$(word "$DG_TMP/$tag.r" t) got=$(word "$DG_TMP/$tag.r" bytes)
+	figures+=("$tag: reader read $got B (sends returned: $least B) then $(word "$DG_TMP/$tag.r" end) $(secs "$t0" "${t1:-$t0}") s after the writer's SIGKILL (0.5 s of it stalled)$(ends "$tag" r)")
+	dg_log "${figures[-1]}"
+	[ "$rc" = 0 ] || { bad "$tag" "the reader did not read sent bytes and then an end: $(tail -n 1 "$DG_TMP/$tag.r")"; return 1; }
+	[ "$got" -ge "$least" ] || { bad "$tag" "the reader got $got bytes, the writer's returned sends had $least"; return 1; }
+	awk -v a="$t0" -v b="$t1" 'BEGIN { exit !(b - a < 5) }' || { bad "$tag" "the reader was told $(secs "$t0" "$t1") s after the kill"; return 1; }
+	carried "$tag" r || return $?
+}
+
 # run KIND CASE ARGS...: one case natively (KIND native) or preloaded (shim); between two
 # hosts a preloaded case that went plain runs again (at most 3 times).
 run() {
@@ -252,6 +281,7 @@ for kind in native shim; do
 	run "$kind" case_killr killpoll untilpoll stop $((1 << 20))
 	run "$kind" case_killr killbusy until all
 	run "$kind" case_killw
+	run "$kind" case_killwstall
 done
 if [ ${#failed[@]} -gt 0 ]; then
 	for f in "${failed[@]}"; do dg_log "FAIL: $f"; done
