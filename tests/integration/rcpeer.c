@@ -301,6 +301,7 @@ static int write_until(int s, bool pollw, size_t burst)
 				if (r == 0) {
 					printf("FAIL: poll(POLLOUT) waited 10 s after %llu bytes\n",
 					       (unsigned long long)(off + done));
+					free(buf);
 					return 1;
 				}
 				continue;
@@ -309,6 +310,7 @@ static int write_until(int s, bool pollw, size_t burst)
 				int e = errno;
 				printf("send end=%s bytes=%llu t=%.3f\n", strerrorname_np(e),
 				       (unsigned long long)(off + done), now());
+				free(buf); /* LeakSanitizer (the ASan build) would fail the exit */
 				return e == EPIPE || e == ECONNRESET ? 0 : 1;
 			}
 			done += (size_t)n;
