@@ -182,7 +182,7 @@ void shim_fini(void)
 		       "summary: sockets=%u tx_framed=%llu tx_plain=%llu rx_framed=%llu rx_plain=%llu "
 		       "tx_zcopy=%llu tx_bytes=%llu rx_bytes=%llu crc_drops=%llu rejected=%llu lost=%llu "
 		       "retransmits=%llu rc_conns=%llu rc_plain=%llu rc_tx_bytes=%llu rc_rx_bytes=%llu rc_on_device=%llu "
-		       "udp_on_device=%u%s%s",
+		       "rc_reset=%llu rc_peer_gone=%llu udp_on_device=%u%s%s",
 		       n, (unsigned long long)t.tx_framed, (unsigned long long)t.tx_plain,
 		       (unsigned long long)t.rx_framed, (unsigned long long)t.rx_plain,
 		       (unsigned long long)t.tx_zcopy, (unsigned long long)(t.tx_framed_bytes + t.tx_plain_bytes),
@@ -190,7 +190,8 @@ void shim_fini(void)
 		       (unsigned long long)t.crc_drops, (unsigned long long)t.rejected, (unsigned long long)t.lost,
 		       (unsigned long long)t.retransmits, (unsigned long long)rc.conns,
 		       (unsigned long long)rc.plain, (unsigned long long)rc.tx_bytes,
-		       (unsigned long long)rc.rx_bytes, (unsigned long long)rc.dev, ndev, G.dev_why[0] ? " provider=" : "", G.dev_why);
+		       (unsigned long long)rc.rx_bytes, (unsigned long long)rc.dev,
+		       (unsigned long long)rc.resets, (unsigned long long)rc.peer_gone, ndev, G.dev_why[0] ? " provider=" : "", G.dev_why);
 	}
 out:
 	if (file && file->pid == (uint32_t)getpid())

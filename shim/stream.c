@@ -153,17 +153,28 @@ struct stream {
 	bool flush_seen;
 	bool peer_abort;         /* the peer announced an abortive close (CTL_ABORT) */
 	bool reset;              /* ended as by a TCP reset (readiness: both directions over) */
+	bool end_counted;        /* in the rc_reset or rc_peer_gone total */
 	uint64_t fin_total;
 };
 
 static struct {
-	_Atomic uint64_t conns, plain, tx_bytes, rx_bytes, dev;
+	_Atomic uint64_t conns, plain, tx_bytes, rx_bytes, dev, resets, peer_gone;
 } T;
+
+/* Counts how a carried connection ended, once per connection (the first cause seen). */
+static void count_end(struct stream *t, _Atomic uint64_t *total)
+{
+	if (t->counted && !t->end_counted) {
+		t->end_counted = true;
+		atomic_fetch_add(total, 1);
+	}
+}
 
 void stream_totals(struct stream_totals *t)
 {
 	t->conns = atomic_load(&T.conns), t->plain = atomic_load(&T.plain), t->dev = atomic_load(&T.dev);
 	t->tx_bytes = atomic_load(&T.tx_bytes), t->rx_bytes = atomic_load(&T.rx_bytes);
+	t->resets = atomic_load(&T.resets), t->peer_gone = atomic_load(&T.peer_gone);
 }
 
 static unsigned port_of(const union dgv_sockaddr *a)
@@ -428,6 +439,7 @@ static void fail(struct stream *t, int err, const char *why)
 	if (!t->err && !t->peer_fin) {
 		t->err = err;
 		t->reset = true;
+		count_end(t, &T.resets);
 		DG_INFO("stream: connection ends: %s (%s)", why, strerror(err));
 	}
 	t->tcp_down = true;
@@ -646,6 +658,14 @@ static void progress(struct sock *s, struct stream *t)
 			/* TCP ended without the peer's FIN: everything it sent has arrived */
 			t->peer_fin = true;
 			t->fin_total = t->arrived;
+		}
+		if (!t->peer_close) {
+			/* nor its close: the peer's process ended (killed, or exited without the
+			 * shim's close). It reads nothing more: a write fails with EPIPE and poll
+			 * says writable, where waiting for its credit would wait for ever (a writer
+			 * blocked on a full ring when the reader was killed) */
+			t->peer_close = true;
+			count_end(t, &T.peer_gone);
 		}
 	}
 	if (t->flush_seen && !t->peer_fin)

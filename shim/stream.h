@@ -92,6 +92,8 @@ uint64_t stream_news(struct sock *s);
 struct stream_totals {
 	uint64_t conns, plain, tx_bytes, rx_bytes;
 	uint64_t dev;        /* of conns: carried on the RDMA device */
+	uint64_t resets;     /* of conns: ended by an error (a reset, a Terminate, a broken peer) */
+	uint64_t peer_gone;  /* of conns: TCP ended without the peer's close (its process ended) */
 };
 void stream_totals(struct stream_totals *t);
 
