@@ -127,6 +127,8 @@ SHIM_EXPORT int close(int fd)
 		own_clear(fd); /* the provider's or libev's own, closed by them */
 		return real.close(fd);
 	}
+	if ((unlikely(own_has(fd)) || fd_get(fd)) && shim_foreign_child())
+		return real.close(fd);
 	if (unlikely(own_has(fd)))
 		return own_refused("close", fd, EBADF);
 	if (fd_get(fd)) {
@@ -171,7 +173,7 @@ static int close_range_around_own(unsigned first, unsigned last, int flags)
 	for (unsigned fd = first; fd <= (unsigned)hi && fd <= last; fd++) {
 		if (!own_has((int)fd))
 			continue;
-		own_kept("close_range", (int)fd);
+		DG_DBG("close_range: descriptor %d is the shim's own and stays open", (int)fd);
 		if (fd > from && close_range_real(from, fd - 1, flags) && !rc)
 			rc = -1;
 		from = fd + 1; /* fd <= INT_MAX: no wrap */
@@ -181,10 +183,18 @@ static int close_range_around_own(unsigned first, unsigned last, int flags)
 	return rc;
 }
 
+/* Whether a range from first up may touch what the shim knows: a foreign child's (vfork)
+ * closes are its own business (shim_foreign_child). */
+static bool range_ours(unsigned first)
+{
+	int hi = fd_max() > own_max() ? fd_max() : own_max();
+	return hi >= 0 && first <= (unsigned)hi && !shim_depth && !shim_foreign_child();
+}
+
 SHIM_EXPORT int close_range(unsigned first, unsigned last, int flags)
 {
 	shim_real_init();
-	if (first > last)
+	if (first > last || !range_ours(first))
 		return close_range_real(first, last, flags); /* the kernel's EINVAL */
 	/* CLOSE_RANGE_CLOEXEC closes nothing now; exec starts the shim over anyway */
 	if (!(flags & CLOSE_RANGE_CLOEXEC))
@@ -197,8 +207,15 @@ SHIM_EXPORT void closefrom(int lowfd)
 	shim_real_init();
 	if (lowfd < 0)
 		lowfd = 0;
+	if (!range_ours((unsigned)lowfd)) {
+		if (real.closefrom)
+			real.closefrom(lowfd);
+		else
+			real.syscall(SYS_close_range, (unsigned)lowfd, ~0u, 0);
+		return;
+	}
 	fd_forget_range((unsigned)lowfd, ~0u);
-	if (own_max() >= lowfd && !shim_depth) {
+	if (own_max() >= lowfd) {
 		close_range_around_own((unsigned)lowfd, ~0u, 0);
 		return;
 	}
@@ -210,7 +227,7 @@ SHIM_EXPORT void closefrom(int lowfd)
 
 static int dup_common(int fd, int fd2)
 {
-	if (fd2 >= 0 && !shim_depth && fd2 != fd) {
+	if (fd2 >= 0 && !shim_depth && fd2 != fd && (fd_get(fd2) || fd_get(fd)) && !shim_foreign_child()) {
 		ENTER();
 		fd_forget(fd2); /* a fresh number freed behind the shim's back may carry a stale entry */
 		if (fd_sock(fd))
@@ -231,7 +248,7 @@ SHIM_EXPORT int dup(int fd)
  * (unless fd is invalid, when nothing is replaced). */
 static void dup_replacing(int fd, int fd2)
 {
-	if (!shim_depth && fd != fd2 && fd_get(fd2) && real.fcntl(fd, F_GETFD) >= 0) {
+	if (!shim_depth && fd != fd2 && fd_get(fd2) && real.fcntl(fd, F_GETFD) >= 0 && !shim_foreign_child()) {
 		ENTER();
 		fd_forget(fd2);
 		LEAVE();
@@ -241,7 +258,7 @@ static void dup_replacing(int fd, int fd2)
 SHIM_EXPORT int dup2(int fd, int fd2)
 {
 	shim_real_init();
-	if (unlikely(!shim_depth && fd != fd2 && own_has(fd2)))
+	if (unlikely(!shim_depth && fd != fd2 && own_has(fd2)) && !shim_foreign_child())
 		return own_refused("dup2", fd2, EBUSY);
 	dup_replacing(fd, fd2);
 	int r = real.dup2(fd, fd2);
@@ -251,7 +268,7 @@ SHIM_EXPORT int dup2(int fd, int fd2)
 SHIM_EXPORT int dup3(int fd, int fd2, int flags)
 {
 	shim_real_init();
-	if (unlikely(!shim_depth && fd != fd2 && own_has(fd2)))
+	if (unlikely(!shim_depth && fd != fd2 && own_has(fd2)) && !shim_foreign_child())
 		return own_refused("dup3", fd2, EBUSY);
 	dup_replacing(fd, fd2);
 	int r = real.dup3(fd, fd2, flags);

@@ -21,6 +21,7 @@
 #include <sys/select.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <unistd.h>
 
 #include "dgshim.h"
 #include "dgverbs.h"
@@ -111,6 +112,20 @@ static inline int shim_timeout_ms(long long sec, long long extra_ms)
 		return INT32_MAX;
 	long long ms = sec * 1000 + extra_ms;
 	return ms > INT32_MAX ? INT32_MAX : (int)ms;
+}
+
+/* The process the shim's state belongs to (set at start and in fork's child handler). */
+extern pid_t shim_pid;
+/*
+ * A child that shares the parent's memory without fork's handlers: vfork, posix_spawn and
+ * clone(CLONE_VM) (Python's subprocess, glibc's posix_spawn) run our interposed close and
+ * close_range between the clone and the exec. Its descriptor table is its own, its memory is
+ * the parent's: the shim must not touch its state there, or the parent's sockets are
+ * forgotten. One getpid, paid only where the shim would act.
+ */
+static inline bool shim_foreign_child(void)
+{
+	return unlikely(getpid() != shim_pid);
 }
 
 /* ------------------------------------------------------------------ descriptor table */

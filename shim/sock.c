@@ -231,6 +231,7 @@ static void init_once_fn(void)
 	int pw = dg_env_word(DG_ENV_PROVIDER);
 	G.want_dev = pw == DG_PROVIDER_AUTO ? DEV_AUTO : pw == DG_PROVIDER_IBVERBS ? DEV_YES : DEV_NO;
 	G.trust_all = dg_env_word(DG_ENV_DISCOVERY) == DG_OFF; /* a bad value keeps it on */
+	shim_pid = getpid();
 	pthread_atfork(NULL, shim_atfork_parent, shim_atfork_child);
 	stats_init();
 	peer_init();
@@ -875,8 +876,11 @@ void shim_atfork_parent(void)
 	}
 }
 
+pid_t shim_pid;
+
 void shim_atfork_child(void)
 {
+	shim_pid = getpid();
 	/* single-threaded here: locks held by the parent's other threads are void */
 	G.gen++;
 	stream_fork(true);

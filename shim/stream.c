@@ -988,6 +988,14 @@ int stream_connect(struct sock *s, int fd, const struct sockaddr *a, socklen_t l
 		if (ip_local(&dst) ? !reg_has(un)
 				   : !peer_remote_wait(&dst, l, IWARP_MODE_RC, DISCO_CONNECT_WAIT_MS))
 			m = IWARP_MODE_OFF;
+		else if (ip_local(&dst) && reg_mine(un)) {
+			/* our own listener: the MPA exchange needs our accept, which a program that
+			 * connects and then accepts in one thread makes only after connect returns
+			 * (natively the kernel completes the handshake); nothing to gain in one
+			 * process anyway */
+			m = IWARP_MODE_OFF;
+			DG_DBG("fd %d: TCP to port %u: a listener of this process, plain TCP", fd, dport);
+		}
 	}
 	if (m == IWARP_MODE_OFF) {
 		sock_unlock(s);

@@ -27,8 +27,12 @@ for m in close_range closefrom loop procfd dup2; do
 	fi
 	# the daemon's own summary (the first line of its pid; the server child is killed)
 	dpid=$(sed -n "s/^ok $m pid \([0-9]*\)$/\1/p" "$DG_TMP/$m.shim")
-	grep -q "^dgshim\[$dpid\]: info: .*is the shim's own and stays open" "$DG_TMP/$m.err" ||
-		failed+=("$m: no info line saying the shim's own descriptors stayed open")
+	# a close or dup2 refused is said at info; close_range and closefrom close around ours
+	# without an error to explain (debug)
+	if [ "$m" != close_range ] && [ "$m" != closefrom ]; then
+		grep -q "^dgshim\[$dpid\]: info: .*is the shim's own and stays open" "$DG_TMP/$m.err" ||
+			failed+=("$m: no info line saying the shim's own descriptors stayed open")
+	fi
 	sum=$(grep "^dgshim\[$dpid\]: info: summary:" "$DG_TMP/$m.err")
 	tf=$(sed -n 's/.* tx_framed=\([0-9]*\).*/\1/p' <<<"$sum") rc=$(sed -n 's/.* rc_conns=\([0-9]*\).*/\1/p' <<<"$sum")
 	dg_log "$m: preloaded ok, daemon's tx_framed=${tf:-?} rc_conns=${rc:-?}"
