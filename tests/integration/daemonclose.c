@@ -6,6 +6,9 @@
  *                          procfd (close each number /proc/self/fd lists), dup2 (dup2 /dev/null
  *                          over every number 3..limit that is open, then close them)
  *   daemonclose nofile     RLIMIT_NOFILE 64: how many UDP sockets the program can open and use
+ *   daemonclose aslimit    RLIMIT_AS 24 MiB above what the program has: UDP sockets still work
+ *                          (plain), a TCP connect works or fails with ENOMEM: "aslimit used N of 4
+ *                          tcp ok|ENOMEM|<error>"
  *
  * METHOD: forks an echo server (UDP and TCP on ephemeral loopback ports) before it makes any
  * socket, then talks to it (UDP ping-pong, a TCP echo), closes every descriptor from 3 up the
@@ -267,6 +270,36 @@ static int run_nofile(void)
 	return 0;
 }
 
+/* The address space limited to what the program has now plus 24 MiB: the shim's queue pair
+ * memory (mapped in 64 MiB chunks) cannot be had, the program's own sockets still work. */
+static int run_aslimit(void)
+{
+	unsigned ports[2];
+	pid_t srv = start_server(ports); /* before the limit: the server is not what is measured */
+	long pages = 0;
+	FILE *f = fopen("/proc/self/statm", "r");
+	CHECK(f && fscanf(f, "%ld", &pages) == 1, "reading /proc/self/statm");
+	fclose(f);
+	rlim_t now = (rlim_t)pages * (rlim_t)sysconf(_SC_PAGESIZE);
+	struct rlimit rl = {now + (24u << 20), now + (24u << 20)};
+	CHECK(setrlimit(RLIMIT_AS, &rl) == 0, "setrlimit RLIMIT_AS");
+	int used = 0;
+	for (int i = 0; i < 4; i++) {
+		int u = socket(AF_INET, SOCK_DGRAM, 0);
+		CHECK(u >= 0, "udp socket under RLIMIT_AS");
+		used += udp_pingpong(u, ports[0], 20) == 0;
+		close(u);
+	}
+	/* a carried connection needs its queue pair after the kernel's connect has begun: when
+	 * that fails the connect fails with ENOMEM (no byte was sent either way) */
+	errno = 0;
+	int tcp = tcp_echo(ports[1], 256 * 1024) == 0;
+	printf("aslimit used %d of 4 tcp %s\n", used, tcp ? "ok" : errno == ENOMEM ? "ENOMEM" : strerror(errno));
+	kill(srv, SIGKILL);
+	waitpid(srv, NULL, 0);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc != 2) {
@@ -275,5 +308,7 @@ int main(int argc, char **argv)
 	}
 	setvbuf(stdout, NULL, _IONBF, 0);
 	signal(SIGPIPE, SIG_IGN);
+	if (!strcmp(argv[1], "aslimit"))
+		return run_aslimit();
 	return !strcmp(argv[1], "nofile") ? run_nofile() : run_method(argv[1]);
 }

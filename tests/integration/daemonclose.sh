@@ -5,7 +5,9 @@
 # preloaded its new sockets must be carried (the shim's own descriptors survived: issue
 # "Hardening" item 5). Then RLIMIT_NOFILE 64: the program must open at least 3/4 of what it opens
 # natively (the shim keeps to a quarter of the limit, item 7), every socket working, the first
-# ones carried, and one info line saying why the rest stayed plain. BASE_PORT is unused.
+# ones carried, and one info line saying why the rest stayed plain. RLIMIT_AS just above the
+# program's size: datagrams still go, plain; a connect works or fails with ENOMEM and a log
+# line. BASE_PORT is unused.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=lib.sh
@@ -62,6 +64,20 @@ else
 	[ "$us" -eq "$ns" ] || failed+=("nofile: $((ns - us)) of $ns sockets did not carry a datagram")
 	[ -n "$dpid" ] || failed+=("nofile: no info line saying why sockets stayed with the OS")
 	[ "${tf:-0}" -ge 2 ] || failed+=("nofile: no socket carried (tx_framed=${tf:-none})")
+fi
+# RLIMIT_AS just above the program's size: the shim's memory cannot be had; the program's
+# datagrams still go (plain), a connect works or says ENOMEM (a warn line) - never a crash
+timeout -k 5 60 "$bin" aslimit >"$DG_TMP/as.native" 2>&1 || failed+=("aslimit: native run failed")
+timeout -k 5 60 env "${DG_SHIM_ENV[@]}" DGSHIM_LOG=warn "$bin" aslimit >"$DG_TMP/as.shim" 2>"$DG_TMP/as.err"
+r=$?
+dg_log "aslimit: native: $(cat "$DG_TMP/as.native"); preloaded (exit $r): $(grep '^aslimit' "$DG_TMP/as.shim")"
+grep -q "^aslimit used 4 of 4 tcp ok" "$DG_TMP/as.native" || failed+=("aslimit: the native run did not work")
+if [ -n "$DG_ASAN_RT" ]; then
+	dg_log "aslimit: sanitizer build: the limit is not meaningful under ASan's shadow memory: preloaded result not checked"
+else
+	[ $r -eq 0 ] || failed+=("aslimit: preloaded run exit $r")
+	grep -Eq "^aslimit used 4 of 4 tcp (ok|ENOMEM)$" "$DG_TMP/as.shim" || failed+=("aslimit: preloaded: $(cat "$DG_TMP/as.shim")")
+	grep -q "Cannot allocate memory" "$DG_TMP/as.err" || failed+=("aslimit: no log line naming the failed allocation")
 fi
 if [ ${#failed[@]} -gt 0 ]; then
 	for f in "${failed[@]}"; do dg_log "FAIL: $f"; done
