@@ -232,21 +232,6 @@ bool reg_has(uint64_t key)
 	return false;
 }
 
-bool reg_mine(uint64_t key)
-{
-	struct reg_ent *t = __atomic_load_n(&R.tab, __ATOMIC_ACQUIRE);
-	uint64_t tok = __atomic_load_n(&R.token, __ATOMIC_ACQUIRE);
-	if (!t || !tok)
-		return false; /* this process has named nothing */
-	uint32_t base = key_hash(key) % REG_SLOTS;
-	for (uint32_t k = 0; k < REG_PROBE; k++) {
-		struct reg_ent *e = &t[(base + k) % REG_SLOTS];
-		if (atomic_load(&e->key) == key && atomic_load(&e->owner) == tok && atomic_load(&e->key) == key)
-			return true;
-	}
-	return false;
-}
-
 uint64_t reg_key(int svc, unsigned port)
 {
 	return REG_KEY(svc == IWARP_MODE_RD ? REG_RD : svc == SVC_UDV ? REG_UDV : REG_UD, port, 0);

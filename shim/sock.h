@@ -193,9 +193,6 @@ int reg_add(uint64_t key);
 /* Deletes the entry reg_add returned (nothing when h < 0 or it is no longer this process's). */
 void reg_del(int h);
 /* Whether a living process of this network namespace has named key. */
-/* Whether this process (or one forked from it after it named something: they share a token)
- * holds an entry for key. Lock-free. */
-bool reg_mine(uint64_t key);
 bool reg_has(uint64_t key);
 /* The key of a UDP socket's service svc (IWARP_MODE_UD/RD, SVC_UDV) on port. */
 uint64_t reg_key(int svc, unsigned port);

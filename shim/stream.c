@@ -110,6 +110,7 @@ struct stream {
 	 * child's accepts still expect MPA from clients that saw the name) */
 	bool named;
 	bool budget_off;         /* listener: name withdrawn at the descriptor budget (own_room) */
+	int lport_held;          /* listener: the port counted in ports_held (0: none) */
 	struct shim_pv *pv;      /* the context its QP and CQ are on (res_setup) */
 	/* pv's provider sets connections up itself (no DGV_CAP_ADOPT_FD: a device's rdma_cm):
 	 * the program's TCP connection only meets the peer there (rendezvous) */
@@ -225,6 +226,16 @@ int stream_attach(struct sock *s)
 
 /* ------------------------------------------------------------------ resources */
 
+/* How many named listeners this process holds per port (a forked child's copy counts the
+ * listeners it inherited; it holds them too): a connect to one of them stays plain. */
+static _Atomic uint8_t ports_held[65536];
+
+static void port_held(int port, int d)
+{
+	if (port > 0 && port < 65536)
+		atomic_fetch_add(&ports_held[port], (uint8_t)d);
+}
+
 static size_t ctl_bytes(void) { return (size_t)CTL_SLOTS * CTL_SLOT_SZ; }
 
 /* A new epoll descriptor at a high number (close-on-exec), or -errno. */
@@ -305,6 +316,8 @@ static void res_free(struct stream *t)
 		own_close(t->qfd), t->qfd = -1;
 	if (t->regfd >= 0)
 		reg_del(t->regfd), t->regfd = -1, t->named = false;
+	if (t->lport_held)
+		port_held(t->lport_held, -1), t->lport_held = 0;
 	if (t->dregfd >= 0)
 		reg_del(t->dregfd), t->dregfd = -1;
 	if (t->wfd >= 0)
@@ -988,11 +1001,11 @@ int stream_connect(struct sock *s, int fd, const struct sockaddr *a, socklen_t l
 		if (ip_local(&dst) ? !reg_has(un)
 				   : !peer_remote_wait(&dst, l, IWARP_MODE_RC, DISCO_CONNECT_WAIT_MS))
 			m = IWARP_MODE_OFF;
-		else if (ip_local(&dst) && reg_mine(un)) {
-			/* our own listener: the MPA exchange needs our accept, which a program that
-			 * connects and then accepts in one thread makes only after connect returns
-			 * (natively the kernel completes the handshake); nothing to gain in one
-			 * process anyway */
+		else if (ip_local(&dst) && atomic_load_explicit(&ports_held[dport], memory_order_relaxed)) {
+			/* a listener this process holds: the MPA exchange needs its accept, which a
+			 * program that connects and then accepts in one thread makes only after
+			 * connect returns (natively the kernel completes the handshake); nothing to
+			 * gain within one process anyway */
 			m = IWARP_MODE_OFF;
 			DG_DBG("fd %d: TCP to port %u: a listener of this process, plain TCP", fd, dport);
 		}
@@ -1166,6 +1179,8 @@ static void stream_name_listener(struct stream *t, int fd, const union dgv_socka
 		return;
 	}
 	t->named = true;
+	if (!t->lport_held)
+		port_held(port, 1), t->lport_held = port;
 	disco_serve(); /* clients on other hosts may ask whether this port speaks */
 	dev_listen(t, fd, la, ll, port);
 }

@@ -4,7 +4,8 @@
  * program closed alone (promise 1).
  *
  *   fdcost udp N   N bound UDP sockets, idle: prints "fds F" and "rss_kb R" per socket
- *   fdcost tcp N   N loopback TCP connections (both ends), idle after one exchange: per end
+ *   fdcost tcp N   N loopback TCP connections, idle after one exchange: per client end (the
+ *                  server ends in a forked child: a connection within one process is plain)
  *   fdcost move    dup, close the original, reuse its number for a pipe: the socket goes on
  *                  through the duplicate and the pipe's byte stays the program's
  *
@@ -20,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static int fails;
@@ -88,45 +90,75 @@ static int run_udp(int n)
 	return fails ? 1 : 0;
 }
 
-static int run_tcp(int n)
+/* The server ends live in a forked child (a connection within one process is plain under the
+ * shim): it accepts, answers each connection's byte and holds them until the pipe closes. */
+static void tcp_server(int n, int wr, int done)
 {
 	int l = socket(AF_INET, SOCK_STREAM, 0);
 	struct sockaddr_in a = lo(0);
 	socklen_t al = sizeof a;
-	if (l < 0 || bind(l, (struct sockaddr *)&a, sizeof a) || listen(l, 4096) ||
-	    getsockname(l, (struct sockaddr *)&a, &al)) {
-		FAIL("listener: %s", strerror(errno));
+	unsigned port = 0;
+	if (l >= 0 && !bind(l, (struct sockaddr *)&a, sizeof a) && !listen(l, 4096) &&
+	    !getsockname(l, (struct sockaddr *)&a, &al))
+		port = ntohs(a.sin_port);
+	if (write(wr, &port, sizeof port) != sizeof port || !port)
+		_exit(1);
+	for (int i = -1; i < n; i++) {
+		int s = accept(l, NULL, NULL);
+		char b;
+		if (s < 0 || read(s, &b, 1) != 1 || write(s, &b, 1) != 1)
+			_exit(1);
+	}
+	char b;
+	while (read(done, &b, 1) > 0) /* until the measuring parent closes its end */
+		;
+	_exit(0);
+}
+
+static int run_tcp(int n)
+{
+	int pp[2], dp[2];
+	if (pipe(pp) || pipe(dp)) {
+		FAIL("pipe: %s", strerror(errno));
 		return 1;
 	}
+	pid_t pid = fork();
+	if (pid < 0) {
+		FAIL("fork: %s", strerror(errno));
+		return 1;
+	}
+	if (pid == 0) {
+		close(pp[0]), close(dp[1]);
+		tcp_server(n, pp[1], dp[0]);
+	}
+	close(pp[1]), close(dp[0]);
+	unsigned port = 0;
+	if (read(pp[0], &port, sizeof port) != sizeof port || !port) {
+		FAIL("the server child did not listen");
+		return 1;
+	}
+	close(pp[0]);
+	struct sockaddr_in a = lo((int)port);
 	int f0 = 0;
 	long r0 = 0;
 	for (int i = -1; i < n; i++) {
 		if (i == 0)
 			f0 = nfds(), r0 = rss_kb(); /* after one connection: per-process state made */
-		/* non-blocking connect: a carried connect completes when the server accepts */
-		int c = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
-		if (c < 0 || (connect(c, (struct sockaddr *)&a, sizeof a) && errno != EINPROGRESS)) {
+		int c = socket(AF_INET, SOCK_STREAM, 0);
+		char b = 'x';
+		if (c < 0 || connect(c, (struct sockaddr *)&a, sizeof a)) {
 			FAIL("connect #%d: %s", i, strerror(errno));
 			return 1;
 		}
-		int s = accept(l, NULL, NULL);
-		if (s < 0) {
-			FAIL("accept #%d: %s", i, strerror(errno));
-			return 1;
-		}
-		struct pollfd p = {c, POLLOUT, 0};
-		if (poll(&p, 1, 5000) != 1) {
-			FAIL("connect #%d did not complete", i);
-			return 1;
-		}
-		char b = 'x';
-		if (write(c, &b, 1) != 1 || read(s, &b, 1) != 1) {
+		if (write(c, &b, 1) != 1 || read(c, &b, 1) != 1) {
 			FAIL("exchange #%d: %s", i, strerror(errno));
 			return 1;
 		}
 	}
 	usleep(200000);
-	report("tcp-end", 2 * n, f0, nfds(), r0, rss_kb());
+	report("tcp-end", n, f0, nfds(), r0, rss_kb());
+	close(dp[1]);
+	waitpid(pid, NULL, 0);
 	return fails ? 1 : 0;
 }
 

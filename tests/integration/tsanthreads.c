@@ -10,8 +10,8 @@
  *         lock a parent thread held at the fork) and then on a socket of its own (echoed back),
  *         and returns through exit() (exit handlers run in the child).
  *   tcp   one TCP connection: four threads write on the client socket at once, two threads read
- *         the server socket at once; every byte arrives once (counted per writer), then EOF.
- *         (Accepted in a thread: under the shim a connect waits for the accepted end's answer.)
+ *         the server socket at once in a forked child (a connection within one process is plain
+ *         under the shim); every byte arrives once (counted per writer), then EOF.
  *
  * TSANTHREADS_EXPECT=preload (set by meson.build for the preloaded run): the sockets must be
  * carried (SOL_IWARP answers, UDP framed, the TCP connection taken). Exit 0 pass, 1 fail.
@@ -289,15 +289,13 @@ static void *reader_main(void *arg)
 	}
 }
 
-/* Accepts, then reads with a second reader. (Not connect-then-accept in one thread: under the
- * shim a connect waits for the MPA answer, given at the accepted socket's first use.) */
-static void *acceptor_main(void *arg)
+/* Accepts, then reads with a second reader. */
+static void acceptor_main(int ls)
 {
-	int ls = (int)(intptr_t)arg;
 	ts = accept(ls, NULL, NULL);
 	if (ts < 0) {
 		FAIL("tcp accept: %s", strerror(errno));
-		return NULL;
+		return;
 	}
 	pthread_t r[TCP_READERS - 1];
 	for (int i = 0; i < TCP_READERS - 1; i++)
@@ -305,20 +303,54 @@ static void *acceptor_main(void *arg)
 	reader_main(NULL);
 	for (int i = 0; i < TCP_READERS - 1; i++)
 		pthread_join(r[i], NULL);
-	return NULL;
 }
 
+/* The server end lives in a forked child (under the shim a connection within one process is
+ * plain TCP: docs/shim.md "A listener of the same process"); it reports what each writer's
+ * bytes added up to through a pipe. */
 static void test_tcp(bool preload)
 {
-	int ls = socket(AF_INET, SOCK_STREAM, 0), one = 1;
-	struct sockaddr_in a = loop_addr(port0 + 3);
-	setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-	if (ls < 0 || bind(ls, (struct sockaddr *)&a, sizeof a) || listen(ls, 4)) {
-		FAIL("tcp listen on %d: %s", port0 + 3, strerror(errno));
+	int pp[2];
+	if (pipe(pp)) {
+		FAIL("pipe: %s", strerror(errno));
 		return;
 	}
-	pthread_t acc, w[TCP_WRITERS];
-	pthread_create(&acc, NULL, acceptor_main, (void *)(intptr_t)ls);
+	struct sockaddr_in a = loop_addr(port0 + 3);
+	pid_t pid = fork();
+	if (pid < 0) {
+		FAIL("fork: %s", strerror(errno));
+		return;
+	}
+	if (pid == 0) {
+		close(pp[0]);
+		int ls = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+		setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+		char ready = 'L';
+		if (ls < 0 || bind(ls, (struct sockaddr *)&a, sizeof a) || listen(ls, 4)) {
+			FAIL("tcp listen on %d: %s", port0 + 3, strerror(errno));
+			ready = 'E';
+		}
+		if (write(pp[1], &ready, 1) != 1 || ready != 'L')
+			_exit(1);
+		acceptor_main(ls);
+		long res[TCP_WRITERS + 1];
+		for (int i = 0; i < TCP_WRITERS; i++)
+			res[i] = atomic_load(&tcp_count[i]);
+		res[TCP_WRITERS] = atomic_load(&tcp_bad);
+		ssize_t w = write(pp[1], res, sizeof res);
+		close(ts);
+		close(ls);
+		exit(w == (ssize_t)sizeof res && !atomic_load(&fails) ? 0 : 1);
+	}
+	close(pp[1]);
+	char ready = 0;
+	if (read(pp[0], &ready, 1) != 1 || ready != 'L') {
+		FAIL("tcp: the server child did not listen");
+		close(pp[0]);
+		waitpid(pid, NULL, 0);
+		return;
+	}
+	pthread_t w[TCP_WRITERS];
 	tc = socket(AF_INET, SOCK_STREAM, 0);
 	if (tc < 0 || connect(tc, (struct sockaddr *)&a, sizeof a)) {
 		FAIL("tcp connect: %s", strerror(errno));
@@ -336,21 +368,27 @@ static void test_tcp(bool preload)
 			     strerror(errno));
 	}
 	shutdown(tc, SHUT_WR);
-	pthread_join(acc, NULL);
-	close(ls);
+	long res[TCP_WRITERS + 1];
+	ssize_t got = read(pp[0], res, sizeof res);
+	close(pp[0]);
+	int st = 0;
+	waitpid(pid, &st, 0);
+	if (got != (ssize_t)sizeof res || !WIFEXITED(st) || WEXITSTATUS(st)) {
+		FAIL("tcp: the server child failed (status %#x, %zd bytes of results)", st, got);
+		close(tc);
+		return;
+	}
 	long total = 0;
 	for (int i = 0; i < TCP_WRITERS; i++) {
-		long c = atomic_load(&tcp_count[i]);
-		total += c;
-		if (c != (long)TCP_CHUNK * TCP_CHUNKS)
-			FAIL("tcp: writer %d: %ld bytes arrived, %ld sent", i, c, (long)TCP_CHUNK * TCP_CHUNKS);
+		total += res[i];
+		if (res[i] != (long)TCP_CHUNK * TCP_CHUNKS)
+			FAIL("tcp: writer %d: %ld bytes arrived, %ld sent", i, res[i], (long)TCP_CHUNK * TCP_CHUNKS);
 	}
-	if (atomic_load(&tcp_bad))
-		FAIL("tcp: %d bytes that no writer wrote", atomic_load(&tcp_bad));
+	if (res[TCP_WRITERS])
+		FAIL("tcp: %ld bytes that no writer wrote", res[TCP_WRITERS]);
 	printf("tsanthreads: tcp: %ld bytes from %d writers to %d readers on one connection\n", total,
 	       TCP_WRITERS, TCP_READERS);
 	close(tc);
-	close(ts);
 }
 
 int main(int argc, char **argv)
