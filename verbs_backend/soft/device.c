@@ -10,10 +10,14 @@
  * released while it sleeps (libev's documented locking pattern), so other threads may add and
  * remove watchers under it.
  */
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <unistd.h>
 
 #include "env.h"
 #include "log.h"
@@ -152,12 +156,36 @@ void soft_ctx_remove_qp(struct soft_ctx *ctx, struct soft_qp *qp)
 			*p = qp->next;
 			break;
 		}
-	if (qp->io_on && ctx->loop) {
-		ev_io_stop(ctx->loop, &qp->io);
-		qp->io_on = false;
-		ev_async_send(ctx->loop, &ctx->wake);
+	if (!qp->io_on || !ctx->loop) {
+		pthread_mutex_unlock(&ctx->loop_lock);
+		return;
 	}
+	int fd = qp->io.fd;
+	ev_io_stop(ctx->loop, &qp->io);
+	qp->io_on = false;
+	/* libev drops a stopped descriptor from its epoll set lazily, at its next iteration, and
+	 * answers an event it had already taken for it with an epoll_ctl: after our caller has
+	 * closed the descriptor (a stream's private duplicate), or on its number reused meanwhile
+	 * (docs/tsan.md). Out of the set now (libev takes the ENOENT of a later MOD as "gone"),
+	 * then one iteration of the progress thread lets a batch already taken pass. */
+	if (ctx->loop_epfd >= 0)
+		epoll_ctl(ctx->loop_epfd, EPOLL_CTL_DEL, fd, NULL);
+	unsigned it = ev_iteration(ctx->loop);
+	ev_async_send(ctx->loop, &ctx->wake);
+	bool wait = ctx->thread_running && !soft_in_progress_thread;
 	pthread_mutex_unlock(&ctx->loop_lock);
+	/* bounded: the progress thread may be held up by a lock our caller holds */
+	for (int i = 0; wait && i < 2000; i++) {
+		pthread_mutex_lock(&ctx->loop_lock);
+		bool moved = ev_iteration(ctx->loop) != it;
+		pthread_mutex_unlock(&ctx->loop_lock);
+		if (moved)
+			break;
+		if (i < 100)
+			sched_yield();
+		else
+			usleep(25);
+	}
 }
 
 static int soft_alloc_pd(struct dgv_context *ctx, struct dgv_pd **out)
@@ -286,6 +314,56 @@ static const struct dgv_ops soft_ops = {
 	.conn_info = soft_rc_conn_info,
 };
 
+/* The epoll descriptors open now, at most max of them, into v. Returns how many, or -1 when
+ * /proc cannot say or there are more. */
+static int epoll_fds(int *v, int max)
+{
+	DIR *d = opendir("/proc/self/fd");
+	if (!d)
+		return -1;
+	int n = 0;
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		char link[32];
+		if (e->d_name[0] == '.')
+			continue;
+		ssize_t l = readlinkat(dirfd(d), e->d_name, link, sizeof link - 1);
+		if (l <= 0)
+			continue;
+		link[l] = 0;
+		if (strcmp(link, "anon_inode:[eventpoll]"))
+			continue;
+		if (n == max) {
+			n = -1;
+			break;
+		}
+		v[n++] = atoi(e->d_name);
+	}
+	closedir(d);
+	return n;
+}
+
+/* ev_loop_new(flags), and *epfd the epoll descriptor it made (libev's API does not give it:
+ * the one that was not there before), or -1 when that is not clear. */
+static struct ev_loop *loop_new(unsigned flags, int *epfd)
+{
+	int before[64], after[65];
+	int nb = epoll_fds(before, 64);
+	struct ev_loop *loop = ev_loop_new(flags);
+	*epfd = -1;
+	int na = loop && nb >= 0 && ev_backend(loop) == EVBACKEND_EPOLL ? epoll_fds(after, 65) : -1;
+	for (int i = 0; i < na; i++) {
+		bool old = false;
+		for (int k = 0; k < nb && !old; k++)
+			old = after[i] == before[k];
+		if (!old)
+			*epfd = *epfd == -1 ? after[i] : -2; /* two new ones: another thread's too */
+	}
+	if (*epfd < 0)
+		*epfd = -1;
+	return loop;
+}
+
 int dgv_soft_open(const struct dgv_context_attr *attr, struct dgv_context **out)
 {
 	struct soft_ctx *ctx = calloc(1, sizeof *ctx);
@@ -301,6 +379,7 @@ int dgv_soft_open(const struct dgv_context_attr *attr, struct dgv_context **out)
 		.flags = DGV_CAP_ADOPT_FD | DGV_CAP_PEEK | DGV_CAP_BACKGROUND | DGV_CAP_DGRAM_READ,
 	};
 	ctx->progress = attr ? attr->progress : DGV_PROGRESS_AUTO;
+	ctx->loop_epfd = -1;
 	if (dg_env_str(DG_ENV_PROGRESS)) {
 		/* a bad value: env.c said so; the caller's (auto by default) stands */
 		int w = dg_env_word(DG_ENV_PROGRESS);
@@ -321,13 +400,14 @@ int dgv_soft_open(const struct dgv_context_attr *attr, struct dgv_context **out)
 		return cerr;
 	}
 	if (ctx->progress != DGV_PROGRESS_APP) {
-		ctx->loop = ev_loop_new(EVFLAG_AUTO | EVFLAG_NOSIGMASK);
+		ctx->loop = loop_new(EVFLAG_AUTO | EVFLAG_NOSIGMASK, &ctx->loop_epfd);
 		if (!ctx->loop) {
 			/* libev says nothing; its epoll descriptor is what fails at the limit */
 			int e = errno == EMFILE || errno == ENFILE ? errno : ENOMEM;
 			soft_close(&ctx->base);
 			return -e;
 		}
+		DG_DBG("soft provider: libev's epoll descriptor %d", ctx->loop_epfd);
 		ev_set_userdata(ctx->loop, ctx);
 		ev_set_loop_release_cb(ctx->loop, loop_release, loop_acquire);
 		ev_async_init(&ctx->wake, wake_cb);

@@ -42,6 +42,7 @@ struct soft_ctx {
 	/* async progress */
 	pthread_mutex_t loop_lock;
 	struct ev_loop *loop;
+	int loop_epfd;       /* libev's epoll descriptor (loop_epoll_fd), or -1 */
 	ev_async wake;
 	ev_timer tick;
 	pthread_t thread;
