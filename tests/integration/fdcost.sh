@@ -32,7 +32,7 @@ for c in udp tcp; do
 	xk=$(awk -v a="$rs" -v b="$rn" 'BEGIN {printf "%.1f", a - b}')
 	dg_log "$c: per socket natively $fn descriptors, $rn kB; preloaded $fs, $rs kB: extra $xf descriptors (max $fmax), $xk kB (max $kmax)"
 	awk -v x="$xf" -v m="$fmax" 'BEGIN {exit !(x <= m)}' || failed+=("$c: $xf extra descriptors per socket > $fmax")
-	if [ -n "$DG_ASAN_RT" ]; then
+	if [ -n "$DG_ASAN_RT$DG_TSAN_RT" ]; then
 		dg_log "$c: sanitizer build: memory bound not checked (shadow memory)"
 	else
 		awk -v x="$xk" -v m="$kmax" 'BEGIN {exit !(x <= m)}' || failed+=("$c: $xk kB RSS per idle socket > $kmax")

@@ -113,7 +113,8 @@ dg_init() {
 # NAME=VALUE words to put in front of a preloaded command (through env), and DG_SHIM_USED, the
 # library path actually preloaded (a copy readable by nobody if the build tree is not), and
 # DG_ASAN_RT, the ASan runtime the library needs preloaded first (empty in a normal build; a
-# TSan build's runtime is preloaded too, after the library, in DG_SHIM_ENV's LD_PRELOAD).
+# TSan build's runtime is preloaded too, after the library, in DG_SHIM_ENV's LD_PRELOAD, and
+# named in DG_TSAN_RT). Memory bounds mean nothing under either's shadow memory.
 dg_require_shim() {
 	[ -f "$DG_SHIM" ] || dg_fail "$DG_SHIM does not exist: build the shim first (./scripts/build)"
 	DG_SHIM_USED=$DG_SHIM
@@ -151,6 +152,7 @@ dg_require_shim() {
 	local tsan
 	tsan=$(ldd "$DG_SHIM_USED" 2>/dev/null | awk '/libtsan\.so/ {print $3; exit}')
 	[ -z "$tsan" ] || preload="$preload:$tsan"
+	DG_TSAN_RT=$tsan
 	DG_SHIM_ENV+=("LD_PRELOAD=$preload" "DGSHIM_LOG=info" "DGSHIM_MODE=$DG_MODE" "DGSHIM_CONF=/dev/null")
 }
 

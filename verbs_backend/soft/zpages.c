@@ -41,11 +41,22 @@ static pthread_once_t zp_once = PTHREAD_ONCE_INIT;
 static void zp_prepare(void) { pthread_mutex_lock(&zp_lock); }
 static void zp_release(void) { pthread_mutex_unlock(&zp_lock); }
 
+/*
+ * Registered from a constructor that runs before the shim's (priority 101): fork's parent and
+ * child handlers run in the order they were registered, so the lock is given back before the
+ * shim's handlers take socket locks. Registered lazily (after the shim's), the parent handler
+ * took a socket's lock while this one was still held, and a thread holding that socket's lock
+ * in dg_zalloc deadlocked the fork (ThreadSanitizer, tsanthreads: lock-order inversion).
+ */
+__attribute__((constructor(101))) static void zp_atfork(void)
+{
+	pthread_atfork(zp_prepare, zp_release, zp_release);
+}
+
 static void zp_init(void)
 {
 	long pg = sysconf(_SC_PAGESIZE);
 	zp_page = pg > 0 ? (size_t)pg : 4096;
-	pthread_atfork(zp_prepare, zp_release, zp_release);
 }
 
 static size_t zp_pages(size_t size)
