@@ -63,7 +63,15 @@ struct peer {
 	bool said_silent;        /* the info line about a host that does not answer was written */
 };
 
-static struct peer *tab;
+/* Per stripe, an open-addressing table that grows as destinations come (at most
+ * PEER_SLOTS / PEER_STRIPES entries): memory in proportion to the destinations a process has
+ * talked to. (One table of PEER_SLOTS entries spread by hash touched a new page for almost
+ * every new destination: a long-lived server's RSS grew ~200 kB a minute in the soak.) Each
+ * table is used under its stripe's lock only; a pointer find() returns does not outlive it. */
+static struct stab {
+	struct peer *v;
+	uint32_t cap, n;
+} tabs[PEER_STRIPES];
 static pthread_mutex_t stripes[PEER_STRIPES];
 static int probe_fd = -1;
 static struct {
@@ -96,15 +104,17 @@ void peer_after_fork(void)
 {
 	for (int i = 0; i < PEER_STRIPES; i++)
 		pthread_mutex_init(&stripes[i], NULL);
-	if (tab)
-		for (uint32_t i = 0; i < PEER_SLOTS; i++)
-			if (tab[i].used) {
-				if (tab[i].ah)
-					shim_abandon(tab[i].ah); /* the parent's context */
-				if (tab[i].dah)
-					shim_abandon(tab[i].dah);
-				tab[i].ah = tab[i].dah = NULL;
+	for (int k = 0; k < PEER_STRIPES; k++)
+		for (uint32_t i = 0; i < tabs[k].cap; i++) {
+			struct peer *p = &tabs[k].v[i];
+			if (p->used) {
+				if (p->ah)
+					shim_abandon(p->ah); /* the parent's context */
+				if (p->dah)
+					shim_abandon(p->dah);
+				p->ah = p->dah = NULL;
 			}
+		}
 }
 
 bool ip_local(const union dgv_sockaddr *a)
@@ -153,30 +163,44 @@ static uint32_t hash_addr(const union dgv_sockaddr *a)
 }
 
 /* The entry for a, inserted when absent (insert=true). Needs the stripe of hash h. */
+/* Moves t's entries into a table of cap entries (a power of two). Returns 0 or -ENOMEM. Needs
+ * t's stripe lock. */
+static int stab_grow(struct stab *t, uint32_t cap)
+{
+	struct peer *v = calloc(cap, sizeof *v);
+	if (!v)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < t->cap; i++) {
+		struct peer *o = &t->v[i];
+		if (!o->used)
+			continue;
+		uint32_t at = (hash_addr(&o->a) / PEER_STRIPES) & (cap - 1);
+		while (v[at].used)
+			at = (at + 1) & (cap - 1);
+		v[at] = *o;
+	}
+	free(t->v);
+	t->v = v;
+	t->cap = cap;
+	return 0;
+}
+
 static struct peer *find(const union dgv_sockaddr *a, socklen_t alen, uint32_t h, bool insert)
 {
-	if (!tab) {
-		if (!insert)
-			return NULL;
-		static pthread_mutex_t alloc_lock = PTHREAD_MUTEX_INITIALIZER;
-		pthread_mutex_lock(&alloc_lock);
-		if (!tab) {
-			void *p = calloc(PEER_SLOTS, sizeof *tab);
-			__atomic_store_n(&tab, p, __ATOMIC_RELEASE);
-		}
-		pthread_mutex_unlock(&alloc_lock);
-		if (!tab)
-			return NULL;
-	}
-	/* probes stay within the stripe's share of the table, so the stripe lock covers them */
-	uint32_t stripe = h % PEER_STRIPES;
-	uint32_t per = PEER_SLOTS / PEER_STRIPES;
-	uint32_t start = (h / PEER_STRIPES) % per;
-	for (uint32_t k = 0; k < per; k++) {
-		struct peer *p = &tab[stripe * per + (start + k) % per];
+	struct stab *t = &tabs[h % PEER_STRIPES];
+	uint32_t max = PEER_SLOTS / PEER_STRIPES;
+	/* room for one more at three quarters full at most: probes stay short */
+	if (insert && (t->n + 1) * 4 > t->cap * 3 && t->cap < max && stab_grow(t, t->cap ? t->cap * 2 : 16))
+		return NULL;
+	if (!t->cap)
+		return NULL;
+	uint32_t mask = t->cap - 1, start = (h / PEER_STRIPES) & mask;
+	for (uint32_t k = 0; k < t->cap; k++) {
+		struct peer *p = &t->v[(start + k) & mask];
 		if (!p->used) {
-			if (!insert)
-				return NULL;
+			if (!insert || (t->n + 1) * 4 > t->cap * 3)
+				break; /* absent; or the stripe is full (three quarters of its most) */
+			t->n++;
 			memset(p, 0, sizeof *p);
 			p->used = 1;
 			p->alen = alen;
@@ -203,7 +227,7 @@ static struct peer *find(const union dgv_sockaddr *a, socklen_t alen, uint32_t h
 	}
 	if (insert && !warned_full) {
 		warned_full = true;
-		DG_WARN("more than %u destinations: new ones go plain", PEER_SLOTS);
+		DG_WARN("more than %u destinations: new ones go plain", PEER_SLOTS / 4 * 3);
 	}
 	return NULL;
 }

@@ -6,6 +6,8 @@
  *   fdcost udp N   N bound UDP sockets, idle: prints "fds F" and "rss_kb R" per socket
  *   fdcost tcp N   N loopback TCP connections, idle after one exchange: per client end (the
  *                  server ends in a forked child: a connection within one process is plain)
+ *   fdcost dests N one UDP server socket answers N short-lived client sockets: kB of RSS per
+ *                  new destination ("dests N rss_kb R")
  *   fdcost move    dup, close the original, reuse its number for a pipe: the socket goes on
  *                  through the duplicate and the pipe's byte stays the program's
  *
@@ -21,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -213,6 +216,38 @@ static int run_move(void)
 	return fails ? 1 : 0;
 }
 
+/* One server socket answers n short-lived client sockets (each its own port, one datagram
+ * and its echo, then closed): what each new destination costs the server's process. */
+static int run_dests(int n)
+{
+	int srv = udp_bound();
+	struct sockaddr_in sa;
+	socklen_t sl = sizeof sa;
+	getsockname(srv, (struct sockaddr *)&sa, &sl);
+	struct timeval tv = {5, 0};
+	setsockopt(srv, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	long r0 = 0;
+	for (int i = -200; i < n; i++) {
+		if (i == 0)
+			r0 = rss_kb(); /* after 200: the per-process state and the first pages made */
+		int c = udp_bound();
+		setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+		char b[32] = "ping";
+		struct sockaddr_in from;
+		socklen_t fl = sizeof from;
+		if (sendto(c, b, sizeof b, 0, (struct sockaddr *)&sa, sizeof sa) != sizeof b ||
+		    recvfrom(srv, b, sizeof b, 0, (struct sockaddr *)&from, &fl) != sizeof b ||
+		    sendto(srv, b, sizeof b, 0, (struct sockaddr *)&from, fl) != sizeof b || recv(c, b, sizeof b, 0) != sizeof b) {
+			FAIL("destination #%d: %s", i, strerror(errno));
+			return 1;
+		}
+		close(c);
+	}
+	long r1 = rss_kb();
+	printf("dests %d rss_kb %.3f\n", n, (double)(r1 - r0) / n);
+	return fails ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -222,6 +257,8 @@ int main(int argc, char **argv)
 		return run_tcp(atoi(argv[2]));
 	if (argc >= 2 && !strcmp(argv[1], "move"))
 		return run_move();
-	fprintf(stderr, "usage: fdcost udp N | tcp N | move\n");
+	if (argc >= 3 && !strcmp(argv[1], "dests"))
+		return run_dests(atoi(argv[2]));
+	fprintf(stderr, "usage: fdcost udp N | tcp N | move | dests N\n");
 	return 2;
 }

@@ -41,6 +41,19 @@ for c in udp tcp; do
 	grep -q "summary:" "$DG_TMP/$c.err" || failed+=("$c: no exit summary from the preloaded run")
 done
 grep -Eq "summary:.* rc_conns=[1-9]" "$DG_TMP/tcp.err" || failed+=("tcp: no connection carried over RC")
+# what a new destination costs a UDP server (the destination table grows with the destinations;
+# a table spread by hash touched a page for almost each one: ~2 kB each, 200 kB a minute in the
+# soak's servers). Bound: 1 kB per destination, natively ~0.
+DEST_KB_MAX=1.0
+timeout -k 5 120 env -u MALLOC_PERTURB_ "${DG_SHIM_ENV[@]}" DGSHIM_MODE=ud "$bin" dests 3000 >"$DG_TMP/dests.shim" 2>"$DG_TMP/dests.err" ||
+	{ failed+=("dests: preloaded run failed"); dg_tail "$DG_TMP/dests.shim" 5; }
+dk=$(field "$DG_TMP/dests.shim" rss_kb) dtf=$(dg_sum "$DG_TMP/dests.err" tx_framed)
+dg_log "dests: a UDP server answering 3000 new client sockets: ${dk:-?} kB of RSS per destination (max $DEST_KB_MAX), tx_framed=${dtf:-?}"
+[ "${dtf:-0}" -ge 6000 ] || failed+=("dests: the datagrams were not framed (tx_framed=${dtf:-none}, want >= 6000)")
+if [ -z "$DG_ASAN_RT$DG_TSAN_RT" ]; then
+	[ -n "$dk" ] && awk -v x="$dk" -v m="$DEST_KB_MAX" 'BEGIN {exit !(x <= m)}' ||
+		failed+=("dests: ${dk:-no figure} kB per destination > $DEST_KB_MAX")
+fi
 for mode in native shim; do
 	if [ $mode = native ]; then
 		timeout -k 5 60 "$bin" move >"$DG_TMP/move.$mode" 2>&1
