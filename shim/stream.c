@@ -60,6 +60,7 @@
 #define CHUNK (64u << 10)      /* one Write-Record at most: the reader sees data as it streams */
 #define CONNECT_WAIT_MS 15000  /* MPA exchange of a blocking connect, at most */
 #define OUTQ_STALL_US 200000   /* close: TCP's send queue unchanged this long, the peer reads no more */
+#define FLUSH_EVENT_US 2000000 /* device: a flush's connection event, awaited this long at most */
 #define ACCEPT_WAIT_MS 5000    /* the MPA Request of a connection found to be ours */
 /* An accepted connection of ours that the program has not used this long is answered by the
  * shim's answering thread, unless the process forked meanwhile (the child answers it). */
@@ -152,6 +153,11 @@ struct stream {
 	 * queued: an orderly TCP end among them (a peer that exited: its kernel's FIN) is the
 	 * end of stream, as natively; progress() decides after reading them */
 	bool flush_seen;
+	/* a device's receives flushed before rdma_cm queued the event that says how the
+	 * connection ended (siw flushes as soon as the peer's TCP closes; the event follows from
+	 * a work queue): until this time (shim_now_us) progress() waits for that event instead of
+	 * taking the flush for a reset. 0: no such wait. */
+	uint64_t flush_wait_us;
 	bool peer_abort;         /* the peer announced an abortive close (CTL_ABORT) */
 	bool reset;              /* ended as by a TCP reset (readiness: both directions over) */
 	bool end_counted;        /* in the rc_reset or rc_peer_gone total */
@@ -552,6 +558,10 @@ static int drain_cq(struct sock *s, struct stream *t)
 					if (t->ch && dgv_cm_pending(t->ch) != 0) {
 						t->flush_seen = true;
 						t->tcp_down = true;
+					} else if (t->own_cm && t->ch && t->state == SS_ESTAB &&
+						   (!t->flush_wait_us || shim_now_us() < t->flush_wait_us)) {
+						if (!t->flush_wait_us)
+							t->flush_wait_us = shim_now_us() + FLUSH_EVENT_US;
 					} else {
 						fail(t, ECONNRESET, "connection closed without an end of stream");
 					}
@@ -683,6 +693,13 @@ static void progress(struct sock *s, struct stream *t)
 	}
 	if (t->flush_seen && !t->peer_fin)
 		fail(t, ECONNRESET, "connection closed without an end of stream");
+	if (t->flush_wait_us && !t->peer_fin && !t->err && !t->tcp_down) {
+		/* still no event after a device's flush: asked for at every call (a blocking wait
+		 * naps at most 200 ms, shim_nap), and a reset when none came in time */
+		t->cm_due = true;
+		if (shim_now_us() >= t->flush_wait_us)
+			fail(t, ECONNRESET, "connection closed without an end of stream (no connection event)");
+	}
 	if (t->ctl_owed)
 		credit_maybe(t);
 }
