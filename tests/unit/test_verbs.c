@@ -205,9 +205,15 @@ static void write_read_case(enum dgv_qp_type t, uint32_t len)
 		dgv_cq_wait(B.cq, 1);
 	}
 	cr_assert_eq(memcmp(A.buf, B.buf + 100, len), 0);
-	/* Read it back into another part of A. */
-	post_send(&A, DGV_WR_READ, len + 8192, len, (uint64_t)(uintptr_t)(B.buf + 100), B.mr->rkey, 2);
-	cr_assert(wait_wc(&A, &wc, 3000));
+	/* Read it back into another part of A. A UD Read of many datagrams ends PARTIAL when the
+	 * loopback drops one of them on a loaded machine (unreliable, correct): asked again then,
+	 * at most 5 times; RD must succeed the first time. */
+	for (int k = 0; k < 5; k++) {
+		post_send(&A, DGV_WR_READ, len + 8192, len, (uint64_t)(uintptr_t)(B.buf + 100), B.mr->rkey, 2);
+		cr_assert(wait_wc(&A, &wc, 3000));
+		if (t != DGV_QPT_UD || wc.status != DGV_WC_PARTIAL)
+			break;
+	}
 	cr_assert_eq(wc.status, DGV_WC_SUCCESS, "read status %d", wc.status);
 	cr_assert_eq(wc.opcode, DGV_WC_READ);
 	cr_assert_eq(wc.byte_len, len);
