@@ -104,7 +104,7 @@ static void *serve_thread(void *arg)
 {
 	(void)arg;
 	shim_depth++; /* everything here is the shim's own */
-	int fd = -1;
+	int fd = __atomic_load_n(&D.serve_fd, __ATOMIC_ACQUIRE);
 	bool said = false;
 	for (;;) {
 		if (fd < 0 && (fd = serve_socket()) >= 0)
@@ -142,6 +142,16 @@ void disco_serve(void)
 	if (!D.port || __atomic_load_n(&D.serving, __ATOMIC_ACQUIRE))
 		return;
 	pthread_mutex_lock(&D.lock);
+	/* bound here, before the listen or bind that named a port returns: a client told "the
+	 * server is up" asks at once, and a question before the bind was lost (the asker then
+	 * took the host for one without the shim for a second: connects plain meanwhile) */
+	if (!D.serving && D.serve_fd < 0) {
+		shim_depth++;
+		int fd = serve_socket();
+		shim_depth--;
+		if (fd >= 0)
+			__atomic_store_n(&D.serve_fd, fd, __ATOMIC_RELEASE);
+	}
 	if (!D.serving && shim_thread(serve_thread, NULL) == 0)
 		__atomic_store_n(&D.serving, true, __ATOMIC_RELEASE);
 	pthread_mutex_unlock(&D.lock);
