@@ -10,9 +10,9 @@ VLCOPTS = ["-I", "dummy", "--no-dbus", "--no-media-library", "--no-metadata-netw
            "-A", "none", "--no-video", "--no-stats", "--verbose=1"]
 
 def make_media(vdir, secs):
-    raw = os.path.join(ctx.TMP, "raw.ts")
+    raw = os.path.join(vdir, "raw.ts")   # the media's own directory: sections 4 and 6 each make one
     media = os.path.join(vdir, "media.ts")
-    r = subprocess.run(["ffmpeg", "-hide_banner", "-loglevel", "error", "-nostdin",
+    r = subprocess.run(["ffmpeg", "-y", "-hide_banner", "-loglevel", "error", "-nostdin",
                         "-f", "lavfi", "-i", "testsrc=size=640x480:rate=25", "-f", "lavfi",
                         "-i", "sine=frequency=440:sample_rate=48000", "-t", str(secs), "-map", "0:v", "-map", "1:a",
                         "-c:v", "mpeg2video", "-b:v", "6000k", "-minrate", "6000k", "-maxrate", "6000k", "-bufsize", "2000k",
