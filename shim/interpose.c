@@ -127,11 +127,12 @@ SHIM_EXPORT int close(int fd)
 		own_clear(fd); /* the provider's or libev's own, closed by them */
 		return real.close(fd);
 	}
-	if ((unlikely(own_has(fd)) || fd_get(fd)) && shim_foreign_child())
+	bool own = unlikely(own_has(fd)), known = !own && fd_get(fd);
+	if ((own || known) && shim_foreign_child())
 		return real.close(fd);
-	if (unlikely(own_has(fd)))
+	if (own)
 		return own_refused("close", fd, EBADF);
-	if (fd_get(fd)) {
+	if (known) {
 		ENTER();
 		fd_forget(fd);
 		LEAVE();
@@ -202,27 +203,28 @@ SHIM_EXPORT int close_range(unsigned first, unsigned last, int flags)
 	return close_range_around_own(first, last, flags);
 }
 
+static void closefrom_real(int lowfd)
+{
+	if (real.closefrom)
+		real.closefrom(lowfd);
+	else
+		real.syscall(SYS_close_range, (unsigned)lowfd, ~0u, 0); /* a libc older than closefrom */
+}
+
 SHIM_EXPORT void closefrom(int lowfd)
 {
 	shim_real_init();
 	if (lowfd < 0)
 		lowfd = 0;
 	if (!range_ours((unsigned)lowfd)) {
-		if (real.closefrom)
-			real.closefrom(lowfd);
-		else
-			real.syscall(SYS_close_range, (unsigned)lowfd, ~0u, 0);
+		closefrom_real(lowfd);
 		return;
 	}
 	fd_forget_range((unsigned)lowfd, ~0u);
-	if (own_max() >= lowfd) {
+	if (own_max() >= lowfd)
 		close_range_around_own((unsigned)lowfd, ~0u, 0);
-		return;
-	}
-	if (real.closefrom)
-		real.closefrom(lowfd);
 	else
-		real.syscall(SYS_close_range, (unsigned)lowfd, ~0u, 0); /* a libc older than closefrom */
+		closefrom_real(lowfd);
 }
 
 static int dup_common(int fd, int fd2)
