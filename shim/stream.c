@@ -255,9 +255,10 @@ static int high_fd_epoll(void)
  * dev_get has opened). Returns 0 or -errno. */
 static int res_setup(struct stream *t, struct shim_pv *pv)
 {
-	/* its descriptors: a private duplicate, the CQ's and the channel's event descriptors, and
-	 * an epoll descriptor with the provider's own socket when it runs its own CM */
-	if (!own_room(pv_can(pv, DGV_CAP_ADOPT_FD) ? 3 : 5, "a TCP connection"))
+	/* its descriptors: a private duplicate and the CQ's event descriptor (which the soft
+	 * provider's connection events share); on a device also the channel's, and an epoll
+	 * descriptor with the provider's own socket */
+	if (!own_room(pv_can(pv, DGV_CAP_ADOPT_FD) ? 2 : 5, "a TCP connection"))
 		return -EMFILE;
 	int rc = ctx_get();
 	if (rc)
@@ -285,8 +286,13 @@ static int res_setup(struct stream *t, struct shim_pv *pv)
 	if ((rc = dgv_reg_mr(pd, t->rx, t->ring + ctl_bytes(),
 			     DGV_ACCESS_LOCAL_WRITE | DGV_ACCESS_REMOTE_WRITE, &t->mr_in)) ||
 	    (rc = dgv_reg_mr(pd, t->tx, out, DGV_ACCESS_LOCAL_WRITE, &t->mr_out)) ||
-	    (rc = dgv_create_cq(ctx, (int)(CQ_DEPTH + (drec ? NDREC + SQ_DEPTH : 0)), &t->cq)) ||
-	    (rc = dgv_cm_create_channel(ctx, &t->ch)))
+	    (rc = dgv_create_cq(ctx, (int)(CQ_DEPTH + (drec ? NDREC + SQ_DEPTH : 0)), &t->cq)))
+		return rc;
+	/* connection events through the CQ's descriptor where the provider can: one descriptor
+	 * per connection fewer (a device's rdma_cm channel is a descriptor of its own) */
+	if ((rc = dgv_cm_create_channel_on_cq(ctx, t->cq, &t->ch)) == -EOPNOTSUPP)
+		rc = dgv_cm_create_channel(ctx, &t->ch);
+	if (rc)
 		return rc;
 	if (pv_can(pv, DGV_CAP_BACKGROUND))
 		dgv_cq_notify_background(t->cq, 1);
@@ -711,6 +717,8 @@ static int stream_wait(struct sock *s, struct stream *t, int *timeout_ms)
 	if (!t->cq)
 		return -ENOTCONN;
 	int cqfd = dgv_cq_fd(t->cq), chfd = t->ch ? dgv_cm_channel_fd(t->ch) : -1;
+	if (chfd == cqfd)
+		chfd = -1; /* the channel signals through the CQ's descriptor */
 	/* the TCP socket too: data that arrives is then processed by this thread at once (one
 	 * wake-up, as a plain TCP read) instead of by the provider's thread and then us; not once
 	 * TCP has ended, when it stays readable. On a device it carries only the rendezvous. */
@@ -1186,7 +1194,7 @@ static void stream_name_listener(struct stream *t, int fd, const union dgv_socka
 	socklen_t ll = la->sa.sa_family == AF_INET ? sizeof la->sin : sizeof la->sin6;
 	if (t->regfd >= 0 || t->named || decide(t, DG_ROLE_RECEIVER, la, ll) == IWARP_MODE_OFF)
 		return;
-	if (!own_room(4 * 4, "a TCP listener"))
+	if (!own_room(3 * 4, "a TCP listener"))
 		return; /* clients connect plain */
 	uint64_t un = name_listen((unsigned)port, false);
 	t->regfd = reg_add(un);
@@ -1602,11 +1610,11 @@ static int accept_dev(struct sock *ns, int nfd, struct sock *ls, const union dgv
  * ls->lock. */
 static void listener_budget(struct stream *lt, int fd)
 {
-	if (lt->regfd >= 0 && !lt->budget_off && !own_room(4 * 4, "a new TCP connection to a listener")) {
+	if (lt->regfd >= 0 && !lt->budget_off && !own_room(3 * 4, "a new TCP connection to a listener")) {
 		reg_del(lt->regfd);
 		lt->regfd = -1;
 		lt->budget_off = true;
-	} else if (lt->budget_off && own_room(4 * 8, NULL)) {
+	} else if (lt->budget_off && own_room(3 * 8, NULL)) {
 		union dgv_sockaddr la;
 		int port = local_port(fd, &la);
 		if (port > 0 && (lt->regfd = reg_add(name_listen((unsigned)port, false))) >= 0)

@@ -281,6 +281,13 @@ int dgv_cm_create_channel(struct dgv_context *ctx, struct dgv_cm_channel **out)
 	return CM_OP(ctx, cm_create_channel) ?: ctx->ops->cm_create_channel(ctx, out);
 }
 
+int dgv_cm_create_channel_on_cq(struct dgv_context *ctx, struct dgv_cq *cq, struct dgv_cm_channel **out)
+{
+	if (!ctx || !cq || !out || cq->ctx != ctx)
+		return -EINVAL;
+	return CM_OP(ctx, cm_create_channel_on_cq) ?: ctx->ops->cm_create_channel_on_cq(ctx, cq, out);
+}
+
 int dgv_cm_destroy_channel(struct dgv_cm_channel *ch)
 {
 	if (!ch)

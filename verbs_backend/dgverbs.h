@@ -463,6 +463,13 @@ struct dgv_cm_event {
 
 /* Channels: an fd readable while events are queued (like rdma_cm's event channel). */
 int dgv_cm_create_channel(struct dgv_context *ctx, struct dgv_cm_channel **out);
+/* A channel with no descriptor of its own: its events make cq's descriptor readable (as an
+ * unarmed completion would: the waiter acknowledges it with dgv_cq_ack_event and then looks
+ * at both), and dgv_cm_channel_fd returns cq's. A connection that waits on its CQ anyway so
+ * costs one descriptor, not two. cq must outlive the channel. Returns 0, -ENOMEM, or
+ * -EOPNOTSUPP where the provider's channel is a descriptor of its own (rdma_cm's): the caller
+ * makes a plain channel then. */
+int dgv_cm_create_channel_on_cq(struct dgv_context *ctx, struct dgv_cq *cq, struct dgv_cm_channel **out);
 /* Returns -EBUSY while QPs or listeners still report to it. */
 int dgv_cm_destroy_channel(struct dgv_cm_channel *ch);
 /* The context's own channel (never NULL for a valid ctx; destroyed with it). */

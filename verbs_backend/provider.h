@@ -62,6 +62,8 @@ struct dgv_ops {
 	int (*set_rx_cap)(struct dgv_qp *qp, unsigned n);
 	/* connections (RC); NULL in a backend without them: the front end returns -EOPNOTSUPP */
 	int (*cm_create_channel)(struct dgv_context *ctx, struct dgv_cm_channel **out);
+	/* optional (NULL: -EOPNOTSUPP): dgv_cm_create_channel_on_cq */
+	int (*cm_create_channel_on_cq)(struct dgv_context *ctx, struct dgv_cq *cq, struct dgv_cm_channel **out);
 	int (*cm_destroy_channel)(struct dgv_cm_channel *ch);
 	struct dgv_cm_channel *(*cm_default_channel)(struct dgv_context *ctx);
 	int (*cm_channel_fd)(struct dgv_cm_channel *ch);

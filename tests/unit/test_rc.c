@@ -648,6 +648,55 @@ Test(rc, channels_and_pollable_fd)
 	cr_assert_eq(dgv_cm_destroy_channel(ch), 0);
 }
 
+/* A channel on a CQ: no descriptor of its own; each event makes the CQ's readable. */
+Test(rc, channel_on_cq_signals_through_the_cq)
+{
+	struct dgv_cm_channel *ch;
+	cr_assert_eq(dgv_cm_create_channel_on_cq(S.ctx, C.cq, &ch), -EINVAL); /* another context's CQ */
+	cr_assert_eq(dgv_cm_create_channel_on_cq(S.ctx, S.cq, &ch), 0);
+	int fd = dgv_cm_channel_fd(ch);
+	cr_assert_eq(fd, dgv_cq_fd(S.cq));
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	cr_assert_eq(dgv_listen(S.ctx, (struct sockaddr *)&a, sizeof a, 4, -1, ch, NULL, &L), 0);
+	union dgv_sockaddr la;
+	socklen_t ll;
+	cr_assert_eq(dgv_listener_addr(L, &la, &ll), 0);
+	struct dgv_qp_init_attr ca = rc_attr(&C);
+	cr_assert_eq(dgv_connect(C.pd, &ca, &la.sa, ll, NULL, &C.qp), 0);
+	/* the CQ is not armed: the event alone makes its descriptor readable */
+	struct pollfd p = {.fd = fd, .events = POLLIN};
+	cr_assert_eq(poll(&p, 1, TMO), 1);
+	cr_assert_eq(dgv_cm_pending(ch), 1);
+	cr_assert_eq(dgv_cq_ack_event(S.cq), 0);
+	cr_assert_eq(poll(&p, 1, 0), 0, "acknowledged: not readable until the next event");
+	struct dgv_cm_event ev;
+	cr_assert_eq(dgv_cm_get_event(ch, &ev), 0);
+	cr_assert_eq(ev.type, DGV_CM_CONNECT_REQUEST);
+	cr_assert_eq(dgv_cm_get_event(ch, &ev), -EAGAIN);
+	struct dgv_qp_init_attr sa = rc_attr(&S);
+	sa.cm_channel = ch;
+	cr_assert_eq(dgv_accept(ev.req, S.pd, &sa, NULL, &S.qp), 0);
+	wait_ev(ch, DGV_CM_ESTABLISHED); /* dgv_cm_wait on a channel without a descriptor */
+	wait_ev(C.ch, DGV_CM_ESTABLISHED);
+	send_case(4096);
+	/* the peer's disconnect reaches the channel (PEER_CLOSED: its half) through the CQ's
+	 * descriptor; the provider's thread reads it, nobody here polls */
+	dgv_cq_ack_event(S.cq);
+	cr_assert_eq(dgv_disconnect(C.qp), 0);
+	cr_assert_eq(dgv_cq_notify_background(S.cq, 1), 0);
+	p.revents = 0;
+	cr_assert_eq(poll(&p, 1, TMO), 1, "no event through the CQ's descriptor");
+	cr_assert_eq(dgv_cm_pending(ch), 1);
+	cr_assert_eq(dgv_cm_get_event(ch, &ev), 0);
+	cr_assert_eq(ev.type, DGV_CM_PEER_CLOSED);
+	cr_assert_eq(ev.qp, S.qp);
+	dgv_listener_destroy(L);
+	L = NULL;
+	cr_assert_eq(dgv_destroy_qp(S.qp), 0);
+	S.qp = NULL;
+	cr_assert_eq(dgv_cm_destroy_channel(ch), 0);
+}
+
 /* ------------------------------------------------------------------ hostile peers */
 
 static int raw_connect(const struct sockaddr_in *a)

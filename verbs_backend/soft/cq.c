@@ -91,6 +91,13 @@ int soft_req_notify_cq(struct dgv_cq *cqb, int solicited_only)
 	return 0;
 }
 
+void soft_cq_kick(struct soft_cq *cq)
+{
+	uint64_t one = 1;
+	ssize_t w = write(cq->efd, &one, sizeof one);
+	(void)w;
+}
+
 int soft_cq_ack_event(struct dgv_cq *cqb)
 {
 	uint64_t v;

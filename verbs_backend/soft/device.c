@@ -296,6 +296,7 @@ static const struct dgv_ops soft_ops = {
 	.peek = soft_peek,
 	.set_rx_cap = soft_set_rx_cap,
 	.cm_create_channel = soft_cm_create_channel,
+	.cm_create_channel_on_cq = soft_cm_create_channel_on_cq,
 	.cm_destroy_channel = soft_cm_destroy_channel,
 	.cm_default_channel = soft_cm_default_channel,
 	.cm_channel_fd = soft_cm_channel_fd,

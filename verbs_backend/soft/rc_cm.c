@@ -29,7 +29,8 @@
 struct soft_cm_channel {
 	struct dgv_cm_channel base;
 	pthread_mutex_t lock;
-	int efd;                 /* EFD_SEMAPHORE: readable while events are queued */
+	int efd;                 /* EFD_SEMAPHORE: readable while events are queued; -1 when on_cq */
+	struct soft_cq *on_cq;   /* dgv_cm_create_channel_on_cq: events kick this CQ's descriptor */
 	struct dgv_cm_event *q;  /* ring */
 	uint32_t cap, head, count;
 	atomic_int refs;         /* QPs, listeners and requests reporting here */
@@ -102,6 +103,10 @@ static int ch_push(struct soft_cm_channel *ch, const struct dgv_cm_event *ev)
 	 * every change is an atomic store, release so a peek that sees the event sees it written */
 	__atomic_store_n(&ch->count, ch->count + 1, __ATOMIC_RELEASE);
 	pthread_mutex_unlock(&ch->lock);
+	if (ch->on_cq) {
+		soft_cq_kick(ch->on_cq);
+		return 0;
+	}
 	uint64_t one = 1;
 	ssize_t w = write(ch->efd, &one, sizeof one);
 	(void)w;
@@ -124,22 +129,24 @@ static void ch_purge(struct soft_cm_channel *ch, const struct dgv_qp *qp, const 
 	}
 	__atomic_store_n(&ch->count, kept, __ATOMIC_RELEASE); /* peeked unlocked: ch_push */
 	pthread_mutex_unlock(&ch->lock);
-	for (uint32_t i = 0; i < dropped; i++) {
+	for (uint32_t i = 0; i < dropped && ch->efd >= 0; i++) {
 		uint64_t v;
 		ssize_t r = read(ch->efd, &v, sizeof v);
 		(void)r;
 	}
 }
 
-/* An empty channel (not yet listed in the context). Returns NULL without memory or eventfd. */
-static struct soft_cm_channel *ch_new(struct soft_ctx *ctx)
+/* An empty channel (not yet listed in the context), signalling through on_cq's descriptor or
+ * (NULL) an eventfd of its own. Returns NULL without memory or eventfd. */
+static struct soft_cm_channel *ch_new(struct soft_ctx *ctx, struct soft_cq *on_cq)
 {
 	struct soft_cm_channel *ch = calloc(1, sizeof *ch);
 	if (!ch)
 		return NULL;
 	ch->base.ctx = &ctx->base;
-	ch->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC | EFD_SEMAPHORE);
-	if (ch->efd < 0) {
+	ch->on_cq = on_cq;
+	ch->efd = on_cq ? -1 : eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC | EFD_SEMAPHORE);
+	if (ch->efd < 0 && !on_cq) {
 		free(ch);
 		return NULL;
 	}
@@ -149,16 +156,16 @@ static struct soft_cm_channel *ch_new(struct soft_ctx *ctx)
 
 static void ch_free(struct soft_cm_channel *ch)
 {
-	close(ch->efd);
+	if (ch->efd >= 0)
+		close(ch->efd);
 	free(ch->q);
 	pthread_mutex_destroy(&ch->lock);
 	free(ch);
 }
 
-int soft_cm_create_channel(struct dgv_context *cb, struct dgv_cm_channel **out)
+static int channel_add(struct soft_ctx *ctx, struct soft_cq *on_cq, struct dgv_cm_channel **out)
 {
-	struct soft_ctx *ctx = to_sctx(cb);
-	struct soft_cm_channel *ch = ch_new(ctx);
+	struct soft_cm_channel *ch = ch_new(ctx, on_cq);
 	if (!ch)
 		return -ENOMEM;
 	pthread_mutex_lock(&ctx->cm->lock);
@@ -167,6 +174,16 @@ int soft_cm_create_channel(struct dgv_context *cb, struct dgv_cm_channel **out)
 	pthread_mutex_unlock(&ctx->cm->lock);
 	*out = &ch->base;
 	return 0;
+}
+
+int soft_cm_create_channel(struct dgv_context *cb, struct dgv_cm_channel **out)
+{
+	return channel_add(to_sctx(cb), NULL, out);
+}
+
+int soft_cm_create_channel_on_cq(struct dgv_context *cb, struct dgv_cq *cq, struct dgv_cm_channel **out)
+{
+	return channel_add(to_sctx(cb), to_scq(cq), out);
 }
 
 int soft_cm_destroy_channel(struct dgv_cm_channel *cb)
@@ -195,7 +212,11 @@ struct dgv_cm_channel *soft_cm_default_channel(struct dgv_context *cb)
 	return &to_sctx(cb)->cm->def->base;
 }
 
-int soft_cm_channel_fd(struct dgv_cm_channel *cb) { return ((struct soft_cm_channel *)cb)->efd; }
+int soft_cm_channel_fd(struct dgv_cm_channel *cb)
+{
+	struct soft_cm_channel *ch = (struct soft_cm_channel *)cb;
+	return ch->on_cq ? ch->on_cq->efd : ch->efd;
+}
 
 static struct soft_cm_channel *ch_or_default(struct soft_ctx *ctx, struct dgv_cm_channel *ch)
 {
@@ -1394,9 +1415,11 @@ int soft_cm_get_event(struct dgv_cm_channel *cb, struct dgv_cm_event *ev)
 	ch->head = (ch->head + 1) % ch->cap;
 	__atomic_store_n(&ch->count, ch->count - 1, __ATOMIC_RELEASE); /* see ch_push */
 	pthread_mutex_unlock(&ch->lock);
-	uint64_t v;
-	ssize_t r = read(ch->efd, &v, sizeof v);
-	(void)r;
+	if (ch->efd >= 0) {
+		uint64_t v;
+		ssize_t r = read(ch->efd, &v, sizeof v);
+		(void)r;
+	}
 	return 0;
 }
 
@@ -1415,13 +1438,18 @@ int soft_cm_wait(struct dgv_cm_channel *cb, int timeout_ms)
 		uint64_t now = dg_now_us();
 		if (now >= deadline)
 			return -ETIMEDOUT;
-		pfd[0] = (struct pollfd){.fd = ch->efd, .events = POLLIN};
+		pfd[0] = (struct pollfd){.fd = soft_cm_channel_fd(cb), .events = POLLIN};
 		/* short slices: a deadline of a request or a QP of this channel may pass meanwhile */
 		uint64_t left = deadline - now;
 		int ms = left > 20000 ? 20 : (int)((left + 999) / 1000);
 		int r = poll(pfd, (nfds_t)n + 1, ms);
 		if (r < 0 && errno == EINTR)
 			return -EINTR;
+		/* a CQ's descriptor stays readable until acknowledged: taken here (the count above
+		 * is what says an event came), or the next poll would not wait; the CQ's own waiter
+		 * looks at its queue before it waits, so nothing is missed by it */
+		if (ch->on_cq && (pfd[0].revents & POLLIN))
+			soft_cq_ack_event(&ch->on_cq->base);
 	}
 }
 
@@ -1433,7 +1461,7 @@ int soft_rc_ctx_init(struct soft_ctx *ctx)
 	if (!cm)
 		return -ENOMEM;
 	pthread_mutex_init(&cm->lock, NULL);
-	cm->def = ch_new(ctx);
+	cm->def = ch_new(ctx, NULL);
 	if (!cm->def) {
 		pthread_mutex_destroy(&cm->lock);
 		free(cm);

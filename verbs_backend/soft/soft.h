@@ -378,6 +378,10 @@ bool soft_rc_wants_pollout(struct soft_qp *qp);
 bool soft_rc_timers_pending(struct soft_qp *qp);
 uint64_t soft_rc_next_timer_locked(struct soft_qp *qp, uint64_t now);
 int soft_cm_create_channel(struct dgv_context *ctx, struct dgv_cm_channel **out);
+int soft_cm_create_channel_on_cq(struct dgv_context *ctx, struct dgv_cq *cq, struct dgv_cm_channel **out);
+/* Makes cq's descriptor readable whether armed or not (a connection event on a channel that
+ * signals through it). */
+void soft_cq_kick(struct soft_cq *cq);
 int soft_cm_destroy_channel(struct dgv_cm_channel *ch);
 struct dgv_cm_channel *soft_cm_default_channel(struct dgv_context *ctx);
 int soft_cm_channel_fd(struct dgv_cm_channel *ch);

@@ -360,9 +360,10 @@ def page_section(C, w, fmt, made, summary):
     n, s, v, ok = figure(d, "udp_fds")
     if ok is False:
         w("**Descriptors: we miss the target.** A taken UDP socket holds %s descriptors where natively it is "
-          "one: the program's socket, the UD queue pair's private duplicate of it, the completion queue's "
-          "eventfd and the registry's abstract unix socket; a carried TCP connection also has the CM "
-          "channel's eventfd at the connecting end. Each is a kernel object the socket keeps while it lives; "
+          "one: the program's socket and its completion queue's eventfd (the UD queue pair reads the "
+          "program's own descriptor; the registry is one name per process); a carried TCP connection also "
+          "has its RC queue pair's private duplicate of the socket (its connection events share the CQ's "
+          "eventfd). Each is a kernel object the socket keeps while it lives; "
           "SIPp at 10 000 calls had to be split over several processes for it (section 5)." % fmt(s, "", 2))
         w("")
     n, s, v, ok = figure(d, "udp_rss")

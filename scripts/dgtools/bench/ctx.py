@@ -96,12 +96,11 @@ def failed(section, what):
 
 
 def raise_nofile():
-    """SIPp at 10 000 calls with one socket per call: under the shim a taken UDP socket holds 4
-    descriptors (the program's socket, the QP's private duplicate, the CQ's eventfd, the registry's
-    unix socket), a carried TCP connection 5 at the connecting end (socket, duplicate, CQ eventfd,
-    CM channel eventfd, registry unix socket) and 4 at the accepting end (no registry name), measured
-    by counting /proc/PID/fd; the bench measures them again (section 5) and splits the calls over
-    as many SIPp pairs as the hard limit needs. Raises the soft limit as far as allowed; returns it."""
+    """SIPp at 10 000 calls with one socket per call: under the shim a taken UDP socket holds 2
+    descriptors (the program's socket, the CQ's eventfd), a carried TCP connection 3 (socket, the
+    RC QP's private duplicate, the CQ's eventfd, which its CM events share), measured by counting
+    /proc/PID/fd; the bench measures them again (section 5) and splits the calls over as many SIPp
+    pairs as the hard limit needs. Raises the soft limit as far as allowed; returns it."""
     try:
         resource.setrlimit(resource.RLIMIT_NOFILE, (200000, 200000))
     except (ValueError, OSError):
