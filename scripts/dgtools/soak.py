@@ -104,6 +104,13 @@ def main(argv):
     rt = [l.split()[2] for l in ldd.splitlines() if "libasan.so" in l and len(l.split()) > 2]
     if rt:
         shim.update(LD_PRELOAD=rt[0] + ":" + a.lib, ASAN_OPTIONS="detect_leaks=0:verify_asan_link_order=0")
+    # ThreadSanitizer's runtime right after the shim (docs/tsan.md): loaded only as the shim's
+    # dependency it starts after the shim's constructor, and a provider thread made there (a
+    # fault-injection setting opens the provider at start) crashed in TSan's thread entry
+    tsan = [l.split()[2] for l in ldd.splitlines() if "libtsan.so" in l and len(l.split()) > 2]
+    if tsan:
+        shim.update(LD_PRELOAD=a.lib + ":" + tsan[0])
+        rt = tsan
     fault = lambda: "%s,seed=%d" % (a.fault, rnd.randrange(1, 1 << 30))
     kinds = {  # name: (server env, client argv after PORT, port)
         "ud": (dict(shim, DGSHIM_MODE="ud"), "0", a.port),

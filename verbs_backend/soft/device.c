@@ -156,12 +156,16 @@ void soft_ctx_remove_qp(struct soft_ctx *ctx, struct soft_qp *qp)
 			*p = qp->next;
 			break;
 		}
-	if (!qp->io_on || !ctx->loop) {
+	/* an RC QP's descriptor was watched by libev before the QP had a watcher of its own: its
+	 * connection request's (the accept of an adopted connection), stopped but still in
+	 * libev's epoll set (ThreadSanitizer: libev's epoll_ctl on it against the caller's close) */
+	if ((!qp->io_on && !qp->rc) || !ctx->loop) {
 		pthread_mutex_unlock(&ctx->loop_lock);
 		return;
 	}
-	int fd = qp->io.fd;
-	ev_io_stop(ctx->loop, &qp->io);
+	int fd = qp->io_on ? qp->io.fd : qp->fd;
+	if (qp->io_on)
+		ev_io_stop(ctx->loop, &qp->io);
 	qp->io_on = false;
 	/* libev drops a stopped descriptor from its epoll set lazily, at its next iteration, and
 	 * answers an event it had already taken for it with an epoll_ctl: after our caller has
