@@ -233,7 +233,9 @@ static uint32_t path_seg(const struct sockaddr *addr, socklen_t len)
 
 static int soft_create_ah(struct dgv_pd *pd, const struct sockaddr *addr, socklen_t len, struct dgv_ah **out)
 {
-	struct soft_ah *ah = calloc(1, sizeof *ah);
+	/* one per destination, kept long: not from the program's heap (zpages.c) */
+	_Static_assert(sizeof(struct soft_ah) <= DG_SMALL_MAX, "soft_ah fits dg_small_alloc");
+	struct soft_ah *ah = dg_small_alloc(sizeof *ah);
 	if (!ah)
 		return -ENOMEM;
 	ah->base.ctx = pd->ctx;
@@ -250,7 +252,7 @@ static int soft_destroy_ah(struct dgv_ah *ahb)
 {
 	struct soft_ah *ah = (struct soft_ah *)ahb;
 	atomic_fetch_sub(&ah->pd->refs, 1);
-	free(ah);
+	dg_small_free(ah, sizeof *ah);
 	return 0;
 }
 

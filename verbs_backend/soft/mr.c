@@ -39,19 +39,24 @@ int soft_reg_mr(struct dgv_pd *pdb, void *addr, size_t len, unsigned access, str
 		pthread_mutex_unlock(&ctx->mr_lock);
 		return -ENOSPC;
 	}
-	/* A random free index, so STags are not sequential either. */
-	uint32_t idx = random_u32() & (SOFT_MR_SLOTS - 1);
-	struct soft_mr *mr;
-	for (;;) {
-		if (idx == 0)
-			idx = 1;
-		mr = atomic_load(&ctx->mrs[idx]);
-		if (!mr || atomic_load(&mr->stag) == 0)
-			break;
-		idx = (idx + 1) & (SOFT_MR_SLOTS - 1);
-	}
-	if (!mr) {
-		mr = calloc(1, sizeof *mr);
+	/* A region object stays in its slot for good once made (placement looks slots up without
+	 * the lock): a deregistered one is taken again before a new one is made, so a process
+	 * that registers and deregisters for each socket keeps as many objects as it has regions
+	 * at once, not one per registration (up to the table's 16 384). New ones come from pages
+	 * of their own (dg_small_alloc), not the program's heap. */
+	struct soft_mr *mr = ctx->mr_free;
+	uint32_t idx;
+	if (mr) {
+		ctx->mr_free = mr->next_free;
+		mr->next_free = NULL;
+		idx = mr->index;
+	} else {
+		/* an empty slot at a random index, so STags are not sequential either */
+		idx = random_u32() & (SOFT_MR_SLOTS - 1);
+		while (idx == 0 || atomic_load(&ctx->mrs[idx]))
+			idx = (idx + 1) & (SOFT_MR_SLOTS - 1);
+		_Static_assert(sizeof(struct soft_mr) <= DG_SMALL_MAX, "soft_mr fits dg_small_alloc");
+		mr = dg_small_alloc(sizeof *mr);
 		if (!mr) {
 			pthread_mutex_unlock(&ctx->mr_lock);
 			return -ENOMEM;
@@ -92,6 +97,8 @@ int soft_dereg_mr(struct dgv_mr *m)
 	while (atomic_load(&mr->users))
 		sched_yield();
 	ctx->mr_count--;
+	mr->next_free = ctx->mr_free;
+	ctx->mr_free = mr;
 	atomic_fetch_sub(&pd->refs, 1);
 	pthread_mutex_unlock(&ctx->mr_lock);
 	return 0;
@@ -197,7 +204,8 @@ struct soft_mr *soft_mr_get_local(struct soft_ctx *ctx, struct soft_pd *pd, cons
 void soft_mr_table_fini(struct soft_ctx *ctx)
 {
 	for (uint32_t i = 0; i < SOFT_MR_SLOTS; i++)
-		free(atomic_load(&ctx->mrs[i]));
+		dg_small_free(atomic_load(&ctx->mrs[i]), sizeof(struct soft_mr));
+	ctx->mr_free = NULL;
 }
 
 int soft_sge_iov(const struct dgv_sge *sge, uint32_t nsge, uint32_t off, uint32_t len, struct iovec *iov,

@@ -39,6 +39,7 @@ struct soft_ctx {
 	pthread_mutex_t mr_lock;
 	struct soft_mr *_Atomic mrs[SOFT_MR_SLOTS];
 	uint32_t mr_count;
+	struct soft_mr *mr_free; /* deregistered, kept in their slots: reused first (mr_lock) */
 	/* async progress */
 	pthread_mutex_t loop_lock;
 	struct ev_loop *loop;
@@ -65,6 +66,7 @@ struct soft_mr {
 	/* RC Send with Invalidate: the STag that was invalidated for remote access (a new
 	 * registration of the slot has a new STag, so a stale value never matches) */
 	_Atomic uint32_t invalid_stag;
+	struct soft_mr *next_free; /* on ctx->mr_free while deregistered (mr_lock) */
 };
 
 struct soft_cqe {
@@ -292,6 +294,12 @@ void dg_pages_free(void *p, size_t size);
  * of memory. */
 void *dg_zalloc(size_t size);
 void dg_zfree(void *p, size_t size);
+/* Zeroed objects of at most DG_SMALL_MAX bytes packed into pages of zpages.c's chunks (not the
+ * program's heap); dg_small_free needs the size given to dg_small_alloc. NULL: out of memory
+ * or too large. Free objects are kept by size for reuse, never returned to the system. */
+#define DG_SMALL_MAX 256
+void *dg_small_alloc(size_t size);
+void dg_small_free(void *p, size_t size);
 
 /* mr.c */
 int soft_reg_mr(struct dgv_pd *pd, void *addr, size_t len, unsigned access, struct dgv_mr **out);

@@ -9,6 +9,11 @@
  * mappings a process may have is limited), rounded up to whole pages; a freed object's pages
  * are given back with MADV_DONTNEED (zero again, nothing resident) and kept on a free list by
  * size. Objects above ZP_MAX_PAGES pages get a mapping of their own (dg_pages_alloc).
+ *
+ * Small objects that live long and come one per destination (address handles) are carved from
+ * the same chunks by dg_small_alloc, not taken from the program's heap: each one left between
+ * a program's freed buffers pins glibc's heap, which then grows instead of reusing them (the
+ * soak's Python UDP echo server grew 1.5 kB of heap per client process, none natively).
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -36,6 +41,11 @@ static size_t zp_left;
 static struct zp_free *zp_bins[ZP_MAX_PAGES + 1];
 static size_t zp_page;
 static pthread_once_t zp_once = PTHREAD_ONCE_INIT;
+/* dg_small_alloc: free objects by size class (16-byte steps up to DG_SMALL_MAX) and the rest of
+ * the page being carved */
+static struct zp_free *sm_bins[DG_SMALL_MAX / 16 + 1];
+static uint8_t *sm_cur;
+static size_t sm_left;
 
 /* A fork while another thread holds the lock must not leave it held in the child. */
 static void zp_prepare(void) { pthread_mutex_lock(&zp_lock); }
@@ -64,28 +74,16 @@ static size_t zp_pages(size_t size)
 	return (size + zp_page - 1) / zp_page;
 }
 
-void *dg_zalloc(size_t size)
+/* A fresh run of n pages from the current chunk (a new chunk when it is used up). Needs
+ * zp_lock. Returns NULL when no chunk can be mapped. */
+static void *zp_carve(size_t n)
 {
-	pthread_once(&zp_once, zp_init);
-	size_t n = zp_pages(size ? size : 1);
-	if (n > ZP_MAX_PAGES)
-		return dg_pages_alloc(size); /* a mapping of its own, as lazy */
 	size_t bytes = n * zp_page;
-	pthread_mutex_lock(&zp_lock);
-	struct zp_free *f = zp_bins[n];
-	if (f) {
-		zp_bins[n] = f->next;
-		pthread_mutex_unlock(&zp_lock);
-		f->next = NULL; /* the only word written since MADV_DONTNEED zeroed it */
-		return f;
-	}
 	if (zp_left < bytes) {
 		void *c = mmap(NULL, ZP_CHUNK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
 			       -1, 0);
-		if (c == MAP_FAILED) {
-			pthread_mutex_unlock(&zp_lock);
+		if (c == MAP_FAILED)
 			return NULL;
-		}
 #if defined(__SANITIZE_ADDRESS__)
 		/* objects here hold the only pointers to heap objects: LeakSanitizer scans it */
 		__lsan_register_root_region(c, ZP_CHUNK);
@@ -96,6 +94,63 @@ void *dg_zalloc(size_t size)
 	void *p = zp_cur;
 	zp_cur += bytes;
 	zp_left -= bytes;
+	return p;
+}
+
+void *dg_small_alloc(size_t size)
+{
+	pthread_once(&zp_once, zp_init);
+	if (size > DG_SMALL_MAX)
+		return NULL;
+	size_t c = (size + 15) / 16, bytes = (c ? c : 1) * 16;
+	pthread_mutex_lock(&zp_lock);
+	struct zp_free *f = sm_bins[c];
+	if (f) {
+		sm_bins[c] = f->next;
+	} else {
+		if (sm_left < bytes) {
+			sm_cur = zp_carve(1); /* what was left of the last page stays unused */
+			sm_left = sm_cur ? zp_page : 0;
+		}
+		if (sm_cur) {
+			f = (struct zp_free *)sm_cur;
+			sm_cur += bytes;
+			sm_left -= bytes;
+		}
+	}
+	pthread_mutex_unlock(&zp_lock);
+	if (f)
+		memset(f, 0, bytes);
+	return f;
+}
+
+void dg_small_free(void *p, size_t size)
+{
+	if (!p)
+		return;
+	size_t c = (size + 15) / 16;
+	struct zp_free *f = p;
+	pthread_mutex_lock(&zp_lock);
+	f->next = sm_bins[c];
+	sm_bins[c] = f;
+	pthread_mutex_unlock(&zp_lock);
+}
+
+void *dg_zalloc(size_t size)
+{
+	pthread_once(&zp_once, zp_init);
+	size_t n = zp_pages(size ? size : 1);
+	if (n > ZP_MAX_PAGES)
+		return dg_pages_alloc(size); /* a mapping of its own, as lazy */
+	pthread_mutex_lock(&zp_lock);
+	struct zp_free *f = zp_bins[n];
+	if (f) {
+		zp_bins[n] = f->next;
+		pthread_mutex_unlock(&zp_lock);
+		f->next = NULL; /* the only word written since MADV_DONTNEED zeroed it */
+		return f;
+	}
+	void *p = zp_carve(n);
 	pthread_mutex_unlock(&zp_lock);
 	return p;
 }
