@@ -222,17 +222,13 @@ struct soft_qp {
 	/* receive queue (deque: a failed message gives its WQE back at the front) */
 	struct soft_rwqe *rq;
 	uint32_t rq_cap, rq_head, rq_count;
-	struct soft_slot slots[SOFT_REASM_SLOTS];
 	uint32_t slots_active;
 	uint32_t slot_hint;     /* index of the slot used last */
 	uint64_t last_scan_us;  /* last deadline scan */
 	uint64_t now_us;        /* clock of the current progress pass, 0 until read (qp_now) */
 	uint32_t ord_count;     /* ORD entries in use */
-	struct soft_ord ord[SOFT_MAX_ORD];
-	struct soft_ird ird[SOFT_MAX_IRD];
 	uint32_t ird_count;
-	/* errors */
-	struct dgv_async_err errq[SOFT_ERRQ];
+	/* errors (errq: at the end) */
 	uint32_t errq_head, errq_count;
 	uint64_t term_window_start;
 	uint32_t term_in_window;
@@ -264,6 +260,14 @@ struct soft_qp {
 	bool pump_blocked;          /* UDP socket full: need POLLOUT (stored atomically: read unlocked) */
 	struct rc_conn *rc;         /* RC QPs: the connection (rc_int.h); NULL on UD/RD */
 	struct dgv_qp_stats st;
+	/* Last, after every field an idle QP writes: the object is zeroed pages (dg_zalloc), and
+	 * these arrays (25 kB) are written only by multi-segment messages, Reads and errors, so
+	 * an idle QP's resident memory is the page or two of the fields above (in the middle of
+	 * the object they made it 3-4 pages: 12-16 kB per socket) */
+	struct soft_slot slots[SOFT_REASM_SLOTS];
+	struct soft_ord ord[SOFT_MAX_ORD];
+	struct soft_ird ird[SOFT_MAX_IRD];
+	struct dgv_async_err errq[SOFT_ERRQ];
 };
 
 /* Takes the oldest posted receive into *out. Returns false if none. Needs qp->lock. */
