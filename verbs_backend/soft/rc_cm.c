@@ -357,7 +357,7 @@ static void rc_qp_free(struct soft_qp *qp)
 		free(rc->flat);
 		free(rc->marked);
 		free(rc->spill);
-		free(rc);
+		dg_zfree(rc, sizeof *rc);
 	}
 	if (qp->own_fd && qp->fd >= 0)
 		close(qp->fd);
@@ -389,10 +389,12 @@ static int rc_qp_new(struct dgv_pd *pdb, const struct dgv_qp_init_attr *a, int f
 	if (a->max_sge > SOFT_MAX_SGE)
 		return -EINVAL;
 	struct soft_qp *qp = dg_zalloc(sizeof *qp); /* zpages.c: an idle QP touches little of it */
-	struct rc_conn *rc = calloc(1, sizeof *rc);
+	/* zeroed pages (zpages.c): most of its 15 kB (batch vectors, markers) an idle
+	 * connection never writes; calloc touched all of it */
+	struct rc_conn *rc = dg_zalloc(sizeof *rc);
 	if (!qp || !rc) {
 		dg_zfree(qp, sizeof *qp);
-		free(rc);
+		dg_zfree(rc, sizeof *rc);
 		return -ENOMEM;
 	}
 	qp->base.ctx = pdb->ctx;

@@ -95,13 +95,10 @@ struct rc_conn {
 	/* MPA frame on the way out */
 	uint8_t mpa_out[MPA_RR_MAX];
 	uint32_t mpa_out_len, mpa_out_sent;
-	/* transmit batch */
-	struct iovec iov[RC_IOV];
+	/* transmit batch (its arrays: at the end) */
 	int niov, iov_idx;
 	uint64_t b_bytes, b_sent;
-	struct rc_fp fp[RC_FPDUS];
 	uint32_t nfp, fp_done;
-	uint8_t hbuf[RC_HBUF];
 	uint32_t hused;
 	uint64_t tx_pos;        /* FPDU stream position (markers) of the next batch byte to build */
 	uint8_t *flat, *marked; /* markers_tx: one FPDU built flat, then marked (RC_FLAT each) */
@@ -133,6 +130,12 @@ struct rc_conn {
 	uint64_t t_base, t_next;
 	bool rx_paused, eof, want_close, wr_closed, peer_closed_told, ended, established;
 	uint8_t term_l, term_t, term_c;
+	/* Last, after every scalar: the object is zeroed pages (dg_zalloc) and a batch writes
+	 * only the first entries of these (13 kB), so a connection that moved a little touches
+	 * two pages, not four */
+	struct iovec iov[RC_IOV];
+	struct rc_fp fp[RC_FPDUS];
+	uint8_t hbuf[RC_HBUF];
 };
 
 /* ---- rc_cm.c: connection management and teardown */
