@@ -156,10 +156,10 @@ void soft_ctx_remove_qp(struct soft_ctx *ctx, struct soft_qp *qp)
 			*p = qp->next;
 			break;
 		}
-	/* an RC QP's descriptor was watched by libev before the QP had a watcher of its own: its
-	 * connection request's (the accept of an adopted connection), stopped but still in
-	 * libev's epoll set (ThreadSanitizer: libev's epoll_ctl on it against the caller's close) */
-	if ((!qp->io_on && !qp->rc) || !ctx->loop) {
+	/* an accepted RC QP's descriptor was watched by libev before the QP had a watcher of its
+	 * own: its connection request's, stopped but still in libev's epoll set (ThreadSanitizer:
+	 * libev's epoll_ctl on it against the caller's close) */
+	if ((!qp->io_on && !(qp->rc && soft_rc_fd_watched(qp))) || !ctx->loop) {
 		pthread_mutex_unlock(&ctx->loop_lock);
 		return;
 	}

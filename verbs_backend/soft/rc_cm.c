@@ -66,6 +66,7 @@ struct soft_conn_req {
 	struct mpa_rr rr;
 	ev_io io;
 	bool io_on;
+	bool watched; /* its watcher was started once: the descriptor may still be in libev's set */
 	struct soft_conn_req *next;
 };
 
@@ -443,6 +444,11 @@ static void rc_qp_publish(struct soft_qp *qp)
 {
 	conn_list_add(qp->ctx, qp->rc);
 	soft_ctx_add_qp(qp->ctx, qp);
+}
+
+bool soft_rc_fd_watched(const struct soft_qp *qp)
+{
+	return qp->rc->fd_watched;
 }
 
 int soft_rc_destroy(struct soft_qp *qp)
@@ -1038,6 +1044,7 @@ static struct soft_conn_req *req_new(struct soft_ctx *ctx, int fd, bool own, str
 		r->io.data = r;
 		ev_io_start(ctx->loop, &r->io);
 		r->io_on = true;
+		r->watched = true;
 		ev_async_send(ctx->loop, &ctx->wake); /* the loop picks the watcher up */
 	}
 	return r;
@@ -1267,6 +1274,7 @@ int soft_rc_accept(struct dgv_conn_req *rb, struct dgv_pd *pd, const struct dgv_
 		return err;
 	req_detach(ctx, r);
 	struct rc_conn *rc = qp->rc;
+	rc->fd_watched = r->watched;
 	apply_param(rc, param);
 	const struct mpa_rr *q = &r->rr;
 	/* negotiation (RFC 5044 7.1, RFC 6581 5) */

@@ -128,6 +128,8 @@ struct rc_conn {
 	uint8_t t_op;
 	uint32_t t_stag, t_len;
 	uint64_t t_base, t_next;
+	bool fd_watched; /* accepted: its request's libev watcher watched the descriptor (device.c
+			  * soft_ctx_remove_qp takes it out of libev's set before the close) */
 	bool rx_paused, eof, want_close, wr_closed, peer_closed_told, ended, established;
 	uint8_t term_l, term_t, term_c;
 	/* Last, after every scalar: the object is zeroed pages (dg_zalloc) and a batch writes

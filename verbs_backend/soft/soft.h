@@ -383,6 +383,8 @@ void soft_rc_ctx_fini(struct soft_ctx *ctx);
 void soft_rc_tick(struct soft_ctx *ctx);
 int soft_rc_progress(struct soft_qp *qp, bool from_app, bool block);
 int soft_rc_destroy(struct soft_qp *qp);
+/* An accepted RC QP whose descriptor its connection request's libev watcher watched. */
+bool soft_rc_fd_watched(const struct soft_qp *qp);
 int soft_rc_post_send(struct soft_qp *qp, struct dgv_send_wr *wr, struct dgv_send_wr **bad);
 /* After soft_post_recv added receives (qp->lock held): flushes them if the connection ended. */
 void soft_rc_after_post_recv(struct soft_qp *qp);
