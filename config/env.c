@@ -63,6 +63,8 @@ static const struct var vars[DG_ENV_COUNT] = {
 			  .words = {{"on", DG_ON}, {"off", DG_OFF}}, .expect = "on or off"},
 	[DG_ENV_UDP_GSO] = {.name = "DGSHIM_UDP_GSO", .kind = K_WORD, .dflt = DG_ON,
 			    .words = {{"on", DG_ON}, {"off", DG_OFF}}, .expect = "on or off"},
+	[DG_ENV_DEST_IDLE_MS] = {.name = "DGSHIM_DEST_IDLE_MS", .kind = K_LONG, .lo = 100, .hi = 86400000,
+				 .dflt = 60000, .expect = "100..86400000 milliseconds"},
 };
 
 /* one complaint per variable and process, however often it is read */

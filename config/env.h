@@ -31,6 +31,7 @@ enum dg_env {
 	DG_ENV_DISCOVERY_PORT,  /* 0 (off) or a UDP port */
 	DG_ENV_STATS,           /* on|off */
 	DG_ENV_UDP_GSO,         /* on|off: UDP GSO sends and GRO receives of the soft provider */
+	DG_ENV_DEST_IDLE_MS,    /* 100..86400000: a destination unused this long is forgotten (peer.c) */
 	DG_ENV_COUNT
 };
 

@@ -122,8 +122,12 @@ static int wait_sock(struct sock *s, int fd, short events, int *timeout_ms)
 	/* an adopting QP: its socket (datagrams to read, room to send); else the kernel socket
 	 * only for plain datagrams from unmodified peers, sends wait for completions */
 	int qfd = sock_can(s, DGV_CAP_ADOPT_FD) ? s->qfd : (events & POLLIN) ? fd : -1;
+	/* RD's room to send comes with acknowledgements (and its timers, through the CQ), not
+	 * with room in the kernel socket: waiting for POLLOUT there returned at once, and a
+	 * sender whose window was full spun a CPU until the acks came */
+	short qev = s->qp_type == DGV_QPT_RD && (events & POLLOUT) ? (short)((events & ~POLLOUT) | POLLIN) : events;
 	pthread_mutex_unlock(&s->lock);
-	struct pollfd p[2] = {{.fd = qfd, .events = events}, {.fd = cqfd, .events = POLLIN}};
+	struct pollfd p[2] = {{.fd = qfd, .events = qev}, {.fd = cqfd, .events = POLLIN}};
 	/* the provider's thread runs the timers of a QP nobody polls; the naps are bounded */
 	int r = shim_nap(p, 2, timeout_ms);
 	pthread_mutex_lock(&s->lock);

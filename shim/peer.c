@@ -12,7 +12,10 @@
  * datagram-iWARP never receives a framed byte.
  *
  * The table: open addressing, 64 stripes of locks (no process-wide lock on the send path),
- * one address handle per destination, created once.
+ * one address handle per destination, created once. A destination unused for
+ * DGSHIM_DEST_IDLE_MS (60 s) is forgotten, at most twice that later: a server that answers
+ * clients which come and go (a new port each) keeps what it knows of the ones still talking,
+ * not of every client it ever had (the soak's servers grew ~0.3 kB a client before).
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -24,6 +27,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "env.h"
 #include "log.h"
 #include "rules.h"
 #include "sock.h"
@@ -46,6 +50,9 @@ enum { RULE_AUTO = 0, RULE_OFF = 1, RULE_TRUST = 2 };
 
 struct peer {
 	uint8_t used;
+	uint8_t ref;      /* used since the stripe's last sweep (stab_sweep) */
+	uint8_t doomed;   /* stab_sweep: to be forgotten */
+	uint32_t h;       /* hash_addr(&a) */
 	uint8_t caps;     /* CAP_* known to be spoken */
 	uint8_t rule;     /* RULE_* */
 	uint8_t rule_caps; /* RULE_TRUST: the services the rules line names (CAP_*) */
@@ -72,7 +79,20 @@ struct peer {
 static struct stab {
 	struct peer *v;
 	uint32_t cap, n;
+	uint64_t swept_us;           /* the last sweep (0: none yet) */
 } tabs[PEER_STRIPES];
+/* Address handles of forgotten destinations wait one idle interval before they are destroyed:
+ * a sender that had one from peer_route may still be posting with it (under its socket's lock,
+ * not the stripe's). One list for the process, under its own lock (taken inside a stripe's). */
+static struct {
+	pthread_mutex_t lock;
+	struct retiree {
+		struct dgv_ah *ah;
+		uint64_t at; /* when it was retired */
+	} *v;
+	uint32_t n, cap;
+} retired = {.lock = PTHREAD_MUTEX_INITIALIZER};
+static _Atomic unsigned long long forgotten; /* destinations forgotten, for the exit summary */
 static pthread_mutex_t stripes[PEER_STRIPES];
 static int probe_fd = -1;
 static struct {
@@ -116,6 +136,10 @@ void peer_after_fork(void)
 				p->ah = p->dah = NULL;
 			}
 		}
+	pthread_mutex_init(&retired.lock, NULL);
+	for (uint32_t i = 0; i < retired.n; i++)
+		shim_abandon(retired.v[i].ah);
+	retired.n = 0;
 }
 
 bool ip_local(const union dgv_sockaddr *a)
@@ -163,11 +187,115 @@ static uint32_t hash_addr(const union dgv_sockaddr *a)
 	return h ^ (h >> 15);
 }
 
+/* n bytes rounded up to whole pages. */
+static size_t pages_of(size_t n)
+{
+	size_t pg = 4096;
+	return (n + pg - 1) / pg * pg;
+}
+
 /* The size of a table of cap entries, whole pages. */
 static size_t stab_bytes(uint32_t cap)
 {
-	size_t pg = 4096, b = (size_t)cap * sizeof(struct peer);
-	return (b + pg - 1) / pg * pg;
+	return pages_of((size_t)cap * sizeof(struct peer));
+}
+
+/* The slot where an entry of hash h starts its probe in a table of cap entries. */
+static inline uint32_t home_of(uint32_t h, uint32_t cap)
+{
+	return (h / PEER_STRIPES) & (cap - 1);
+}
+
+/* Destroys the handles retired before now - grace_us, and keeps ah (when not NULL) to be
+ * destroyed after its grace; without room for it (out of memory) it is destroyed at once.
+ * Takes the list's lock (the caller may hold a stripe's). */
+static void retire(struct dgv_ah *ah, uint64_t now, uint64_t grace_us)
+{
+	pthread_mutex_lock(&retired.lock);
+	uint32_t kept = 0;
+	for (uint32_t i = 0; i < retired.n; i++)
+		if (now - retired.v[i].at >= grace_us)
+			dgv_destroy_ah(retired.v[i].ah);
+		else
+			retired.v[kept++] = retired.v[i];
+	retired.n = kept;
+	if (ah && retired.n == retired.cap) {
+		uint32_t cap = retired.cap ? retired.cap * 2 : 256;
+		struct retiree *v = mmap(NULL, pages_of(cap * sizeof *v), PROT_READ | PROT_WRITE,
+					 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (v == MAP_FAILED) {
+			dgv_destroy_ah(ah);
+			ah = NULL;
+		} else {
+			if (retired.v) {
+				memcpy(v, retired.v, retired.n * sizeof *v);
+				munmap(retired.v, pages_of(retired.cap * sizeof *v));
+			}
+			retired.v = v;
+			retired.cap = cap;
+		}
+	}
+	if (ah)
+		retired.v[retired.n++] = (struct retiree){ah, now};
+	pthread_mutex_unlock(&retired.lock);
+}
+
+/* Takes entry i out of t, moving the entries after it back where their probe finds them (no
+ * tombstones: probes stay as short as the entries present). Needs t's stripe lock. */
+static void stab_remove(struct stab *t, uint32_t i)
+{
+	uint32_t mask = t->cap - 1;
+	for (uint32_t j = (i + 1) & mask; t->v[j].used; j = (j + 1) & mask) {
+		uint32_t k = home_of(t->v[j].h, t->cap);
+		/* j's entry may fill the hole at i unless its home lies cyclically in (i, j] */
+		bool stays = i <= j ? (i < k && k <= j) : (i < k || k <= j);
+		if (!stays) {
+			t->v[i] = t->v[j];
+			i = j;
+		}
+	}
+	memset(&t->v[i], 0, sizeof t->v[i]);
+	t->n--;
+}
+
+static uint64_t idle_us(void)
+{
+	static _Atomic uint64_t v;
+	uint64_t x = atomic_load_explicit(&v, memory_order_relaxed);
+	if (!x) {
+		x = (uint64_t)dg_env_long(DG_ENV_DEST_IDLE_MS) * 1000;
+		atomic_store_explicit(&v, x, memory_order_relaxed);
+	}
+	return x;
+}
+
+/* Forgets t's destinations unused since its last sweep (a clock sweep: a use sets ref, a sweep
+ * clears it, an entry found clear is forgotten: after one to two intervals idle), except one
+ * whose discovery question is out. Their handles are retired (retire). Needs t's stripe lock. */
+static void stab_sweep(struct stab *t, uint64_t now)
+{
+	t->swept_us = now;
+	retire(NULL, now, idle_us());
+	uint32_t gone = 0;
+	for (uint32_t i = 0; i < t->cap; i++) {
+		struct peer *p = &t->v[i];
+		p->doomed = p->used && !p->ref && !p->nonce;
+		gone += p->doomed;
+		p->ref = 0;
+	}
+	/* an entry moved into the hole is looked at again; none moves past one not yet looked at */
+	for (uint32_t i = 0; gone && i < t->cap; i++)
+		while (t->v[i].used && t->v[i].doomed) {
+			struct peer *p = &t->v[i];
+			struct dgv_ah *ahs[2] = {p->ah && p->ah_gen == G.gen ? p->ah : NULL,
+						 p->dah && p->dah_gen == G.gen ? p->dah : NULL};
+			for (int k = 0; k < 2; k++)
+				if (ahs[k])
+					retire(ahs[k], now, idle_us());
+			stab_remove(t, i);
+			gone--;
+			atomic_fetch_add_explicit(&forgotten, 1, memory_order_relaxed);
+		}
 }
 
 /* Moves t's entries into a table of cap entries (a power of two). Returns 0 or -ENOMEM. Needs
@@ -184,7 +312,7 @@ static int stab_grow(struct stab *t, uint32_t cap)
 		struct peer *o = &t->v[i];
 		if (!o->used)
 			continue;
-		uint32_t at = (hash_addr(&o->a) / PEER_STRIPES) & (cap - 1);
+		uint32_t at = home_of(o->h, cap);
 		while (v[at].used)
 			at = (at + 1) & (cap - 1);
 		v[at] = *o;
@@ -196,25 +324,45 @@ static int stab_grow(struct stab *t, uint32_t cap)
 	return 0;
 }
 
-/* The entry for a, inserted when absent (insert=true). Needs the stripe of hash h. */
+/* The entry for a, inserted when absent (insert=true), marked used. Needs the stripe of hash h.
+ * A new entry may first sweep the stripe (stab_sweep). */
 static struct peer *find(const union dgv_sockaddr *a, socklen_t alen, uint32_t h, bool insert)
 {
 	struct stab *t = &tabs[h % PEER_STRIPES];
 	uint32_t max = PEER_SLOTS / PEER_STRIPES;
+	bool swept = false;
+again:
+	if (!t->cap && !insert)
+		return NULL;
 	/* room for one more at three quarters full at most: probes stay short */
 	if (insert && (t->n + 1) * 4 > t->cap * 3 && t->cap < max && stab_grow(t, t->cap ? t->cap * 2 : 16))
 		return NULL;
-	if (!t->cap)
-		return NULL;
-	uint32_t mask = t->cap - 1, start = (h / PEER_STRIPES) & mask;
+	uint32_t mask = t->cap - 1, start = home_of(h, t->cap);
 	for (uint32_t k = 0; k < t->cap; k++) {
 		struct peer *p = &t->v[(start + k) & mask];
 		if (!p->used) {
-			if (!insert || (t->n + 1) * 4 > t->cap * 3)
-				break; /* absent; or the stripe is full (three quarters of its most) */
+			if (!insert)
+				break;
+			/* a new destination: the time to forget the idle ones (the clock is read
+			 * here only, not per datagram) */
+			uint64_t now = shim_now_us();
+			bool full = (t->n + 1) * 4 > t->cap * 3;
+			if (!swept && (!t->swept_us || now - t->swept_us >= idle_us() ||
+				       (full && now - t->swept_us >= 1000000u))) {
+				swept = true;
+				if (t->swept_us) {
+					stab_sweep(t, now);
+					goto again; /* entries moved */
+				}
+				t->swept_us = now;
+			}
+			if (full)
+				break; /* the stripe is full (three quarters of its most) */
 			t->n++;
 			memset(p, 0, sizeof *p);
 			p->used = 1;
+			p->ref = 1;
+			p->h = h;
 			p->alen = alen;
 			memcpy(&p->a, a, alen < sizeof p->a ? alen : sizeof p->a);
 			p->local = ip_local(a);
@@ -234,8 +382,10 @@ static struct peer *find(const union dgv_sockaddr *a, socklen_t alen, uint32_t h
 				p->rule = RULE_TRUST, p->rule_caps = 0xff;
 			return p;
 		}
-		if (dgv_addr_eq(&p->a, a))
+		if (p->h == h && dgv_addr_eq(&p->a, a)) {
+			p->ref = 1;
 			return p;
+		}
 	}
 	if (insert && !warned_full) {
 		warned_full = true;
@@ -461,6 +611,18 @@ void peer_heard(const union dgv_sockaddr *from, socklen_t fromlen, bool framed, 
 		}
 	}
 	pthread_mutex_unlock(m);
+}
+
+void peer_totals(unsigned *known, unsigned long long *gone)
+{
+	unsigned n = 0;
+	for (int k = 0; k < PEER_STRIPES; k++)
+		if (pthread_mutex_trylock(&stripes[k]) == 0) { /* at exit: a stripe held stays uncounted */
+			n += tabs[k].n;
+			pthread_mutex_unlock(&stripes[k]);
+		}
+	*known = n;
+	*gone = atomic_load(&forgotten);
 }
 
 void peer_failed(const union dgv_sockaddr *to, socklen_t tolen)

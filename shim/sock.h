@@ -241,6 +241,9 @@ static inline struct dgv_pd *sock_pd(const struct sock *s) { return s->pv->pd; }
 /* A datagram came from `from`: framed (it speaks datagram-iWARP) or plain (it may have
  * stopped). */
 void peer_heard(const union dgv_sockaddr *from, socklen_t fromlen, bool framed, int svc);
+/* The destinations known now and forgotten so far (idle for DGSHIM_DEST_IDLE_MS), for the exit
+ * summary. Takes each stripe's lock that is free. */
+void peer_totals(unsigned *known, unsigned long long *gone);
 /* An RD peer failed: stop sending it framed until discovery says otherwise. */
 void peer_failed(const union dgv_sockaddr *to, socklen_t tolen);
 

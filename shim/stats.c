@@ -176,13 +176,16 @@ void shim_fini(void)
 		}
 		struct stream_totals rc;
 		stream_totals(&rc);
+		unsigned dests;
+		unsigned long long dests_gone;
+		peer_totals(&dests, &dests_gone);
 		if (n == 0 && !rc.conns && !rc.plain && !dg_log_on(DG_LOG_DEBUG))
 			goto out; /* a process without sockets (a shell on the way) says nothing */
 		dg_log(DG_LOG_INFO,
 		       "summary: sockets=%u tx_framed=%llu tx_plain=%llu rx_framed=%llu rx_plain=%llu "
 		       "tx_zcopy=%llu tx_bytes=%llu rx_bytes=%llu crc_drops=%llu rejected=%llu lost=%llu "
 		       "retransmits=%llu rc_conns=%llu rc_plain=%llu rc_tx_bytes=%llu rc_rx_bytes=%llu rc_on_device=%llu "
-		       "rc_reset=%llu rc_peer_gone=%llu udp_on_device=%u%s%s",
+		       "rc_reset=%llu rc_peer_gone=%llu udp_on_device=%u dests=%u dests_forgotten=%llu%s%s",
 		       n, (unsigned long long)t.tx_framed, (unsigned long long)t.tx_plain,
 		       (unsigned long long)t.rx_framed, (unsigned long long)t.rx_plain,
 		       (unsigned long long)t.tx_zcopy, (unsigned long long)(t.tx_framed_bytes + t.tx_plain_bytes),
@@ -191,7 +194,7 @@ void shim_fini(void)
 		       (unsigned long long)t.retransmits, (unsigned long long)rc.conns,
 		       (unsigned long long)rc.plain, (unsigned long long)rc.tx_bytes,
 		       (unsigned long long)rc.rx_bytes, (unsigned long long)rc.dev,
-		       (unsigned long long)rc.resets, (unsigned long long)rc.peer_gone, ndev, G.dev_why[0] ? " provider=" : "", G.dev_why);
+		       (unsigned long long)rc.resets, (unsigned long long)rc.peer_gone, ndev, dests, dests_gone, G.dev_why[0] ? " provider=" : "", G.dev_why);
 	}
 out:
 	if (file && file->pid == (uint32_t)getpid())

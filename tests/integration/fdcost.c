@@ -8,6 +8,10 @@
  *                  server ends in a forked child: a connection within one process is plain)
  *   fdcost dests N one UDP server socket answers N short-lived client sockets: kB of RSS per
  *                  new destination ("dests N rss_kb R")
+ *   fdcost churn R N GAP_MS  R rounds of N new clients, GAP_MS apart: the server's kB of RSS
+ *                  per destination in the second half (what is known of idle ones is forgotten)
+ *   fdcost rdstall S  a blocking RD sender whose receiver stopped acknowledging: the CPU it
+ *                  uses while it waits S s for room ("rdstall ... cpu_frac F", of one CPU)
  *   fdcost move    dup, close the original, reuse its number for a pipe: the socket goes on
  *                  through the duplicate and the pipe's byte stays the program's
  *
@@ -23,9 +27,12 @@
 #include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 static int fails;
@@ -230,35 +237,175 @@ static long heap_used(void)
  * own: an object kept per destination in the program's heap, between buffers the program
  * allocates and frees, pinned glibc's heap, and a Python echo server's grew 1.5 kB per client
  * (the soak). */
-static int run_dests(int n)
+/* srv answers one new client socket (its own port: a new destination): returns 0, or -1 with
+ * the failure said. */
+static int one_client(int srv, const struct sockaddr_in *sa, int i)
+{
+	struct timeval tv = {5, 0};
+	int c = udp_bound();
+	setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	char b[32] = "ping";
+	struct sockaddr_in from;
+	socklen_t fl = sizeof from;
+	int r = 0;
+	/* srv -1: another process serves */
+	if (sendto(c, b, sizeof b, 0, (const struct sockaddr *)sa, sizeof *sa) != sizeof b ||
+	    (srv >= 0 && (recvfrom(srv, b, sizeof b, 0, (struct sockaddr *)&from, &fl) != sizeof b ||
+			  sendto(srv, b, sizeof b, 0, (struct sockaddr *)&from, fl) != sizeof b)) ||
+	    recv(c, b, sizeof b, 0) != sizeof b) {
+		FAIL("destination #%d: %s", i, strerror(errno));
+		r = -1;
+	}
+	close(c);
+	return r;
+}
+
+static int server_socket(struct sockaddr_in *sa)
 {
 	int srv = udp_bound();
-	struct sockaddr_in sa;
-	socklen_t sl = sizeof sa;
-	getsockname(srv, (struct sockaddr *)&sa, &sl);
+	socklen_t sl = sizeof *sa;
+	getsockname(srv, (struct sockaddr *)sa, &sl);
 	struct timeval tv = {5, 0};
 	setsockopt(srv, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	return srv;
+}
+
+static int run_dests(int n)
+{
+	struct sockaddr_in sa;
+	int srv = server_socket(&sa);
 	long r0 = 0, h0 = 0;
 	for (int i = -200; i < n; i++) {
 		if (i == 0) {
 			r0 = rss_kb(); /* after 200: the per-process state and the first pages made */
 			h0 = heap_used();
 		}
-		int c = udp_bound();
-		setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-		char b[32] = "ping";
-		struct sockaddr_in from;
-		socklen_t fl = sizeof from;
-		if (sendto(c, b, sizeof b, 0, (struct sockaddr *)&sa, sizeof sa) != sizeof b ||
-		    recvfrom(srv, b, sizeof b, 0, (struct sockaddr *)&from, &fl) != sizeof b ||
-		    sendto(srv, b, sizeof b, 0, (struct sockaddr *)&from, fl) != sizeof b || recv(c, b, sizeof b, 0) != sizeof b) {
-			FAIL("destination #%d: %s", i, strerror(errno));
+		if (one_client(srv, &sa, i))
 			return 1;
-		}
-		close(c);
 	}
 	long r1 = rss_kb(), h1 = heap_used();
 	printf("dests %d rss_kb %.3f heap_b %.1f\n", n, (double)(r1 - r0) / n, (double)(h1 - h0) / n);
+	return fails ? 1 : 0;
+}
+
+/* A long-lived server whose clients come and go: rounds of n new client sockets (in a child
+ * process, as clients are), a pause of gap_ms between rounds (run with DGSHIM_DEST_IDLE_MS below
+ * it). What the shim knows of a destination is forgotten once idle, so the server's RSS stays
+ * flat once the pages of the host's registry (1 MiB shared, docs/shim.md "Discovery") that its
+ * clients' ports hash to are touched: "churn R n N rss_kb R" is the server's kB per destination
+ * over the second half of the rounds (natively ~0; with every destination kept ~0.22). */
+static int run_churn(int rounds, int n, int gap_ms)
+{
+	struct sockaddr_in sa;
+	int srv = server_socket(&sa);
+	pid_t pid = fork();
+	if (pid < 0)
+		FAIL("fork: %s", strerror(errno));
+	if (pid == 0) {
+		for (int k = 1; k <= rounds; k++) {
+			for (int i = 0; i < n; i++)
+				if (one_client(-1, &sa, i))
+					_exit(1);
+			usleep((useconds_t)gap_ms * 1000);
+		}
+		_exit(0);
+	}
+	long r0 = 0;
+	char b[32];
+	for (int i = 0; i < rounds * n; i++) {
+		if (i == rounds / 2 * n)
+			r0 = rss_kb(); /* the shared registry's pages are all touched by then */
+		struct sockaddr_in from;
+		socklen_t fl = sizeof from;
+		if (recvfrom(srv, b, sizeof b, 0, (struct sockaddr *)&from, &fl) != sizeof b ||
+		    sendto(srv, b, sizeof b, 0, (struct sockaddr *)&from, fl) != sizeof b) {
+			FAIL("datagram #%d: %s", i, strerror(errno));
+			break;
+		}
+	}
+	long r1 = rss_kb();
+	int st = 0;
+	waitpid(pid, &st, 0);
+	if (!WIFEXITED(st) || WEXITSTATUS(st))
+		FAIL("the clients failed (status %d)", st);
+	int counted = (rounds - rounds / 2) * n;
+	printf("churn %d n %d rss_kb %.3f\n", rounds, n, counted > 0 ? (double)(r1 - r0) / counted : 0.0);
+	return fails ? 1 : 0;
+}
+
+/* CPU seconds of this process (all its threads: the shim's progress thread counts). */
+static double cpu_s(void)
+{
+	struct rusage u;
+	getrusage(RUSAGE_SELF, &u);
+	return (double)u.ru_utime.tv_sec + u.ru_utime.tv_usec / 1e6 + (double)u.ru_stime.tv_sec + u.ru_stime.tv_usec / 1e6;
+}
+
+static double wall_s(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + t.tv_nsec / 1e9;
+}
+
+/* A blocking RD sender whose receiver stops (SIGSTOP: no more acknowledgements): once its
+ * window is full, sendto waits for acks that do not come. It must wait, not spin: "rdstall
+ * cpu_frac F" is the CPU it used over `secs` s of that wait, a fraction of one CPU (a wait on
+ * the kernel socket's POLLOUT, always true, made it ~1.0). Run preloaded with DGSHIM_MODE=rd. */
+static int run_rdstall(double secs)
+{
+	int pp[2];
+	if (pipe(pp))
+		return FAIL("pipe: %s", strerror(errno)), 1;
+	pid_t pid = fork();
+	if (pid < 0)
+		return FAIL("fork: %s", strerror(errno)), 1;
+	if (pid == 0) {
+		int r = udp_bound();
+		struct sockaddr_in a;
+		socklen_t al = sizeof a;
+		getsockname(r, (struct sockaddr *)&a, &al);
+		char b[1024];
+		if (write(pp[1], &a, sizeof a) != sizeof a || recv(r, b, sizeof b, 0) < 0)
+			_exit(1);
+		raise(SIGSTOP); /* its datagrams stay unacknowledged from here on */
+		_exit(0);
+	}
+	struct sockaddr_in to;
+	if (read(pp[0], &to, sizeof to) != sizeof to)
+		return FAIL("the receiver did not start"), 1;
+	int s = udp_bound();
+	char b[1024] = {0};
+	int st, sent = 0;
+	if (sendto(s, b, sizeof b, 0, (struct sockaddr *)&to, sizeof to) != sizeof b)
+		FAIL("first datagram: %s", strerror(errno));
+	waitpid(pid, &st, WUNTRACED); /* stopped */
+	struct timeval tv = {0, 20000};
+	setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+	/* fill the window; then each sendto waits its 20 ms for room and returns EAGAIN */
+	double t0 = 0, c0 = 0, end = wall_s() + secs + 10;
+	int stalls = 0;
+	while (wall_s() < end) {
+		ssize_t r = sendto(s, b, sizeof b, 0, (struct sockaddr *)&to, sizeof to);
+		if (r == (ssize_t)sizeof b) {
+			sent++;
+			continue;
+		}
+		if (errno != EAGAIN && errno != EWOULDBLOCK) {
+			FAIL("sendto: %s", strerror(errno));
+			break;
+		}
+		if (++stalls == 1)
+			t0 = wall_s(), c0 = cpu_s();
+		else if (wall_s() - t0 >= secs)
+			break;
+	}
+	double t1 = wall_s(), c1 = cpu_s();
+	kill(pid, SIGKILL);
+	waitpid(pid, &st, 0);
+	if (stalls < 2 || t1 - t0 < secs / 2)
+		return FAIL("the sender never waited long for room (%d datagrams sent, %d timeouts)", sent, stalls), 1;
+	printf("rdstall sent %d waited_s %.2f cpu_frac %.3f\n", sent, t1 - t0, (c1 - c0) / (t1 - t0));
 	return fails ? 1 : 0;
 }
 
@@ -273,6 +420,10 @@ int main(int argc, char **argv)
 		return run_move();
 	if (argc >= 3 && !strcmp(argv[1], "dests"))
 		return run_dests(atoi(argv[2]));
-	fprintf(stderr, "usage: fdcost udp N | tcp N | move | dests N\n");
+	if (argc >= 3 && !strcmp(argv[1], "rdstall"))
+		return run_rdstall(atof(argv[2]));
+	if (argc >= 5 && !strcmp(argv[1], "churn"))
+		return run_churn(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]));
+	fprintf(stderr, "usage: fdcost udp N | tcp N | move | dests N | churn ROUNDS N GAP_MS | rdstall SECONDS\n");
 	return 2;
 }

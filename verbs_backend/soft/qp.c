@@ -1935,6 +1935,8 @@ int soft_destroy_qp(struct dgv_qp *qpb)
 		return soft_rc_destroy(qp);
 	soft_ctx_remove_qp(qp->ctx, qp);
 	pthread_mutex_lock(&qp->lock);
+	if (qp->rd)
+		rd_ack_owed(qp->rd, dg_now_us());
 	/* Flush: every outstanding work request completes with WR_FLUSH_ERR. */
 	for (uint32_t i = qp->sq_head; i != qp->sq_tail; i++) {
 		uint32_t idx = i % qp->sq_cap;

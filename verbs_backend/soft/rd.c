@@ -1270,6 +1270,13 @@ uint64_t rd_tick(struct rd_ep *ep, uint64_t now_us)
 	return ep->next_deadline > now_us ? ep->next_deadline - now_us : 0;
 }
 
+void rd_ack_owed(struct rd_ep *ep, uint64_t now_us)
+{
+	for (uint32_t i = ep->act_head; i != RD_NIL; i = ep->peers[i].anext)
+		if (ep->peers[i].ack_due)
+			send_ack(ep, &ep->peers[i], now_us);
+}
+
 bool rd_busy(struct rd_ep *ep)
 {
 	for (uint32_t i = ep->act_head; i != RD_NIL; i = ep->peers[i].anext)

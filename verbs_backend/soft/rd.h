@@ -96,6 +96,11 @@ void rd_kick(struct rd_ep *ep);
  * Returns the µs until it next has something to do (UINT64_MAX: nothing pending). */
 uint64_t rd_tick(struct rd_ep *ep, uint64_t now_us);
 
+/* Sends every acknowledgement owed now, not at its delayed-ack deadline: the endpoint is going
+ * away (its socket closes), and a sender whose last datagrams it does not acknowledge would
+ * retransmit them until it gave up, its window held meanwhile. */
+void rd_ack_owed(struct rd_ep *ep, uint64_t now_us);
+
 /* True while any datagram is unacknowledged or an ack is owed. */
 bool rd_busy(struct rd_ep *ep);
 
