@@ -144,6 +144,7 @@ struct stream {
 	uint64_t sent, peer_consumed, recs_sent, peer_recs;
 	uint32_t tx_out, ctl_out_n, ctl_seq;
 	uint64_t data_seq, data_done; /* data records posted, and retired by a completion */
+	uint64_t sig_seq;             /* the last data record posted signaled */
 	bool fin_sent, shut_wr;
 	bool ctl_owed;           /* a control message could not be posted (SQ full): retry */
 	/* receiving */
@@ -1739,8 +1740,11 @@ static size_t tx_room(const struct stream *t)
 
 /* Copies up to n bytes of iov (from offset skip) into the send ring and posts them. Returns
  * bytes posted (> 0) or -errno. */
+/* Posts up to n bytes of iov (from byte skip) as data records, as far as the window lets.
+ * sig_last: the record that ends the n bytes asks for a completion (on a device most do not).
+ * Returns the bytes posted, or -errno when none was. Needs s->lock. */
 static ssize_t post_data(struct sock *s, struct stream *t, const struct iovec *iov, int iovcnt, size_t skip,
-			 size_t n)
+			 size_t n, bool sig_last)
 {
 	size_t done = 0;
 	while (done < n) {
@@ -1766,7 +1770,8 @@ static ssize_t post_data(struct sock *s, struct stream *t, const struct iovec *i
 			at = 0;
 		}
 		struct dgv_sge sge = {(uint64_t)(uintptr_t)(t->tx + toff), (uint32_t)c, t->mr_out->lkey};
-		bool sig = !pv_can(t->pv, DGV_CAP_SIGNAL_COSTS) || (t->data_seq + 1) % SIGNAL_EVERY == 0;
+		bool sig = !pv_can(t->pv, DGV_CAP_SIGNAL_COSTS) || (t->data_seq + 1) % SIGNAL_EVERY == 0 ||
+			   (sig_last && done + c == n);
 		struct dgv_send_wr wr = {.wr_id = WR_SEND | (t->data_seq + 1) << 8 | WR_DATA, .sg_list = &sge, .num_sge = 1,
 					 .opcode = DGV_WR_WRITE_RECORD, .send_flags = sig ? DGV_SEND_SIGNALED : 0,
 					 .remote_addr = t->p_ring_addr + poff, .rkey = t->p_stag},
@@ -1775,6 +1780,8 @@ static ssize_t post_data(struct sock *s, struct stream *t, const struct iovec *i
 		if (rc)
 			return done ? (ssize_t)done : rc;
 		t->data_seq++;
+		if (sig)
+			t->sig_seq = t->data_seq;
 		t->sent += c;
 		t->recs_sent++;
 		t->tx_out++;
@@ -1860,7 +1867,9 @@ ssize_t stream_send(struct sock *s, int fd, const struct iovec *iov, int iovcnt,
 		size_t room = tx_room(t);
 		if (room) {
 			size_t want = total - done < room ? total - done : room;
-			ssize_t p = want ? post_data(s, t, iov, iovcnt, done, want) : 0;
+			/* a blocking write on a device waits for its last record's completion (below):
+			 * that record must ask for one */
+			ssize_t p = want ? post_data(s, t, iov, iovcnt, done, want, !nb && t->own_cm) : 0;
 			if (p < 0) {
 				if (p != -ENOMEM && p != -EAGAIN) {
 					rc = p;
@@ -1884,8 +1893,13 @@ ssize_t stream_send(struct sock *s, int fd, const struct iovec *iov, int iovcnt,
 	/* A blocking write returns once TCP has what it accepted, as the kernel's: then a writer
 	 * that dies next (exit, _exit, a signal) loses nothing, and its reader sees the end.
 	 * The soft provider hands records to TCP as they are posted; this waits only while TCP's
-	 * buffer is full (a device's records are with the device once posted). */
-	while (done && !nb && !t->own_cm && t->tx_out && !t->err && !t->tcp_down) {
+	 * buffer is full. A device's records are only posted: the device's QP dies with the
+	 * process, and what it had not sent yet with it (siw: records not yet handed to its TCP
+	 * socket; a writer that called _exit lost 55 kB of 8 MiB once), so a blocking write on a
+	 * device waits for its last record's completion (siw: handed to TCP; rxe: acknowledged by
+	 * the peer, one round trip per write). Not when that record could not ask for one (the
+	 * write ended early on an error). */
+	while (done && !nb && t->tx_out && (!t->own_cm || t->sig_seq == t->data_seq) && !t->err && !t->tcp_down) {
 		progress(s, t);
 		if (!t->tx_out || t->err || t->tcp_down)
 			break;
