@@ -534,6 +534,30 @@ void zc_cache_clear(struct sock *s)
 			dgv_dereg_mr(s->zc[i].mr), s->zc[i].mr = NULL;
 }
 
+void rd_gone_check(struct sock *s)
+{
+	if (!s->qp || s->qp_type != DGV_QPT_RD || s->tx_free_n == SHIM_TX_SLOTS)
+		return;
+	uint64_t now = shim_now_us();
+	if (now - s->gone_check_us < 10000)
+		return;
+	s->gone_check_us = now;
+	bool held[SHIM_TX_SLOTS];
+	memset(held, 1, sizeof held);
+	for (unsigned i = 0; i < s->tx_free_n; i++)
+		held[s->tx_free[i]] = false;
+	for (unsigned i = 0; i < SHIM_TX_SLOTS; i++) {
+		const union dgv_sockaddr *to = &s->txd[i].to;
+		if (!held[i] || (to->sa.sa_family != AF_INET && to->sa.sa_family != AF_INET6) || !ip_local(to))
+			continue;
+		unsigned port = ntohs(to->sa.sa_family == AF_INET ? to->sin.sin_port : to->sin6.sin6_port);
+		if (reg_has(reg_key(IWARP_MODE_RD, port)))
+			continue;
+		DG_DBG("RD destination port %u on this host: its socket is gone (no registry name): its datagrams in flight fail now", port);
+		dgv_qp_peer_gone(s->qp, &to->sa, s->txd[i].tolen);
+	}
+}
+
 /* Waits for room to send: events POLLOUT for a free slot, 0 for a completion only. Returns 0
  * to try again, 1 when the socket lost its queue pair meanwhile (send plain), or -errno
  * (-EAGAIN at once when nb). Needs s->lock. */
@@ -619,6 +643,12 @@ again:
 			consume_cq(s);
 		if (s->tx_free_n)
 			break;
+		if (s->qp_type == DGV_QPT_RD) {
+			/* a destination whose socket is gone holds slots for seconds: fail it now */
+			rd_gone_check(s);
+			if (consume_cq(s), s->tx_free_n)
+				break;
+		}
 		int w = tx_room_wait(s, fd, nb, POLLOUT, &timeout);
 		if (w < 0) {
 			rc = w;

@@ -784,6 +784,7 @@ void qp_teardown(struct sock *s, bool all)
 		if (s->qp_type == DGV_QPT_RD) {
 			uint64_t end = shim_now_us() + 2000000;
 			while (s->tx_free_n < SHIM_TX_SLOTS && shim_now_us() < end) {
+				rd_gone_check(s);
 				consume_cq(s);
 				if (s->tx_free_n < SHIM_TX_SLOTS)
 					dgv_cq_wait(s->cq, 10);

@@ -120,6 +120,7 @@ struct sock {
 	uint32_t ops;                 /* counter-refresh pacing */
 	/* where each send slot goes, to resend it plain if an RD peer vanishes */
 	struct { union dgv_sockaddr to; socklen_t tolen; uint32_t len; } txd[SHIM_TX_SLOTS];
+	uint64_t gone_check_us;       /* rd_gone_check's last look */
 
 	struct ep *eps[SHIM_MAX_EPS]; /* epoll instances watching it */
 	int neps;
@@ -196,6 +197,12 @@ void reg_del(int h);
 bool reg_has(uint64_t key);
 /* The key of a UDP socket's service svc (IWARP_MODE_UD/RD, SVC_UDV) on port. */
 uint64_t reg_key(int svc, unsigned port);
+
+/* RD: every send slot held by a destination on this host whose RD socket is gone (its registry
+ * name vanished: closed, or its process died) is failed now (dgv_qp_peer_gone), not after the
+ * retransmissions' seconds during which it held the socket's sends to everyone. At most every
+ * 10 ms. Needs s->lock. */
+void rd_gone_check(struct sock *s);
 
 /* peer.c: what a destination speaks. */
 void peer_init(void);

@@ -260,6 +260,13 @@ int dgv_qp_set_rx_cap(struct dgv_qp *qp, unsigned n)
 	return qp->ctx->ops->set_rx_cap ? qp->ctx->ops->set_rx_cap(qp, n) : -EOPNOTSUPP;
 }
 
+int dgv_qp_peer_gone(struct dgv_qp *qp, const struct sockaddr *to, socklen_t tolen)
+{
+	if (!qp || !to || !tolen)
+		return -EINVAL;
+	return qp->ctx->ops->qp_peer_gone ? qp->ctx->ops->qp_peer_gone(qp, to, tolen) : -EOPNOTSUPP;
+}
+
 /* ---------------------------------------------------------------- connections (RC) */
 
 #define CM_OP(ctx, op) ((ctx)->ops->op ? 0 : -EOPNOTSUPP)

@@ -603,6 +603,14 @@ int dgv_peek(struct dgv_qp *qp, void *buf, size_t len, struct dgv_peek *out);
  */
 int dgv_qp_set_rx_cap(struct dgv_qp *qp, unsigned n);
 
+/*
+ * An RD queue pair's peer at `to` is known to be gone (the caller's discovery says its socket
+ * closed): the sends in flight to it complete now with DGV_WC_REM_OP_ERR instead of after the
+ * retransmissions' seconds, during which they hold the sender's window. Nothing happens when
+ * none is in flight. Returns 0, -EINVAL, -EOPNOTSUPP (not RD, or no such knob).
+ */
+int dgv_qp_peer_gone(struct dgv_qp *qp, const struct sockaddr *to, socklen_t tolen);
+
 #ifdef __cplusplus
 }
 #endif

@@ -60,6 +60,8 @@ struct dgv_ops {
 	int (*peek)(struct dgv_qp *qp, void *buf, size_t len, struct dgv_peek *out);
 	/* optional (NULL: -EOPNOTSUPP): dgv_qp_set_rx_cap */
 	int (*set_rx_cap)(struct dgv_qp *qp, unsigned n);
+	/* optional (NULL: -EOPNOTSUPP): dgv_qp_peer_gone */
+	int (*qp_peer_gone)(struct dgv_qp *qp, const struct sockaddr *to, socklen_t tolen);
 	/* connections (RC); NULL in a backend without them: the front end returns -EOPNOTSUPP */
 	int (*cm_create_channel)(struct dgv_context *ctx, struct dgv_cm_channel **out);
 	/* optional (NULL: -EOPNOTSUPP): dgv_cm_create_channel_on_cq */

@@ -12,6 +12,7 @@
  *                  per destination in the second half (what is known of idle ones is forgotten)
  *   fdcost rdstall S  a blocking RD sender whose receiver stopped acknowledging: the CPU it
  *                  uses while it waits S s for room ("rdstall ... cpu_frac F", of one CPU)
+ *   fdcost rdkill N   a blocking RD sender whose receiver was killed: seconds for N datagrams
  *   fdcost move    dup, close the original, reuse its number for a pipe: the socket goes on
  *                  through the duplicate and the pipe's byte stays the program's
  *
@@ -352,34 +353,61 @@ static double wall_s(void)
  * window is full, sendto waits for acks that do not come. It must wait, not spin: "rdstall
  * cpu_frac F" is the CPU it used over `secs` s of that wait, a fraction of one CPU (a wait on
  * the kernel socket's POLLOUT, always true, made it ~1.0). Run preloaded with DGSHIM_MODE=rd. */
-static int run_rdstall(double secs)
+/* "fdcost rdrecv FD SIG": a bound UDP socket whose address goes to descriptor FD; receives one
+ * datagram, then raises SIG. */
+static int run_rdrecv(int wfd, int sig)
+{
+	int r = udp_bound();
+	struct sockaddr_in a;
+	socklen_t al = sizeof a;
+	getsockname(r, (struct sockaddr *)&a, &al);
+	char b[1024];
+	if (write(wfd, &a, sizeof a) != sizeof a || recv(r, b, sizeof b, 0) < 0)
+		return 1;
+	raise(sig);
+	return 0;
+}
+
+/* A receiver process (run_rdrecv) that receives one datagram (sent by s to *to) and then raises
+ * sig (SIGSTOP: it stops acknowledging; SIGKILL: its socket is gone). It is a new image (exec),
+ * as another program would be: a forked child's registry names share its parent's presence
+ * and outlive the child while the parent lives (registry.c). Returns its pid once the signal
+ * took effect, or -1. */
+static pid_t receiver_then(int sig, int s, struct sockaddr_in *to)
 {
 	int pp[2];
 	if (pipe(pp))
-		return FAIL("pipe: %s", strerror(errno)), 1;
+		return FAIL("pipe: %s", strerror(errno)), -1;
 	pid_t pid = fork();
 	if (pid < 0)
-		return FAIL("fork: %s", strerror(errno)), 1;
+		return FAIL("fork: %s", strerror(errno)), -1;
 	if (pid == 0) {
-		int r = udp_bound();
-		struct sockaddr_in a;
-		socklen_t al = sizeof a;
-		getsockname(r, (struct sockaddr *)&a, &al);
-		char b[1024];
-		if (write(pp[1], &a, sizeof a) != sizeof a || recv(r, b, sizeof b, 0) < 0)
-			_exit(1);
-		raise(SIGSTOP); /* its datagrams stay unacknowledged from here on */
-		_exit(0);
+		char fdarg[16], sigarg[16];
+		snprintf(fdarg, sizeof fdarg, "%d", pp[1]);
+		snprintf(sigarg, sizeof sigarg, "%d", sig);
+		execl("/proc/self/exe", "fdcost", "rdrecv", fdarg, sigarg, (char *)NULL);
+		_exit(127);
 	}
+	if (read(pp[0], to, sizeof *to) != sizeof *to)
+		return FAIL("the receiver did not start"), -1;
+	close(pp[0]), close(pp[1]);
+	char b[1024] = {0};
+	if (sendto(s, b, sizeof b, 0, (struct sockaddr *)to, sizeof *to) != sizeof b)
+		FAIL("first datagram: %s", strerror(errno));
+	int st;
+	waitpid(pid, &st, sig == SIGSTOP ? WUNTRACED : 0);
+	return pid;
+}
+
+static int run_rdstall(double secs)
+{
 	struct sockaddr_in to;
-	if (read(pp[0], &to, sizeof to) != sizeof to)
-		return FAIL("the receiver did not start"), 1;
 	int s = udp_bound();
+	pid_t pid = receiver_then(SIGSTOP, s, &to); /* its datagrams stay unacknowledged */
+	if (pid < 0)
+		return 1;
 	char b[1024] = {0};
 	int st, sent = 0;
-	if (sendto(s, b, sizeof b, 0, (struct sockaddr *)&to, sizeof to) != sizeof b)
-		FAIL("first datagram: %s", strerror(errno));
-	waitpid(pid, &st, WUNTRACED); /* stopped */
 	struct timeval tv = {0, 20000};
 	setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
 	/* fill the window; then each sendto waits its 20 ms for room and returns EAGAIN */
@@ -409,6 +437,25 @@ static int run_rdstall(double secs)
 	return fails ? 1 : 0;
 }
 
+/* A blocking RD sender whose receiver on this host was killed after one datagram: n more
+ * datagrams to it. The shim sees the receiver's registry name gone and fails what is in flight
+ * at once (dgv_qp_peer_gone), then sends plain: "rdkill n N s S" (before, the first window of
+ * datagrams held the socket for the retransmissions' ~6 s). Run preloaded with DGSHIM_MODE=rd. */
+static int run_rdkill(int n)
+{
+	struct sockaddr_in to;
+	int s = udp_bound();
+	if (receiver_then(SIGKILL, s, &to) < 0)
+		return 1;
+	char b[1024] = {0};
+	double t0 = wall_s();
+	for (int i = 0; i < n; i++)
+		if (sendto(s, b, sizeof b, 0, (struct sockaddr *)&to, sizeof to) != sizeof b)
+			return FAIL("datagram %d: %s", i, strerror(errno)), 1;
+	printf("rdkill n %d s %.3f\n", n, wall_s() - t0);
+	return fails ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -420,10 +467,14 @@ int main(int argc, char **argv)
 		return run_move();
 	if (argc >= 3 && !strcmp(argv[1], "dests"))
 		return run_dests(atoi(argv[2]));
+	if (argc >= 4 && !strcmp(argv[1], "rdrecv"))
+		return run_rdrecv(atoi(argv[2]), atoi(argv[3]));
+	if (argc >= 3 && !strcmp(argv[1], "rdkill"))
+		return run_rdkill(atoi(argv[2]));
 	if (argc >= 3 && !strcmp(argv[1], "rdstall"))
 		return run_rdstall(atof(argv[2]));
 	if (argc >= 5 && !strcmp(argv[1], "churn"))
 		return run_churn(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]));
-	fprintf(stderr, "usage: fdcost udp N | tcp N | move | dests N | churn ROUNDS N GAP_MS | rdstall SECONDS\n");
+	fprintf(stderr, "usage: fdcost udp N | tcp N | move | dests N | churn ROUNDS N GAP_MS | rdstall SECONDS | rdkill N\n");
 	return 2;
 }

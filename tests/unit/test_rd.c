@@ -787,6 +787,39 @@ Test(rd, silent_peer_times_out, .timeout = 120)
 	sim_fini(&s);
 }
 
+/* The caller knows the peer is gone (the shim: its registry name vanished): what is in flight
+ * fails at once with -ECONNRESET, not after the retries' 3.0 s; a peer with nothing in flight,
+ * or unknown, is left alone. */
+Test(rd, peer_gone_fails_in_flight_at_once)
+{
+	struct sim s;
+	sim_init(&s, 11);
+	struct rd_cfg c = base_cfg();
+	struct node *a = node_add(&s, &c, false), *b = node_add(&s, &c, false), *x = node_add(&s, &c, false);
+	s.drop_from = a->id;
+	for (int k = 0; k < 8; k++)
+		cr_assert_eq(send_msg(a, b, 100, true), 0);
+	for (int k = 0; k < 3; k++)
+		cr_assert(sim_step(&s));
+	cr_assert_eq(a->nfailed[b->id], 0);
+	uint64_t t0 = s.now;
+	cr_assert_eq(rd_peer_gone(a->ep, &x->addr, x->alen), 0, "nothing in flight to x: untouched");
+	cr_assert_eq(rd_peer_gone(a->ep, &b->addr, b->alen), 1);
+	cr_assert_eq(a->nfailed[b->id], 8, "every datagram in flight failed: %lu", (unsigned long)a->nfailed[b->id]);
+	cr_assert_eq(a->last_err, -ECONNRESET);
+	cr_assert_eq(s.now, t0, "at once, not on a timer");
+	cr_assert_eq(stats(a).peer_failures, 1);
+	cr_assert_eq(rd_peer_gone(a->ep, &b->addr, b->alen), 0, "nothing left in flight");
+	cr_assert_eq(rd_peer_gone(a->ep, &b->addr, 3), -EINVAL);
+	/* the path works again: a new epoch to b delivers */
+	s.drop_from = -1;
+	b->any_first = true;
+	cr_assert_eq(send_msg(a, b, 100, true), 0);
+	sim_settle(&s);
+	cr_assert_eq(a->nacked[b->id], 1);
+	sim_fini(&s);
+}
+
 Test(rd, sender_restart_new_epoch)
 {
 	struct sim s;

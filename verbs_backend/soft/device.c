@@ -301,6 +301,7 @@ static const struct dgv_ops soft_ops = {
 	.qp_stats = soft_qp_stats,
 	.peek = soft_peek,
 	.set_rx_cap = soft_set_rx_cap,
+	.qp_peer_gone = soft_qp_peer_gone,
 	.cm_create_channel = soft_cm_create_channel,
 	.cm_create_channel_on_cq = soft_cm_create_channel_on_cq,
 	.cm_destroy_channel = soft_cm_destroy_channel,

@@ -2208,6 +2208,21 @@ out:
 	return rc;
 }
 
+int soft_qp_peer_gone(struct dgv_qp *qpb, const struct sockaddr *to, socklen_t tolen)
+{
+	struct soft_qp *qp = to_sqp(qpb);
+	if (!qp->rd)
+		return -EOPNOTSUPP;
+	if (tolen > sizeof(union dgv_sockaddr))
+		return -EINVAL;
+	union dgv_sockaddr a;
+	memcpy(&a, to, tolen);
+	pthread_mutex_lock(&qp->lock);
+	int r = rd_peer_gone(qp->rd, &a, tolen);
+	pthread_mutex_unlock(&qp->lock);
+	return r < 0 ? r : 0;
+}
+
 int soft_set_rx_cap(struct dgv_qp *qpb, unsigned n)
 {
 	struct soft_qp *qp = to_sqp(qpb);

@@ -1270,6 +1270,22 @@ uint64_t rd_tick(struct rd_ep *ep, uint64_t now_us)
 	return ep->next_deadline > now_us ? ep->next_deadline - now_us : 0;
 }
 
+int rd_peer_gone(struct rd_ep *ep, const union dgv_sockaddr *to, socklen_t tolen)
+{
+	union dgv_sockaddr a;
+	socklen_t alen;
+	if (addr_norm(to, tolen, &a, &alen))
+		return -EINVAL;
+	uint32_t i = peer_find(ep, &a);
+	if (i == RD_NIL || !ep->peers[i].inflight)
+		return 0;
+	DG_DBG("rd: peer %u gone (told by the caller): %u datagrams in flight fail", i, ep->peers[i].inflight);
+	ep->st.peer_failures++;
+	tx_reset(ep, &ep->peers[i], -ECONNRESET);
+	drain(ep);
+	return 1;
+}
+
 void rd_ack_owed(struct rd_ep *ep, uint64_t now_us)
 {
 	for (uint32_t i = ep->act_head; i != RD_NIL; i = ep->peers[i].anext)

@@ -96,6 +96,11 @@ void rd_kick(struct rd_ep *ep);
  * Returns the µs until it next has something to do (UINT64_MAX: nothing pending). */
 uint64_t rd_tick(struct rd_ep *ep, uint64_t now_us);
 
+/* The caller knows the peer at `to` is gone (its socket closed): what is in flight to it fails
+ * now with -ECONNRESET (ops.failed), not after the retries' seconds. Returns 1 when something
+ * was in flight, 0 when nothing was, -EINVAL for a bad address. */
+int rd_peer_gone(struct rd_ep *ep, const union dgv_sockaddr *to, socklen_t tolen);
+
 /* Sends every acknowledgement owed now, not at its delayed-ack deadline: the endpoint is going
  * away (its socket closes), and a sender whose last datagrams it does not acknowledge would
  * retransmit them until it gave up, its window held meanwhile. */

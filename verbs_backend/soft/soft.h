@@ -361,6 +361,7 @@ int soft_poll_errq(struct dgv_qp *qp, int n, struct dgv_async_err *out);
 int soft_qp_stats(struct dgv_qp *qp, struct dgv_qp_stats *out);
 int soft_peek(struct dgv_qp *qp, void *buf, size_t len, struct dgv_peek *out);
 int soft_set_rx_cap(struct dgv_qp *qp, unsigned n);
+int soft_qp_peer_gone(struct dgv_qp *qp, const struct sockaddr *to, socklen_t tolen);
 /* Receives, runs timers and transmits what is queued. from_app: called by an application
  * call (records app activity). Takes qp->lock (trylock when !block). Returns >0 when it did
  * something, 0 when not, -EBUSY when another thread holds the QP. */
