@@ -542,7 +542,7 @@ void rd_gone_check(struct sock *s)
 	if (now - s->gone_check_us < 10000)
 		return;
 	s->gone_check_us = now;
-	bool held[SHIM_TX_SLOTS];
+	bool held[SHIM_TX_SLOTS], gone = false;
 	memset(held, 1, sizeof held);
 	for (unsigned i = 0; i < s->tx_free_n; i++)
 		held[s->tx_free[i]] = false;
@@ -553,9 +553,18 @@ void rd_gone_check(struct sock *s)
 		unsigned port = ntohs(to->sa.sa_family == AF_INET ? to->sin.sin_port : to->sin6.sin6_port);
 		if (reg_has(reg_key(IWARP_MODE_RD, port)))
 			continue;
-		DG_DBG("RD destination port %u on this host: its socket is gone (no registry name): its datagrams in flight fail now", port);
+		gone = true;
+		/* A receiver sends the acknowledgements it owes before its name goes (rd_ack_owed at
+		 * its QP's end), but this QP may take them in only at its next progress: a destination
+		 * is failed only once it has been seen gone for a while (what it acknowledged, failed,
+		 * would be resent plain: a duplicate where its socket lives on in another mode) */
+		if (!s->gone_since_us || now - s->gone_since_us < 20000)
+			continue;
+		DG_DBG("RD destination port %u on this host: its socket is gone (no registry name): its "
+		       "datagrams in flight fail now", port);
 		dgv_qp_peer_gone(s->qp, &to->sa, s->txd[i].tolen);
 	}
+	s->gone_since_us = gone ? (s->gone_since_us ? s->gone_since_us : now) : 0;
 }
 
 /* Waits for room to send: events POLLOUT for a free slot, 0 for a completion only. Returns 0
@@ -648,6 +657,20 @@ again:
 			rd_gone_check(s);
 			if (consume_cq(s), s->tx_free_n)
 				break;
+			if (s->gone_since_us && !nb && (timeout < 0 || timeout > 10)) {
+				/* a destination seen gone: look again in 10 ms, not at the nap's 200 */
+				int t = 10;
+				int w = tx_room_wait(s, fd, nb, POLLOUT, &t);
+				if (w && w != -EAGAIN) {
+					if (w > 0)
+						goto plain;
+					rc = w;
+					goto out;
+				}
+				if (timeout > 0)
+					timeout -= 10 - t;
+				continue;
+			}
 		}
 		int w = tx_room_wait(s, fd, nb, POLLOUT, &timeout);
 		if (w < 0) {

@@ -12,9 +12,13 @@
  * descriptor per socket; now one per process.
  *
  * The presence socket is inherited by fork (as the per-socket names were), so a name made
- * before the fork stays while parent or child lives, and the child names its own sockets
- * under the same token; a child never deletes its parent's entries (its sockets forget the
- * handles at fork). exec closes it (close-on-exec): a new image gets a new token.
+ * before the fork stays while parent or child lives (a daemon's parent may exit and leave the
+ * serving to the child); the child names the sockets it makes after the fork under a token of
+ * its own (reg_after_fork: its presence is bound at its first name), so they vanish with the
+ * child, not with the last of parent and child (an RD sender asks the registry whether a
+ * destination that stopped acknowledging is gone). A child never deletes its parent's entries
+ * (its sockets forget the handles at fork). exec closes both (close-on-exec): a new image gets
+ * a new token.
  *
  * Concurrency: entries are claimed with a compare-and-swap on the owner, then the key (one
  * 64-bit word) is stored; a reader checks the key again after reading the owner. Two processes naming the same key at once may both get an entry: the name then exists
@@ -212,6 +216,15 @@ void reg_del(int h)
 		return; /* taken over since: not ours any more */
 	atomic_store(&e->key, 0);
 	atomic_compare_exchange_strong(&e->owner, &tok, 0);
+}
+
+void reg_after_fork(void)
+{
+	pthread_mutex_init(&R.lock, NULL);
+	/* the inherited presence stays open (the parent's names live on with the child) but is no
+	 * longer this process's: the next name binds the child's own */
+	R.pfd = -1;
+	__atomic_store_n(&R.token, 0, __ATOMIC_RELEASE);
 }
 
 bool reg_has(uint64_t key)

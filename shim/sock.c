@@ -887,6 +887,7 @@ void shim_atfork_child(void)
 	stream_fork(true);
 	disco_after_fork();
 	peer_after_fork();
+	reg_after_fork();
 	stats_after_fork();
 	for (int fd = 0, hi = fd_max(); fd <= hi; fd++) {
 		struct sock *s = fd_sock(fd);

@@ -121,6 +121,7 @@ struct sock {
 	/* where each send slot goes, to resend it plain if an RD peer vanishes */
 	struct { union dgv_sockaddr to; socklen_t tolen; uint32_t len; } txd[SHIM_TX_SLOTS];
 	uint64_t gone_check_us;       /* rd_gone_check's last look */
+	uint64_t gone_since_us;       /* since when it has seen a destination gone (0: none) */
 
 	struct ep *eps[SHIM_MAX_EPS]; /* epoll instances watching it */
 	int neps;
@@ -195,13 +196,15 @@ int reg_add(uint64_t key);
 void reg_del(int h);
 /* Whether a living process of this network namespace has named key. */
 bool reg_has(uint64_t key);
+/* In a forked child: names made from now on are the child's own (registry.c). */
+void reg_after_fork(void);
 /* The key of a UDP socket's service svc (IWARP_MODE_UD/RD, SVC_UDV) on port. */
 uint64_t reg_key(int svc, unsigned port);
 
 /* RD: every send slot held by a destination on this host whose RD socket is gone (its registry
- * name vanished: closed, or its process died) is failed now (dgv_qp_peer_gone), not after the
- * retransmissions' seconds during which it held the socket's sends to everyone. At most every
- * 10 ms. Needs s->lock. */
+ * name vanished: closed, or its process died) for 20 ms is failed (dgv_qp_peer_gone), not after
+ * the retransmissions' seconds during which it held the socket's sends to everyone. Looks at
+ * most every 10 ms. Needs s->lock. */
 void rd_gone_check(struct sock *s);
 
 /* peer.c: what a destination speaks. */

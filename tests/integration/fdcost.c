@@ -12,7 +12,8 @@
  *                  per destination in the second half (what is known of idle ones is forgotten)
  *   fdcost rdstall S  a blocking RD sender whose receiver stopped acknowledging: the CPU it
  *                  uses while it waits S s for room ("rdstall ... cpu_frac F", of one CPU)
- *   fdcost rdkill N   a blocking RD sender whose receiver was killed: seconds for N datagrams
+ *   fdcost rdkill N [fork]  a blocking RD sender whose receiver (another program, or a forked
+ *                  child) was killed: seconds for N datagrams
  *   fdcost move    dup, close the original, reuse its number for a pipe: the socket goes on
  *                  through the duplicate and the pipe's byte stays the program's
  *
@@ -29,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -369,11 +371,11 @@ static int run_rdrecv(int wfd, int sig)
 }
 
 /* A receiver process (run_rdrecv) that receives one datagram (sent by s to *to) and then raises
- * sig (SIGSTOP: it stops acknowledging; SIGKILL: its socket is gone). It is a new image (exec),
- * as another program would be: a forked child's registry names share its parent's presence
- * and outlive the child while the parent lives (registry.c). Returns its pid once the signal
- * took effect, or -1. */
-static pid_t receiver_then(int sig, int s, struct sockaddr_in *to)
+ * sig (SIGSTOP: it stops acknowledging; SIGKILL: its socket is gone): a new image (exec), as
+ * another program would be, or with forked a child of this process (its registry names are
+ * its own, registry.c: they vanish with it). Returns its pid once the signal took effect, or
+ * -1. */
+static pid_t receiver_then(int sig, int s, struct sockaddr_in *to, bool forked)
 {
 	int pp[2];
 	if (pipe(pp))
@@ -381,6 +383,8 @@ static pid_t receiver_then(int sig, int s, struct sockaddr_in *to)
 	pid_t pid = fork();
 	if (pid < 0)
 		return FAIL("fork: %s", strerror(errno)), -1;
+	if (pid == 0 && forked)
+		_exit(run_rdrecv(pp[1], sig));
 	if (pid == 0) {
 		char fdarg[16], sigarg[16];
 		snprintf(fdarg, sizeof fdarg, "%d", pp[1]);
@@ -403,7 +407,7 @@ static int run_rdstall(double secs)
 {
 	struct sockaddr_in to;
 	int s = udp_bound();
-	pid_t pid = receiver_then(SIGSTOP, s, &to); /* its datagrams stay unacknowledged */
+	pid_t pid = receiver_then(SIGSTOP, s, &to, false); /* its datagrams stay unacknowledged */
 	if (pid < 0)
 		return 1;
 	char b[1024] = {0};
@@ -441,18 +445,18 @@ static int run_rdstall(double secs)
  * datagrams to it. The shim sees the receiver's registry name gone and fails what is in flight
  * at once (dgv_qp_peer_gone), then sends plain: "rdkill n N s S" (before, the first window of
  * datagrams held the socket for the retransmissions' ~6 s). Run preloaded with DGSHIM_MODE=rd. */
-static int run_rdkill(int n)
+static int run_rdkill(int n, bool forked)
 {
 	struct sockaddr_in to;
 	int s = udp_bound();
-	if (receiver_then(SIGKILL, s, &to) < 0)
+	if (receiver_then(SIGKILL, s, &to, forked) < 0)
 		return 1;
 	char b[1024] = {0};
 	double t0 = wall_s();
 	for (int i = 0; i < n; i++)
 		if (sendto(s, b, sizeof b, 0, (struct sockaddr *)&to, sizeof to) != sizeof b)
 			return FAIL("datagram %d: %s", i, strerror(errno)), 1;
-	printf("rdkill n %d s %.3f\n", n, wall_s() - t0);
+	printf("rdkill%s n %d s %.3f\n", forked ? "_forked" : "", n, wall_s() - t0);
 	return fails ? 1 : 0;
 }
 
@@ -470,11 +474,11 @@ int main(int argc, char **argv)
 	if (argc >= 4 && !strcmp(argv[1], "rdrecv"))
 		return run_rdrecv(atoi(argv[2]), atoi(argv[3]));
 	if (argc >= 3 && !strcmp(argv[1], "rdkill"))
-		return run_rdkill(atoi(argv[2]));
+		return run_rdkill(atoi(argv[2]), argc >= 4 && !strcmp(argv[3], "fork"));
 	if (argc >= 3 && !strcmp(argv[1], "rdstall"))
 		return run_rdstall(atof(argv[2]));
 	if (argc >= 5 && !strcmp(argv[1], "churn"))
 		return run_churn(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]));
-	fprintf(stderr, "usage: fdcost udp N | tcp N | move | dests N | churn ROUNDS N GAP_MS | rdstall SECONDS | rdkill N\n");
+	fprintf(stderr, "usage: fdcost udp N | tcp N | move | dests N | churn ROUNDS N GAP_MS | rdstall SECONDS | rdkill N [fork]\n");
 	return 2;
 }
