@@ -151,8 +151,9 @@ struct iv_qp {
 	bool ud;
 	struct iv_ud *u;
 	bool disc_called, peer_closed, established;
-	/* deferred rdma_accept (iv_run_accepts) */
+	/* deferred rdma_accept, or rdma_connect with connecting (iv_run_accepts) */
 	struct iv_qp *next_accept;
+	bool connecting;
 	struct rdma_conn_param acc;
 	uint8_t acc_pdata[DGV_MAX_PDATA + 4];
 	struct dgv_conn_info info;

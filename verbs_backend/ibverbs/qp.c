@@ -5,8 +5,8 @@
  * Connections. dgv_connect resolves the address and the route synchronously on a private
  * event channel (bounded, 2 s each: on a local network that is one ARP or neighbour lookup),
  * because the QP must exist on the right device before dgv_connect returns (the caller may
- * post receives at once), then moves the id to the caller's channel and starts rdma_connect;
- * the outcome comes as an event like the soft provider's. dgv_accept creates the QP and
+ * post receives at once), then moves the id to the caller's channel; rdma_connect is deferred
+ * like rdma_accept below; the outcome comes as an event like the soft provider's. dgv_accept creates the QP and
  * defers rdma_accept to the caller's next call into the provider (a CM or CQ call, or a send),
  * so receives posted right after dgv_accept are there before the peer can send: an iWARP
  * device (no RNR retry) ends the connection on a Send that finds no receive.
@@ -451,10 +451,11 @@ int iv_cm_wait(struct dgv_cm_channel *cb, int timeout_ms)
 
 static void do_accept(struct iv_qp *qp)
 {
-	if (rdma_accept(qp->id, &qp->acc) == 0)
+	if ((qp->connecting ? rdma_connect(qp->id, &qp->acc) : rdma_accept(qp->id, &qp->acc)) == 0)
 		return;
 	int err = -errno;
-	DG_WARN("ibverbs: rdma_accept on %s: %s", to_ictx(qp->base.ctx)->dev, strerror(-err));
+	DG_WARN("ibverbs: %s on %s: %s", qp->connecting ? "rdma_connect" : "rdma_accept", to_ictx(qp->base.ctx)->dev,
+		strerror(-err));
 	struct dgv_cm_event ev = {.type = DGV_CM_CONNECT_ERROR, .status = err, .qp = &qp->base, .user = qp->user};
 	qp_set_state(qp, DGV_QPS_ERROR);
 	pthread_mutex_lock(&qp->ch->lock);
@@ -1251,15 +1252,23 @@ int iv_connect(struct dgv_pd *pb, const struct dgv_qp_init_attr *attr, const str
 	}
 	rdma_destroy_event_channel(tmp);
 	tmp = NULL;
-	struct rdma_conn_param cp;
-	conn_param(ctx, param, &cp);
-	cp.private_data = plen ? pdata : NULL;
-	cp.private_data_len = (uint8_t)plen;
-	if (rdma_connect(id, &cp)) {
-		r = -errno;
-		DG_WARN("ibverbs: rdma_connect to %s: %s", iv_addr_str(dst, a, sizeof a), strerror(-r));
-		goto fail_qp;
-	}
+	/* rdma_connect on the caller's next call into us, as rdma_accept (header comment): the
+	 * receives the caller posts right after this are there before the peer's first Send (the
+	 * MPA exchange could finish first; siw then ended ~1 % of connections with a DDP
+	 * Terminate, "no buffer", at the writer's first record) */
+	conn_param(ctx, param, &qp->acc);
+	memcpy(qp->acc_pdata, pdata, (size_t)plen);
+	qp->acc.private_data = plen ? qp->acc_pdata : NULL;
+	qp->acc.private_data_len = (uint8_t)plen;
+	qp->connecting = true;
+	pthread_mutex_lock(&ctx->lock);
+	qp->next_accept = ctx->accepts;
+	ctx->accepts = qp;
+	atomic_fetch_add(&ctx->naccepts, 1);
+	pthread_mutex_unlock(&ctx->lock);
+	pthread_mutex_lock(&ch->lock);
+	chan_efd_sync(ch, true); /* a caller asleep on the channel fd must come back to start it */
+	pthread_mutex_unlock(&ch->lock);
 	DG_INFO("ibverbs: connecting QP %u on %s to %s", qp->qp->qp_num, ctx->dev, iv_addr_str(dst, a, sizeof a));
 	*out = &qp->base;
 	return 0;
@@ -1487,8 +1496,9 @@ int iv_disconnect(struct dgv_qp *qb)
 	struct iv_qp *qp = to_iqp(qb);
 	struct iv_ctx *ctx = to_ictx(qb->ctx);
 	if (accept_unlink(ctx, qp)) {
-		/* never accepted: refuse it instead */
-		rdma_reject(qp->id, NULL, 0);
+		/* never accepted: refuse it instead (never connected: nothing to say) */
+		if (!qp->connecting)
+			rdma_reject(qp->id, NULL, 0);
 		qp_set_state(qp, DGV_QPS_CLOSED);
 		return 0;
 	}
