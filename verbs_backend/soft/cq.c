@@ -79,9 +79,7 @@ int soft_req_notify_cq(struct dgv_cq *cqb, int solicited_only)
 	pthread_mutex_lock(&cq->lock);
 	if (cq->count && !solicited_only) {
 		/* Something is already there: make the fd readable now rather than losing the edge. */
-		uint64_t one = 1;
-		ssize_t w = write(cq->efd, &one, sizeof one);
-		(void)w;
+		soft_cq_kick(cq);
 	} else {
 		bool again = atomic_load(&cq->armed) && cq->armer != &self_token;
 		cq->armer = again ? cq_armer_many : &self_token;
@@ -151,11 +149,8 @@ int soft_cq_push(struct soft_cq *cq, const struct dgv_wc *wc, struct soft_slot *
 			wake = true;
 	}
 	pthread_mutex_unlock(&cq->lock);
-	if (wake) {
-		uint64_t one = 1;
-		ssize_t w = write(cq->efd, &one, sizeof one);
-		(void)w;
-	}
+	if (wake)
+		soft_cq_kick(cq);
 	return 0;
 }
 
@@ -306,11 +301,8 @@ int soft_poll_cq(struct dgv_cq *cqb, int n, struct dgv_wc *wc)
 	bool notify = cq->deferred && cq->count;
 	cq->deferred = false;
 	pthread_mutex_unlock(&cq->lock);
-	if (notify) {
-		uint64_t one = 1;
-		ssize_t w = write(cq->efd, &one, sizeof one);
-		(void)w;
-	}
+	if (notify)
+		soft_cq_kick(cq);
 	return got;
 }
 
