@@ -463,6 +463,20 @@ static void do_accept(struct iv_qp *qp)
 	pthread_mutex_unlock(&qp->ch->lock);
 }
 
+/* Puts qp on the deferred list: its rdma_accept (or rdma_connect) runs at the caller's next
+ * call into the provider. Takes ctx->lock, then ch->lock. */
+static void defer_start(struct iv_ctx *ctx, struct iv_chan *ch, struct iv_qp *qp)
+{
+	pthread_mutex_lock(&ctx->lock);
+	qp->next_accept = ctx->accepts;
+	ctx->accepts = qp;
+	atomic_fetch_add(&ctx->naccepts, 1);
+	pthread_mutex_unlock(&ctx->lock);
+	pthread_mutex_lock(&ch->lock);
+	chan_efd_sync(ch, true); /* a caller asleep on the channel fd must come back to start it */
+	pthread_mutex_unlock(&ch->lock);
+}
+
 /* Removes qp from the deferred list; true when it was there. */
 static bool accept_unlink(struct iv_ctx *ctx, struct iv_qp *qp)
 {
@@ -1261,14 +1275,7 @@ int iv_connect(struct dgv_pd *pb, const struct dgv_qp_init_attr *attr, const str
 	qp->acc.private_data = plen ? qp->acc_pdata : NULL;
 	qp->acc.private_data_len = (uint8_t)plen;
 	qp->connecting = true;
-	pthread_mutex_lock(&ctx->lock);
-	qp->next_accept = ctx->accepts;
-	ctx->accepts = qp;
-	atomic_fetch_add(&ctx->naccepts, 1);
-	pthread_mutex_unlock(&ctx->lock);
-	pthread_mutex_lock(&ch->lock);
-	chan_efd_sync(ch, true); /* a caller asleep on the channel fd must come back to start it */
-	pthread_mutex_unlock(&ch->lock);
+	defer_start(ctx, ch, qp);
 	DG_INFO("ibverbs: connecting QP %u on %s to %s", qp->qp->qp_num, ctx->dev, iv_addr_str(dst, a, sizeof a));
 	*out = &qp->base;
 	return 0;
@@ -1438,14 +1445,7 @@ int iv_accept(struct dgv_conn_req *rb, struct dgv_pd *pb, const struct dgv_qp_in
 	qp->acc.private_data_len = (uint8_t)plen;
 	qp->info = req->info;
 	/* rdma_accept on the caller's next call into us (header comment) */
-	pthread_mutex_lock(&ctx->lock);
-	qp->next_accept = ctx->accepts;
-	ctx->accepts = qp;
-	atomic_fetch_add(&ctx->naccepts, 1);
-	pthread_mutex_unlock(&ctx->lock);
-	pthread_mutex_lock(&ch->lock);
-	chan_efd_sync(ch, true); /* a caller asleep on the channel fd must come back to send it */
-	pthread_mutex_unlock(&ch->lock);
+	defer_start(ctx, ch, qp);
 	free(req);
 	*out = &qp->base;
 	return 0;
