@@ -226,8 +226,9 @@ static inline void iop_report_err(const char *op, const char *what)
  * these operations; each returns 0, or -1 after printing why on stderr. Offsets are arena offsets.
  */
 #define IOP_A_REGION 0u                        /* advertised region (IOP_REGION) */
-#define IOP_A_SEND (IOP_A_REGION + IOP_REGION) /* staging for Sends and Write sources */
-#define IOP_A_READ (IOP_A_SEND + IOP_RBUF)     /* RDMA Read sink */
+#define IOP_A_SEND (IOP_A_REGION + IOP_REGION) /* IOP_NSTAGE stagings for Sends and Write sources */
+#define IOP_NSTAGE 4u
+#define IOP_A_READ (IOP_A_SEND + IOP_NSTAGE * IOP_RBUF) /* RDMA Read sink */
 #define IOP_A_RECV (IOP_A_READ + IOP_RBUF)     /* IOP_NRECV receive buffers */
 #define IOP_ARENA (IOP_A_RECV + IOP_NRECV * IOP_RBUF)
 
@@ -246,11 +247,22 @@ static inline void iop_arena_init(uint8_t *arena, int active)
 	iop_fill(arena + IOP_HALF, IOP_HALF, active ? IOP_SEED_READ_A : IOP_SEED_READ_P, IOP_HALF);
 }
 
+/* The next staging buffer for a Send or a Write source, in turn: a Send's completion does not
+ * mean its bytes have left (siw sends pages zero-copy: TCP reads them when it transmits, and
+ * the CRC was computed before), so a buffer is written again only after the IOP_NSTAGE - 1
+ * Sends after it (the echo that reused one buffer reached the other side with a bad CRC). */
+static inline uint32_t iop_stage(void)
+{
+	static uint32_t n;
+	return IOP_A_SEND + (n++ % IOP_NSTAGE) * IOP_RBUF;
+}
+
 static inline int iop_send_ctl(const struct iop_ops *o, void *c, uint8_t *arena, uint32_t type, uint32_t off,
 			       uint32_t len, uint32_t seed, uint32_t status)
 {
-	iop_ctl_put((struct iop_ctl *)(void *)(arena + IOP_A_SEND), type, off, len, seed, status);
-	return o->send(c, IOP_A_SEND, sizeof(struct iop_ctl));
+	uint32_t s = iop_stage();
+	iop_ctl_put((struct iop_ctl *)(void *)(arena + s), type, off, len, seed, status);
+	return o->send(c, s, sizeof(struct iop_ctl));
 }
 
 static inline int iop_recv_ctl(const struct iop_ops *o, void *c, uint8_t *arena, uint32_t type, struct iop_ctl *out)
@@ -273,7 +285,8 @@ static inline int iop_recv_ctl(const struct iop_ops *o, void *c, uint8_t *arena,
 /* Runs steps 0-4 of the protocol; returns the number of failed ops (>= 1 when it stopped early). */
 static inline int iop_run(const struct iop_ops *o, void *c, uint8_t *arena, int active, const struct iop_pdata *peer)
 {
-	uint8_t *region = arena + IOP_A_REGION, *sbuf = arena + IOP_A_SEND, *rdbuf = arena + IOP_A_READ;
+	uint8_t *region = arena + IOP_A_REGION, *rdbuf = arena + IOP_A_READ;
+	uint32_t s;
 	struct iop_ctl ctl;
 	char d[200];
 	int fails = 0;
@@ -291,8 +304,9 @@ static inline int iop_run(const struct iop_ops *o, void *c, uint8_t *arena, int 
 
 		snprintf(d, sizeof d, "%s Send #%zu (%u bytes)", active ? "echo of" : "received", k, sz);
 		if (active) {
-			iop_fill(sbuf, sz, seed, 0);
-			if (o->send(c, IOP_A_SEND, sz) || o->recv(c, &off, &len))
+			s = iop_stage();
+			iop_fill(arena + s, sz, seed, 0);
+			if (o->send(c, s, sz) || o->recv(c, &off, &len))
 				goto stop_send;
 		} else {
 			if (o->recv(c, &off, &len))
@@ -304,8 +318,9 @@ static inline int iop_run(const struct iop_ops *o, void *c, uint8_t *arena, int 
 		} else if (iop_check(d, arena + off, len, seed, 0))
 			bad = 1;
 		if (!active) {
-			memcpy(sbuf, arena + off, len); /* echo exactly what arrived */
-			if (o->repost(c, off) || o->send(c, IOP_A_SEND, len))
+			s = iop_stage();
+			memcpy(arena + s, arena + off, len); /* echo exactly what arrived */
+			if (o->repost(c, off) || o->send(c, s, len))
 				goto stop_send;
 		} else if (o->repost(c, off))
 			goto stop_send;
@@ -326,8 +341,9 @@ static inline int iop_run(const struct iop_ops *o, void *c, uint8_t *arena, int 
 
 		if (actor) {
 			for (size_t k = 0; k < IOP_N(IOP_WRITES); k++) {
-				iop_fill(sbuf, IOP_WRITES[k].len, wseed + (uint32_t)k, 0);
-				if (o->write(c, IOP_A_SEND, IOP_WRITES[k].len, peer->addr + IOP_WRITES[k].off, peer->rkey) ||
+				s = iop_stage();
+				iop_fill(arena + s, IOP_WRITES[k].len, wseed + (uint32_t)k, 0);
+				if (o->write(c, s, IOP_WRITES[k].len, peer->addr + IOP_WRITES[k].off, peer->rkey) ||
 				    iop_send_ctl(o, c, arena, IOP_WROTE, IOP_WRITES[k].off, IOP_WRITES[k].len,
 						 wseed + (uint32_t)k, 0) ||
 				    iop_recv_ctl(o, c, arena, IOP_ACK, &ctl)) {
