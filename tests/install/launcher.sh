@@ -75,6 +75,8 @@ bad --stream-buf 8K; bad --stream-buf 65M; bad --stream-buf 1G; bad --stream-buf
 ok --mpa-crc off DGSHIM_MPA_CRC off; bad --mpa-crc no
 ok --stats off DGSHIM_STATS off; bad --stats 0
 ok --udp-gso off DGSHIM_UDP_GSO off; bad --udp-gso 0
+ok --dest-idle-ms 100 DGSHIM_DEST_IDLE_MS 100; ok --dest-idle-ms 86400000 DGSHIM_DEST_IDLE_MS 86400000
+bad --dest-idle-ms 99; bad --dest-idle-ms 86400001; bad --dest-idle-ms 1s; bad --dest-idle-ms 99999999999999999999
 for l in off error warn info debug 0 4; do ok -l $l DGSHIM_LOG $l; done
 bad -l verbose; bad -l 5
 ok --log-file "$tmp/x.%p.log" DGSHIM_LOG_FILE "$tmp/x.%p.log"; bad --log-file /nonexistent-dir/x.log
