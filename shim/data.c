@@ -546,12 +546,18 @@ void rd_gone_check(struct sock *s)
 	memset(held, 1, sizeof held);
 	for (unsigned i = 0; i < s->tx_free_n; i++)
 		held[s->tx_free[i]] = false;
+	/* the slots held are mostly for one destination: its registry look (a system call when
+	 * the name is there) is made once per run of them */
+	const union dgv_sockaddr *last = NULL;
+	bool last_there = true;
 	for (unsigned i = 0; i < SHIM_TX_SLOTS; i++) {
 		const union dgv_sockaddr *to = &s->txd[i].to;
 		if (!held[i] || (to->sa.sa_family != AF_INET && to->sa.sa_family != AF_INET6) || !ip_local(to))
 			continue;
-		unsigned port = ntohs(to->sa.sa_family == AF_INET ? to->sin.sin_port : to->sin6.sin6_port);
-		if (reg_has(reg_key(IWARP_MODE_RD, port)))
+		unsigned port = port_of(to);
+		if (!last || !dgv_addr_eq(last, to))
+			last_there = reg_has(reg_key(IWARP_MODE_RD, port)), last = to;
+		if (last_there)
 			continue;
 		gone = true;
 		/* A receiver sends the acknowledgements it owes before its name goes (rd_ack_owed at
@@ -657,22 +663,17 @@ again:
 			rd_gone_check(s);
 			if (consume_cq(s), s->tx_free_n)
 				break;
-			if (s->gone_since_us && !nb && (timeout < 0 || timeout > 10)) {
-				/* a destination seen gone: look again in 10 ms, not at the nap's 200 */
-				int t = 10;
-				int w = tx_room_wait(s, fd, nb, POLLOUT, &t);
-				if (w && w != -EAGAIN) {
-					if (w > 0)
-						goto plain;
-					rc = w;
-					goto out;
-				}
-				if (timeout > 0)
-					timeout -= 10 - t;
-				continue;
-			}
 		}
-		int w = tx_room_wait(s, fd, nb, POLLOUT, &timeout);
+		/* a destination seen gone: look again in 10 ms, not at the nap's 200 */
+		bool brief = s->gone_since_us && !nb && (timeout < 0 || timeout > 10);
+		int t = 10;
+		int w = tx_room_wait(s, fd, nb, POLLOUT, brief ? &t : &timeout);
+		if (brief) {
+			if (w == -EAGAIN)
+				w = 0;
+			if (timeout > 0)
+				timeout -= 10 - t;
+		}
 		if (w < 0) {
 			rc = w;
 			goto out;

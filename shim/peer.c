@@ -167,10 +167,6 @@ bool ip_local(const union dgv_sockaddr *a)
 	return false;
 }
 
-static unsigned port_of(const union dgv_sockaddr *a)
-{
-	return ntohs(a->sa.sa_family == AF_INET ? a->sin.sin_port : a->sin6.sin6_port);
-}
 
 static uint32_t hash_addr(const union dgv_sockaddr *a)
 {

@@ -164,6 +164,11 @@ int registry_bind(const struct sockaddr_un *a, socklen_t al);
 bool registry_exists(const struct sockaddr_un *a, socklen_t al);
 /* a on this host (loopback or one of its addresses): discovery applies */
 bool ip_local(const union dgv_sockaddr *a);
+/* The port of an AF_INET or AF_INET6 address, host order. */
+static inline unsigned port_of(const union dgv_sockaddr *a)
+{
+	return ntohs(a->sa.sa_family == AF_INET ? a->sin.sin_port : a->sin6.sin6_port);
+}
 /* s->lock, resetting a forked child's copy first. */
 int sock_lock(struct sock *s);
 void sock_unlock(struct sock *s);

@@ -185,10 +185,6 @@ void stream_totals(struct stream_totals *t)
 	t->resets = atomic_load(&T.resets), t->peer_gone = atomic_load(&T.peer_gone);
 }
 
-static unsigned port_of(const union dgv_sockaddr *a)
-{
-	return ntohs(a->sa.sa_family == AF_INET ? a->sin.sin_port : a->sin6.sin6_port);
-}
 
 /* STREAM_RING from the environment (bytes, rounded up to a power of two), once. Threads may
  * compute it at the same time (an accept in one program thread, a connect in another):
