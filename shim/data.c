@@ -562,15 +562,17 @@ void rd_gone_check(struct sock *s)
 		gone = true;
 		/* A receiver sends the acknowledgements it owes before its name goes (rd_ack_owed at
 		 * its QP's end), but this QP may take them in only at its next progress: a destination
-		 * is failed only once it has been seen gone for a while (what it acknowledged, failed,
-		 * would be resent plain: a duplicate where its socket lives on in another mode) */
-		if (!s->gone_since_us || now - s->gone_since_us < 20000)
+		 * is failed only once this slot has seen it gone for a while (what it acknowledged,
+		 * failed, would be resent plain: a duplicate where its socket lives on in another mode) */
+		if (!s->txd[i].gone_at)
+			s->txd[i].gone_at = now;
+		if (now - s->txd[i].gone_at < 20000)
 			continue;
 		DG_DBG("RD destination port %u on this host: its socket is gone (no registry name): its "
 		       "datagrams in flight fail now", port);
 		dgv_qp_peer_gone(s->qp, &to->sa, s->txd[i].tolen);
 	}
-	s->gone_since_us = gone ? (s->gone_since_us ? s->gone_since_us : now) : 0;
+	s->gone_seen = gone;
 }
 
 /* Waits for room to send: events POLLOUT for a free slot, 0 for a completion only. Returns 0
@@ -665,7 +667,7 @@ again:
 				break;
 		}
 		/* a destination seen gone: look again in 10 ms, not at the nap's 200 */
-		bool brief = s->gone_since_us && !nb && (timeout < 0 || timeout > 10);
+		bool brief = s->gone_seen && !nb && (timeout < 0 || timeout > 10);
 		int t = 10;
 		int w = tx_room_wait(s, fd, nb, POLLOUT, brief ? &t : &timeout);
 		if (brief) {
@@ -692,6 +694,7 @@ again:
 	memcpy(&s->txd[slot].to, to, tolen < sizeof s->txd[slot].to ? tolen : sizeof s->txd[slot].to);
 	s->txd[slot].tolen = tolen;
 	s->txd[slot].len = (uint32_t)total;
+	s->txd[slot].gone_at = 0;
 	struct dgv_sge sge = {(uint64_t)(uintptr_t)b, (uint32_t)total, s->tx_mr->lkey};
 	struct dgv_send_wr wr = {.wr_id = WR_TX | slot, .sg_list = &sge, .num_sge = 1,
 				 .opcode = DGV_WR_SEND, .send_flags = DGV_SEND_SIGNALED, .ah = ah},

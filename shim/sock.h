@@ -119,9 +119,14 @@ struct sock {
 	struct zc_ent zc[SHIM_ZC_CACHE];
 	uint32_t ops;                 /* counter-refresh pacing */
 	/* where each send slot goes, to resend it plain if an RD peer vanishes */
-	struct { union dgv_sockaddr to; socklen_t tolen; uint32_t len; } txd[SHIM_TX_SLOTS];
+	struct {
+		union dgv_sockaddr to;
+		socklen_t tolen;
+		uint32_t len;
+		uint64_t gone_at; /* rd_gone_check: when its destination was first seen gone (0: not) */
+	} txd[SHIM_TX_SLOTS];
 	uint64_t gone_check_us;       /* rd_gone_check's last look */
-	uint64_t gone_since_us;       /* since when it has seen a destination gone (0: none) */
+	bool gone_seen;               /* rd_gone_check's last look found a destination gone */
 
 	struct ep *eps[SHIM_MAX_EPS]; /* epoll instances watching it */
 	int neps;
@@ -207,7 +212,7 @@ void reg_after_fork(void);
 uint64_t reg_key(int svc, unsigned port);
 
 /* RD: every send slot held by a destination on this host whose RD socket is gone (its registry
- * name vanished: closed, or its process died) for 20 ms is failed (dgv_qp_peer_gone), not after
+ * name vanished: closed, or its process died), seen so by a slot for 20 ms, is failed (dgv_qp_peer_gone), not after
  * the retransmissions' seconds during which it held the socket's sends to everyone. Looks at
  * most every 10 ms. Needs s->lock. */
 void rd_gone_check(struct sock *s);
