@@ -729,6 +729,20 @@ static bool cheap_ready(struct sock *s)
 
 #define EV_STACK 256
 
+/* A carried stream whose server said "stay plain" while r was attached (ent.plain_due): the
+ * shim forgets its descriptor, and r becomes the kernel's registration again, with the events
+ * the program asked (a connect's EPOLLOUT among them, which the attached registration left to
+ * the shim), reported from the next wait on. Needs no ep->lock (stream_let_go takes it).
+ * Returns whether it did; r is not to be used after. */
+static bool let_go_plain(struct reg *r)
+{
+	if (likely(!atomic_load_explicit(&r->s->ent.plain_due, memory_order_acquire)))
+		return false;
+	if (reg_current(r))
+		stream_let_go(r->fd);
+	return true;
+}
+
 /* Level-triggered registrations of taken sockets with data the kernel no longer shows (queued
  * from an earlier burst), and streams that connected since they were added, into evs. Returns
  * the number of events written. */
@@ -761,6 +775,10 @@ static int ep_rescan(struct ep *ep, struct epoll_event *evs, int max, uint32_t r
 			uint32_t own;
 			shim_depth++;
 			got = shim_ready(r, e & (EPOLLIN | EPOLLOUT), &own, true);
+			if (!own && let_go_plain(r)) {
+				shim_depth--;
+				continue;
+			}
 			if ((e & EPOLLET) && (got & EPOLLIN))
 				r->last_in = stream_news(r->s);
 			shim_depth--;
@@ -807,6 +825,8 @@ static void ep_translate(struct ep *ep, const struct epoll_event *k, int n, stru
 				sock_cq_ack(r->s);
 			if (strm) {
 				uint32_t own, own2, rdy = shim_ready(r, r->events & (EPOLLIN | EPOLLOUT), &own, false);
+				if (!own && let_go_plain(r))
+					continue;
 				/* after shim_ready: the completions its progress made signalled the
 				 * CQ descriptor as well; consumed now, that edge is not reported
 				 * again (epoll looks at the descriptor before it reports), so an

@@ -52,7 +52,14 @@ static inline struct sock *taken(int fd)
 {
 	if (shim_depth)
 		return NULL;
-	return fd_sock(fd);
+	struct ent *e = fd_get(fd);
+	if (!e || e->kind != ENT_SOCK)
+		return NULL;
+	if (unlikely(atomic_load_explicit(&e->plain_due, memory_order_acquire))) {
+		stream_let_go(fd); /* the kernel carries it from now on */
+		return NULL;
+	}
+	return (struct sock *)e;
 }
 
 /* ------------------------------------------------------------------ lifecycle */

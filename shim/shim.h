@@ -137,6 +137,10 @@ struct sock_ops;
 struct ent {
 	enum ent_kind kind;
 	const struct sock_ops *ops; /* ENT_SOCK: what its kind does (set once, at creation) */
+	/* ENT_SOCK: a stream that went plain while a call held the shim's locks (stream.c
+	 * plain_after_rv); read without a lock by the next call that holds none, which forgets
+	 * the descriptor (stream_let_go) */
+	atomic_bool plain_due;
 };
 
 struct sock;
@@ -158,6 +162,9 @@ static inline struct ep *fd_ep(int fd)
 struct ent *fd_set_ent(int fd, struct ent *e);
 /* The highest descriptor that ever had an entry (-1: none): the bound for walks over the table. */
 int fd_max(void);
+/* (stream.c) The shim forgets fd (its epoll registrations become the kernel's again): the OS
+ * carries the connection from now on. Needs no lock held (takes the epoll instances'). */
+void stream_let_go(int fd);
 
 /*
  * The shim's and the provider's own descriptors (event and epoll descriptors, the registry's

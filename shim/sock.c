@@ -747,8 +747,8 @@ retry:
 	return 0;
 dev_fail:
 	if (s->pv != &G.host) {
-		DG_WARN("fd %d: no UD queue pair on the device (%s): the soft provider carries this socket", fd,
-			strerror(-rc));
+		DG_WARN("fd %d: no UD queue pair on the device (%s%s): the soft provider carries this socket", fd,
+			strerror(-rc), dev_res_hint(s->pv, rc));
 		qp_teardown(s, true);
 		s->pv = &G.host;
 		goto retry;

@@ -51,6 +51,13 @@ struct shim_global {
 extern struct shim_global G;
 
 enum { DEV_NO = 0, DEV_AUTO = 1, DEV_YES = 2 };
+
+/* For a log line after pv's resources failed with rc: a device's registration fails with
+ * ENOMEM when it would pin more than RLIMIT_MEMLOCK (without CAP_IPC_LOCK), the usual cause. */
+static inline const char *dev_res_hint(const struct shim_pv *pv, int rc)
+{
+	return pv == &G.dev && rc == -ENOMEM ? "; RLIMIT_MEMLOCK, `ulimit -l`, may be too low for the device" : "";
+}
 /* Discovery services (registry names and peer capabilities): the IWARP_MODE of the service,
  * or SVC_UDV: UD on an RDMA device (reached through the device, by SIDR, not kernel UDP). */
 enum { SVC_UDV = 0x100 };

@@ -590,8 +590,11 @@ static void progress(struct sock *s, struct stream *t)
 {
 	if (!t->cq)
 		return;
-	if (t->rv_wait)
+	if (t->rv_wait) {
 		rv_step(s, t);
+		if (!t->cq)
+			return; /* "stay plain": the kernel carries it now */
+	}
 	drain_cq(s, t);
 	/* DGV_CAP_ARM_ONCE: left armed, and looked at once more after that (one arming per
 	 * wake-up, not per call), so a wait that follows misses nothing */
@@ -779,6 +782,21 @@ static void connect_failed(struct stream *t, int e, const char *why)
 	t->state = SS_DEAD;
 }
 
+/* The server said "stay plain" (its device has no room for the connection): the kernel
+ * carries the TCP connection both programs made, which carried nothing but the rendezvous.
+ * The socket answers as not carried (SS_NEW) at once; the descriptor is forgotten at the
+ * program's next call that holds none of the shim's locks (ent.plain_due, interpose.c
+ * taken(), events.c), as forgetting it needs the epoll instances' locks. Needs s->lock. */
+static void plain_after_rv(struct sock *s, struct stream *t)
+{
+	res_free(t);
+	t->state = SS_NEW;
+	t->mode = IWARP_MODE_OFF;
+	t->rv_wait = false;
+	atomic_fetch_add(&T.plain, 1);
+	atomic_store_explicit(&s->ent.plain_due, true, memory_order_release);
+}
+
 /* Client of a device stream: once the server's stream_rv has come whole on the TCP
  * connection, connects to the device listener it names (family 0: the address TCP went to)
  * with our hello and its cookie. Needs s->lock. */
@@ -802,21 +820,29 @@ static void rv_step(struct sock *s, struct stream *t)
 		return;
 	}
 	t->rv_wait = false;
-	uint16_t fam = be16toh(rv.family), port = be16toh(rv.port);
-	union dgv_sockaddr a;
-	socklen_t al = s->peerlen;
-	unmap4(&s->peer, &a, &al);
-	if (be32toh(rv.magic) != STREAM_RV_MAGIC || !port || (fam != 0 && fam != 4 && fam != 6)) {
+	struct stream_rendezvous z;
+	if (stream_rv_decode(&rv, sizeof rv, &z)) {
 		connect_failed(t, EPROTO, "the server's rendezvous is not a dgshim one");
 		return;
 	}
-	if (fam == 4) {
+	if (!z.port) {
+		/* the server cannot carry it (its log says why): the kernel carries the connection
+		 * both ends made, and the rendezvous was the only byte of ours on it */
+		DG_INFO("stream: the server has no device resources for this connection: plain TCP");
+		plain_after_rv(s, t);
+		return;
+	}
+	uint16_t port = z.port;
+	union dgv_sockaddr a;
+	socklen_t al = s->peerlen;
+	unmap4(&s->peer, &a, &al);
+	if (z.family == 4) {
 		a = (union dgv_sockaddr){.sin = {.sin_family = AF_INET}};
-		memcpy(&a.sin.sin_addr, rv.addr, 4);
+		memcpy(&a.sin.sin_addr, z.addr, 4);
 		al = sizeof a.sin;
-	} else if (fam == 6) {
+	} else if (z.family == 6) {
 		a = (union dgv_sockaddr){.sin6 = {.sin6_family = AF_INET6}};
-		memcpy(&a.sin6.sin6_addr, rv.addr, 16);
+		memcpy(&a.sin6.sin6_addr, z.addr, 16);
 		al = sizeof a.sin6;
 	}
 	if (a.sa.sa_family == AF_INET)
@@ -825,7 +851,7 @@ static void rv_step(struct sock *s, struct stream *t)
 		a.sin6.sin6_port = htons(port);
 	struct stream_dhello dh;
 	hello_make(t, &dh.h);
-	dh.cookie = rv.cookie;
+	dh.cookie = z.cookie;
 	struct dgv_conn_param cp = {.private_data = &dh, .private_data_len = sizeof dh};
 	struct dgv_qp_init_attr qa = rc_attr(t, s);
 	int rc = dgv_connect(t->pv->pd, &qa, &a.sa, al, &cp, &t->qp);
@@ -855,14 +881,19 @@ static int decide(struct stream *t, int role, const union dgv_sockaddr *a, sockl
 	return IWARP_MODE_AUTO;
 }
 
-/* Lets the OS carry the socket from now on: the shim forgets the descriptor. */
-static void go_plain(int fd)
+void stream_let_go(int fd)
 {
-	atomic_fetch_add(&T.plain, 1);
 	struct sock *s = fd_sock(fd);
 	if (s)
 		ev_fd_gone(s, fd, true); /* the program's epoll registrations stay, the kernel's */
 	sock_closing(fd);
+}
+
+/* Lets the OS carry the socket from now on: the shim forgets the descriptor (counted). */
+static void go_plain(int fd)
+{
+	atomic_fetch_add(&T.plain, 1);
+	stream_let_go(fd);
 }
 
 /* ------------------------------------------------------------------ TCP_NODELAY */
@@ -972,7 +1003,8 @@ static int connect_finish(struct sock *s, struct stream *t, bool nb)
 			break;
 		}
 	}
-	int rc = t->state == SS_ESTAB ? 0 : -(t->err ? t->err : ECONNREFUSED);
+	/* SS_NEW: the server said "stay plain"; the kernel's connect, made already, stands */
+	int rc = t->state == SS_ESTAB || t->state == SS_NEW ? 0 : -(t->err ? t->err : ECONNREFUSED);
 	if (rc)
 		t->err = 0, t->so_error = 0;
 	sock_unlock(s);
@@ -987,6 +1019,10 @@ int stream_connect(struct sock *s, int fd, const struct sockaddr *a, socklen_t l
 	switch (t->state) {
 	case SS_CONNECTING:
 		progress(s, t);
+		if (t->state == SS_NEW) {
+			sock_unlock(s); /* "stay plain": the kernel's connect answers */
+			return real.connect(fd, a, l) < 0 ? -errno : 0;
+		}
 		if (t->state == SS_CONNECTING)
 			rc = -EALREADY;
 		else if (t->state == SS_ESTAB)
@@ -1124,7 +1160,7 @@ int stream_connect(struct sock *s, int fd, const struct sockaddr *a, socklen_t l
 	return connect_finish(s, t, nb);
 fallback:
 	/* nothing was sent on the connection yet: the OS can still carry it plain */
-	DG_WARN("fd %d: no iWARP resources (%s): plain TCP", fd, strerror(-rc));
+	DG_WARN("fd %d: no iWARP resources (%s%s): plain TCP", fd, strerror(-rc), dev_res_hint(pv, rc));
 	res_free(t);
 	sock_unlock(s);
 	go_plain(fd);
@@ -1569,15 +1605,24 @@ static int rv_request(struct sock *ls, uint64_t cookie, struct dgv_conn_req **re
 
 /* The passive side of a device stream on an accepted TCP connection whose client wants the
  * device: names our device listener and a cookie on the connection (stream_rv), then accepts
- * the client's rdma_cm request that echoes the cookie. Needs ns->lock. Returns 0 or -errno. */
+ * the client's rdma_cm request that echoes the cookie. Needs ns->lock. Returns 0, 1 when the
+ * device has no room for it (memory it may not pin: RLIMIT_MEMLOCK; no queue, no descriptor:
+ * the client was told "stay plain" and the kernel carries the connection), or -errno. */
 static int accept_dev(struct sock *ns, int nfd, struct sock *ls, const union dgv_sockaddr *dlis)
 {
 	struct stream *t = ns->strm;
 	int rc = res_setup(t, &G.dev);
-	if (rc)
-		return rc;
-	if ((t->qfd = high_fd(nfd)) < 0)
-		return -errno;
+	if (!rc && (t->qfd = high_fd(nfd)) < 0)
+		rc = -errno;
+	if (rc) {
+		res_free(t);
+		const struct stream_rv stay = {.magic = htobe32(STREAM_RV_MAGIC)};
+		if (real.send(nfd, &stay, sizeof stay, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof stay)
+			return rc;
+		DG_WARN("fd %d: no device resources for a client that asked for the device (%s%s): plain TCP",
+			nfd, strerror(-rc), dev_res_hint(&G.dev, rc));
+		return 1;
+	}
 	static _Atomic uint64_t seq;
 	uint64_t cookie;
 	if (getrandom(&cookie, sizeof cookie, GRND_NONBLOCK) != sizeof cookie)
@@ -1688,6 +1733,11 @@ int stream_accept(int fd, struct sockaddr *a, socklen_t *l, int flags)
 	int rc = 0;
 	if (by_cm) {
 		rc = accept_dev(ns, nfd, ls, &dlis);
+		if (rc == 1) {
+			sock_unlock(ns);
+			go_plain(nfd);
+			return nfd;
+		}
 	} else {
 		/* the MPA Request waits in the kernel until the program first uses the connection:
 		 * a forking server's child answers it in its own process (answer()) */
@@ -1790,7 +1840,8 @@ static ssize_t post_data(struct sock *s, struct stream *t, const struct iovec *i
 	return (ssize_t)done;
 }
 
-/* Waits for a connecting stream. Needs s->lock. Returns 0 when established or -errno. */
+/* Waits for a connecting stream. Needs s->lock. Returns 0 when established, 1 when the server
+ * said "stay plain" (the kernel carries the call), or -errno. */
 static int wait_connected(struct sock *s, struct stream *t, bool nb)
 {
 	int timeout = -1;
@@ -1804,6 +1855,8 @@ static int wait_connected(struct sock *s, struct stream *t, bool nb)
 		if (w)
 			return w;
 	}
+	if (t->state == SS_NEW)
+		return 1;
 	return t->state == SS_ESTAB ? 0 : -(t->err ? t->err : ENOTCONN);
 }
 
@@ -1823,6 +1876,14 @@ static struct stream *io_begin(struct sock *s, int fd, int flags, bool *nb)
 	return t;
 }
 
+/* A send or receive the kernel carries. Returns its answer or -errno. */
+static ssize_t kernel_io(int fd, const struct iovec *iov, int iovcnt, int flags, bool send)
+{
+	struct msghdr m = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)iovcnt};
+	ssize_t r = send ? real.sendmsg(fd, &m, flags) : real.recvmsg(fd, &m, flags);
+	return r < 0 ? -errno : r;
+}
+
 ssize_t stream_send(struct sock *s, int fd, const struct iovec *iov, int iovcnt, int flags)
 {
 	bool nb;
@@ -1830,11 +1891,13 @@ ssize_t stream_send(struct sock *s, int fd, const struct iovec *iov, int iovcnt,
 	if (!t) {
 		if (flags & MSG_FASTOPEN)
 			return -EOPNOTSUPP; /* as a kernel without TCP Fast Open: the program connects */
-		struct msghdr m = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)iovcnt};
-		ssize_t r = real.sendmsg(fd, &m, flags);
-		return r < 0 ? -errno : r;
+		return kernel_io(fd, iov, iovcnt, flags, true);
 	}
 	ssize_t rc = wait_connected(s, t, nb);
+	if (rc == 1) {
+		sock_unlock(s);
+		return kernel_io(fd, iov, iovcnt, flags, true);
+	}
 	if (rc)
 		goto out;
 	size_t total = iov_total(iov, iovcnt), done = 0;
@@ -1941,16 +2004,17 @@ ssize_t stream_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt,
 {
 	bool nb;
 	struct stream *t = io_begin(s, fd, flags, &nb);
-	if (!t) {
-		struct msghdr m = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)iovcnt};
-		ssize_t r = real.recvmsg(fd, &m, flags);
-		return r < 0 ? -errno : r;
-	}
+	if (!t)
+		return kernel_io(fd, iov, iovcnt, flags, false);
 	if (flags & MSG_OOB) {
 		sock_unlock(s);
 		return -EINVAL; /* no urgent data is ever carried */
 	}
 	ssize_t rc = wait_connected(s, t, nb);
+	if (rc == 1) {
+		sock_unlock(s);
+		return kernel_io(fd, iov, iovcnt, flags, false);
+	}
 	if (rc)
 		goto out;
 	size_t total = iov_total(iov, iovcnt), done = 0;
@@ -2105,7 +2169,7 @@ static struct stream *check_begin(struct sock *s, int fd, bool queued)
 	if (t->state == SS_NEW || t->state == SS_LISTEN)
 		return NULL;
 	progress_for_check(s, t, queued);
-	return t;
+	return t->state == SS_NEW ? NULL : t; /* NULL: "stay plain" came just now */
 }
 
 static int poll_in(struct sock *s, int fd, bool queued)

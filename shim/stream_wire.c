@@ -49,8 +49,11 @@ int stream_rv_decode(const void *buf, size_t len, struct stream_rendezvous *out)
 		return -EPROTO;
 	memcpy(&rv, buf, sizeof rv);
 	uint16_t fam = be16toh(rv.family), port = be16toh(rv.port);
-	if (be32toh(rv.magic) != STREAM_RV_MAGIC || !port || (fam != 0 && fam != 4 && fam != 6))
+	if (be32toh(rv.magic) != STREAM_RV_MAGIC || (fam != 0 && fam != 4 && fam != 6))
 		return -EPROTO;
+	static const uint8_t zero[sizeof rv.addr];
+	if (!port && (fam || rv.cookie || memcmp(rv.addr, zero, sizeof zero)))
+		return -EPROTO; /* "stay plain" names nothing */
 	out->family = fam;
 	out->port = port;
 	memcpy(out->addr, rv.addr, sizeof out->addr);

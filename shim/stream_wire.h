@@ -32,7 +32,8 @@ int stream_hello_decode(const void *pd, size_t len, struct stream_peer *out);
 int stream_dhello_decode(const void *pd, size_t len, struct stream_peer *out, uint64_t *cookie);
 
 /* The server's rendezvous: exactly sizeof(struct stream_rv) bytes. family is 0 (the address
- * TCP went to), 4 or 6; the port is never 0. */
+ * TCP went to), 4 or 6. port 0 is "stay plain" (the server cannot carry the connection; TCP
+ * does), valid only with family 0 and nothing else set. Returns 0 or -EPROTO. */
 struct stream_rendezvous {
 	uint16_t family, port;
 	uint8_t addr[16];

@@ -409,12 +409,16 @@ struct stream_hello {
  * that connection, naming its device listener (rdma_cm, ephemeral port) and a cookie, and the
  * client connects there with struct stream_dhello as private data (40 + 8 bytes: an IB CM REQ
  * holds 52 of ours). The TCP connection carries nothing else.
+ * A server that cannot carry the connection on its device (no memory it may pin, no queue pair:
+ * RLIMIT_MEMLOCK, a full device) writes a "stay plain" rendezvous instead: port 0, family 0,
+ * address and cookie zero; both ends then let the kernel carry the same TCP connection, the
+ * rendezvous being the only byte of ours on it.
  */
 #define STREAM_RV_MAGIC 0x64675256u /* "dgRV" */
 struct stream_rv {
 	be32 magic;          /* STREAM_RV_MAGIC */
-	be16 family;         /* 4: IPv4, 6: IPv6 */
-	be16 port;           /* the device listener's port (rdma_cm RDMA_PS_TCP) */
+	be16 family;         /* 0: the address TCP went to, 4: IPv4, 6: IPv6 */
+	be16 port;           /* the device listener's port (rdma_cm RDMA_PS_TCP); 0: stay plain */
 	uint8_t addr[16];    /* its address (IPv4: the first 4 bytes) */
 	uint64_t cookie;     /* opaque, echoed byte for byte in the client's stream_dhello */
 } __attribute__((packed));

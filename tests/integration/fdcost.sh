@@ -112,7 +112,7 @@ done
 # by datagrams nobody will acknowledge (200 clients took 36 s, every answer retransmitted ~12
 # times and at last sent plain)
 timeout -k 5 60 env "${DG_SHIM_ENV[@]}" DGSHIM_MODE=rd DGSHIM_LOG=info "$bin" churn 2 200 0 >"$DG_TMP/rdchurn.shim" 2>"$DG_TMP/rdchurn.err" ||
-	{ failed+=("rdchurn: preloaded run failed"); dg_tail "$DG_TMP/rdchurn.err" 5; }
+	{ failed+=("rdchurn: preloaded run failed"); dg_tail "$DG_TMP/rdchurn.shim" 5; dg_tail "$DG_TMP/rdchurn.err" 12; }
 rr=$(sed -n 's/.*summary: sockets=1 .* retransmits=\([0-9]*\) .*/\1/p' "$DG_TMP/rdchurn.err" | tail -1)
 rf=$(sed -n 's/.*summary: sockets=1 tx_framed=\([0-9]*\) .*/\1/p' "$DG_TMP/rdchurn.err" | tail -1)
 dg_log "rdchurn: an RD server answering 400 clients that close at once: ${rf:-?} framed, ${rr:-?} retransmitted (max 100; each answer ~12 times before)"

@@ -22,14 +22,15 @@
  * never see them.
  *
  * Connect styles (client, --connect): "block" (connect), "nonblock" (O_NONBLOCK connect, poll
- * POLLOUT, SO_ERROR, a second and a third connect, then blocking again), "fastopen" (what VLC's
+ * POLLOUT, SO_ERROR, a second and a third connect, then blocking again), "epoll" (the same,
+ * waiting for EPOLLOUT in a level-triggered epoll instance instead of poll), "fastopen" (what VLC's
  * HTTP client does: non-blocking socket, sendmsg(MSG_NOSIGNAL|MSG_FASTOPEN) with the first data
  * and the destination, poll POLLOUT, SO_ERROR, connect, the unsent data written again). The
  * results of those calls are printed as seq=... so a script can require the same sequence with
  * and without the shim.
  *
  * Usage: tcpcheck server|client PORT [--seed N] [--duplex BYTES] [--a BYTES] [--b BYTES]
- *                                    [--connect block|nonblock|fastopen] [--accept4] [--timeout S]
+ *                                    [--connect block|nonblock|epoll|fastopen] [--accept4] [--timeout S]
  *                                    [--end close|shutdown] [--reader slow|poll] [--host A]
  * Prints one line: "tcpcheck: ROLE OK ..." (exit 0) or "tcpcheck: ROLE FAIL: why" (exit 1); a
  * watchdog (default 60 s) fails with where each direction was.
@@ -45,11 +46,13 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -347,17 +350,33 @@ static void set_blocking(int fd, int blocking)
 }
 
 /* wait_connected: poll POLLOUT (10 s), then SO_ERROR; records both. */
+static bool wait_epoll; /* --connect epoll */
+
 static void wait_connected(int fd)
 {
 	struct pollfd p = {.fd = fd, .events = POLLOUT};
-	int n = poll(&p, 1, 10000), err = -1;
+	int n, err = -1;
 	socklen_t l = sizeof err;
-	if (n != 1)
+	if (wait_epoll) {
+		int ep = epoll_create1(EPOLL_CLOEXEC);
+		struct epoll_event ev = {.events = EPOLLOUT, .data.fd = fd};
+		if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) < 0)
+			fail("epoll: %s", strerror(errno));
+		n = epoll_wait(ep, &ev, 1, 10000);
+		if (n != 1 || ev.data.fd != fd)
+			fail("epoll_wait(EPOLLOUT) on the connecting socket returned %d (%s)", n,
+			     n < 0 ? strerror(errno) : "timeout");
+		close(ep);
+		p.revents = (short)((ev.events & EPOLLOUT ? POLLOUT : 0) | (ev.events & EPOLLERR ? POLLERR : 0) |
+				    (ev.events & EPOLLHUP ? POLLHUP : 0));
+	} else if ((n = poll(&p, 1, 10000)) != 1) {
 		fail("poll(POLLOUT) on the connecting socket returned %d (%s)", n, n < 0 ? strerror(errno) : "timeout");
+	}
 	{
 		size_t sl = strlen(seq);
-		snprintf(seq + sl, sizeof seq - sl, ",poll:%s%s%s", p.revents & POLLOUT ? "OUT" : "",
-			 p.revents & POLLERR ? "|ERR" : "", p.revents & POLLHUP ? "|HUP" : "");
+		snprintf(seq + sl, sizeof seq - sl, ",%s:%s%s%s", wait_epoll ? "epoll" : "poll",
+			 p.revents & POLLOUT ? "OUT" : "", p.revents & POLLERR ? "|ERR" : "",
+			 p.revents & POLLHUP ? "|HUP" : "");
 	}
 	if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &l) < 0)
 		fail("getsockopt(SO_ERROR): %s", strerror(errno));
@@ -414,7 +433,7 @@ int main(int argc, char **argv)
 	int use_accept4 = 0, shutdown_end = 0, reader_poll = 0, iwarp_mode = -1;
 	if (argc < 3 || (strcmp(argv[1], "server") && strcmp(argv[1], "client"))) {
 		fprintf(stderr, "usage: tcpcheck server|client PORT [--seed N] [--duplex BYTES] [--a BYTES] "
-				"[--b BYTES] [--connect block|nonblock|fastopen] [--accept4] [--timeout S] "
+				"[--b BYTES] [--connect block|nonblock|epoll|fastopen] [--accept4] [--timeout S] "
 				"[--end close|shutdown] [--reader slow|poll] [--iwarp-mode off|rc|auto] [--host A]\n");
 		return 2;
 	}
@@ -461,8 +480,10 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
+	if (!strcmp(connect_mode, "epoll"))
+		connect_mode = "nonblock", wait_epoll = true;
 	if (strcmp(connect_mode, "block") && strcmp(connect_mode, "nonblock") && strcmp(connect_mode, "fastopen")) {
-		fprintf(stderr, "tcpcheck: --connect block|nonblock|fastopen\n");
+		fprintf(stderr, "tcpcheck: --connect block|nonblock|epoll|fastopen\n");
 		return 2;
 	}
 	signal(SIGPIPE, SIG_IGN);
