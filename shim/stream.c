@@ -585,6 +585,7 @@ static int drain_cq(struct sock *s, struct stream *t)
 
 /* Drains the CQ and the connection events. Needs s->lock. */
 static void rv_step(struct sock *s, struct stream *t);
+static void dev_unreached(struct sock *s, struct stream *t, int rc);
 
 static void progress(struct sock *s, struct stream *t)
 {
@@ -620,7 +621,12 @@ static void progress(struct sock *s, struct stream *t)
 	}
 	struct dgv_cm_event ev;
 	bool tcp_eof = false;
-	while (dgv_cm_get_event(t->ch, &ev) == 0) {
+	int unreached = 0;
+	while (!unreached && dgv_cm_get_event(t->ch, &ev) == 0) {
+		if (ev.type == DGV_CM_CONNECT_ERROR && ev.local && t->own_cm && t->state == SS_CONNECTING) {
+			unreached = ev.status < 0 ? ev.status : -EIO; /* the server never heard of it */
+			break;
+		}
 		switch (ev.type) {
 		case DGV_CM_ESTABLISHED:
 			t->cm_estab = true;
@@ -678,6 +684,10 @@ static void progress(struct sock *s, struct stream *t)
 		default:
 			break;
 		}
+	}
+	if (unreached) {
+		dev_unreached(s, t, unreached);
+		return;
 	}
 	if (tcp_eof) {
 		/* the provider queued every record that came before TCP's end ahead of the event,
@@ -782,6 +792,15 @@ static void connect_failed(struct stream *t, int e, const char *why)
 	t->state = SS_DEAD;
 }
 
+/* Writes "stay plain" (a struct stream_rv with port 0 and nothing named) on a device stream's
+ * TCP connection: from the server instead of its rendezvous, from the client when it cannot
+ * reach the listener named there. Returns whether all of it went. */
+static bool stay_plain_send(int fd)
+{
+	const struct stream_rv stay = {.magic = htobe32(STREAM_RV_MAGIC)};
+	return real.send(fd, &stay, sizeof stay, MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)sizeof stay;
+}
+
 /* The server said "stay plain" (its device has no room for the connection): the kernel
  * carries the TCP connection both programs made, which carried nothing but the rendezvous.
  * The socket answers as not carried (SS_NEW) at once; the descriptor is forgotten at the
@@ -795,6 +814,20 @@ static void plain_after_rv(struct sock *s, struct stream *t)
 	t->rv_wait = false;
 	atomic_fetch_add(&T.plain, 1);
 	atomic_store_explicit(&s->ent.plain_due, true, memory_order_release);
+}
+
+/* Client of a device stream that could not start its connection to the server's device
+ * listener (rc; nothing of it reached the server, which waits for it up to RV_WAIT_MS while it
+ * watches the TCP connection): tells the server "stay plain" and lets the kernel carry the
+ * connection, or fails it when even that cannot be said. Needs s->lock. */
+static void dev_unreached(struct sock *s, struct stream *t, int rc)
+{
+	if (t->qfd >= 0 && stay_plain_send(t->qfd)) {
+		DG_WARN("stream: cannot connect to the server's device listener (%s): plain TCP", strerror(-rc));
+		plain_after_rv(s, t);
+	} else {
+		connect_failed(t, -rc, "connect to the server's device listener");
+	}
 }
 
 /* Client of a device stream: once the server's stream_rv has come whole on the TCP
@@ -857,7 +890,7 @@ static void rv_step(struct sock *s, struct stream *t)
 	int rc = dgv_connect(t->pv->pd, &qa, &a.sa, al, &cp, &t->qp);
 	if (rc) {
 		t->qp = NULL;
-		connect_failed(t, -rc, "connect to the server's device listener");
+		dev_unreached(s, t, rc);
 		return;
 	}
 	post_sentinel(t);
@@ -1549,11 +1582,33 @@ void stream_fork(bool child)
 	late_fork(child);
 }
 
+/* What the client of a device stream said on its TCP connection nfd while we wait for its
+ * device connection: 1 "stay plain" (it cannot reach our device listener; taken off the
+ * connection), 0 nothing yet, -ECONNABORTED it closed, -EPROTO anything else (a dgshim client
+ * says nothing else there). */
+static int rv_client_said(int nfd)
+{
+	struct stream_rv rv;
+	ssize_t n = real.recv(nfd, &rv, sizeof rv, MSG_PEEK | MSG_DONTWAIT);
+	if (n < 0)
+		return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 0 : -ECONNABORTED;
+	if (n == 0)
+		return -ECONNABORTED;
+	if ((size_t)n < sizeof rv)
+		return 0; /* the rest is on its way */
+	struct stream_rendezvous z;
+	if (stream_rv_decode(&rv, sizeof rv, &z) || z.port)
+		return -EPROTO;
+	return real.recv(nfd, &rv, sizeof rv, MSG_DONTWAIT) == (ssize_t)sizeof rv ? 1 : -EPROTO;
+}
+
 /* The device connection request that carries cookie, from the listener's stash or its
- * channel (others are stashed for their own accept), waiting up to RV_WAIT_MS. Takes ls->lock
+ * channel (others are stashed for their own accept), waiting up to RV_WAIT_MS, while the
+ * client's TCP connection nfd is watched for its "stay plain" (rv_client_said). Takes ls->lock
  * (held while waiting on the channel: the listener cannot go away meanwhile). Returns 0 with
- * *req and *dh, or -errno. */
-static int rv_request(struct sock *ls, uint64_t cookie, struct dgv_conn_req **req, struct stream_dhello *dh)
+ * *req and *dh, 1 "stay plain", or -errno. */
+static int rv_request(struct sock *ls, int nfd, uint64_t cookie, struct dgv_conn_req **req,
+		      struct stream_dhello *dh)
 {
 	int left = RV_WAIT_MS, rc = -ETIMEDOUT;
 	*req = NULL;
@@ -1594,6 +1649,11 @@ static int rv_request(struct sock *ls, uint64_t cookie, struct dgv_conn_req **re
 			rc = 0;
 			break;
 		}
+		int said = rv_client_said(nfd);
+		if (said) {
+			rc = said;
+			break;
+		}
 		if (left <= 0)
 			break;
 		dgv_cm_wait(lt->lch, 50);
@@ -1616,8 +1676,7 @@ static int accept_dev(struct sock *ns, int nfd, struct sock *ls, const union dgv
 		rc = -errno;
 	if (rc) {
 		res_free(t);
-		const struct stream_rv stay = {.magic = htobe32(STREAM_RV_MAGIC)};
-		if (real.send(nfd, &stay, sizeof stay, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof stay)
+		if (!stay_plain_send(nfd))
 			return rc;
 		DG_WARN("fd %d: no device resources for a client that asked for the device (%s%s): plain TCP",
 			nfd, strerror(-rc), dev_res_hint(&G.dev, rc));
@@ -1641,8 +1700,13 @@ static int accept_dev(struct sock *ns, int nfd, struct sock *ls, const union dgv
 		return -EIO;
 	struct dgv_conn_req *req;
 	struct stream_dhello dh;
-	if ((rc = rv_request(ls, cookie, &req, &dh)))
+	if ((rc = rv_request(ls, nfd, cookie, &req, &dh))) {
+		if (rc == 1) {
+			DG_WARN("fd %d: the client cannot reach our device listener: plain TCP", nfd);
+			res_free(t);
+		}
 		return rc;
+	}
 	return accept_hello(ns, t, req, (const uint8_t *)&dh.h, sizeof dh.h);
 }
 

@@ -459,6 +459,9 @@ struct dgv_cm_event {
 	uint8_t pdata[DGV_MAX_PDATA];
 	/* CONNECT_ERROR / DISCONNECTED from a Terminate: the RFC 5040 section 7 triple */
 	uint8_t term_layer, term_etype, term_ecode;
+	/* CONNECT_ERROR: the connection failed here before anything of it left (the provider's
+	 * own start of it failed): the peer never heard of it */
+	bool local;
 };
 
 /* Channels: an fd readable while events are queued (like rdma_cm's event channel). */

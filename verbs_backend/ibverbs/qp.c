@@ -456,7 +456,9 @@ static void do_accept(struct iv_qp *qp)
 	int err = -errno;
 	DG_WARN("ibverbs: %s on %s: %s", qp->connecting ? "rdma_connect" : "rdma_accept", to_ictx(qp->base.ctx)->dev,
 		strerror(-err));
-	struct dgv_cm_event ev = {.type = DGV_CM_CONNECT_ERROR, .status = err, .qp = &qp->base, .user = qp->user};
+	/* a failed rdma_connect sent nothing (siw binds its TCP socket first: EADDRINUSE) */
+	struct dgv_cm_event ev = {.type = DGV_CM_CONNECT_ERROR, .status = err, .qp = &qp->base, .user = qp->user,
+				  .local = qp->connecting};
 	qp_set_state(qp, DGV_QPS_ERROR);
 	pthread_mutex_lock(&qp->ch->lock);
 	chan_push(qp->ch, &ev);
@@ -1204,6 +1206,40 @@ static void conn_param(struct iv_ctx *ctx, const struct dgv_conn_param *p, struc
 		DG_DBG("ibverbs: MPA revision, CRC and markers are the kernel's choice on a device");
 }
 
+/*
+ * Ports on an iWARP device. Its connections are kernel TCP connections: siw (and an RNIC's
+ * driver without a port mapper daemon) binds a kernel TCP socket to the port rdma_cm picked for
+ * the id, which rdma_cm picks in its own port space without asking the kernel. On a host whose
+ * programs hold many TCP ports that bind failed with EADDRINUSE ("Address already in use") for
+ * a device listener on port 0 and for rdma_connect, a few connections in a thousand (vm-test
+ * shim_tcp_ports: most of them with 80 % of the range held). So for port 0 the kernel picks:
+ * a TCP socket bound to the address with port 0 gets a port free in the kernel's space, and
+ * the id is bound to that port once the probe is closed.
+ *
+ * Returns the port (network order) or 0 when the probe failed (rdma_cm then picks).
+ */
+static uint16_t kernel_free_port(const struct sockaddr *addr)
+{
+	union dgv_sockaddr a;
+	socklen_t al = addr->sa_family == AF_INET6 ? sizeof a.sin6 : sizeof a.sin;
+	memcpy(&a, addr, al);
+	a.sin.sin_port = 0; /* same offset in sin6 */
+	int s = socket(addr->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (s < 0)
+		return 0;
+	uint16_t port = 0;
+	if (bind(s, &a.sa, al) == 0 && getsockname(s, &a.sa, &al) == 0)
+		port = a.sin.sin_port;
+	close(s);
+	return port;
+}
+
+/* The port of a (network order; sin and sin6 keep it at the same offset). */
+static uint16_t port_in(const struct sockaddr *a)
+{
+	return ((const struct sockaddr_in *)a)->sin_port;
+}
+
 int iv_connect(struct dgv_pd *pb, const struct dgv_qp_init_attr *attr, const struct sockaddr *dst,
 	       socklen_t dstlen, const struct dgv_conn_param *param, struct dgv_qp **out)
 {
@@ -1233,7 +1269,18 @@ int iv_connect(struct dgv_pd *pb, const struct dgv_qp_init_attr *attr, const str
 		r = -errno;
 		goto fail;
 	}
-	if (rdma_resolve_addr(id, (struct sockaddr *)attr->bind_addr, (struct sockaddr *)dst, 2000)) {
+	/* iWARP: a source port the kernel's TCP has free (kernel_free_port) */
+	const struct sockaddr *src = (const struct sockaddr *)attr->bind_addr;
+	union dgv_sockaddr srcp;
+	if (ctx->iwarp && (src ? !port_in(src) : ctx->have_addr && ctx->addr.sa.sa_family == dst->sa_family)) {
+		srcp = src ? *(const union dgv_sockaddr *)src : ctx->addr;
+		uint16_t port = kernel_free_port(&srcp.sa);
+		if (port) {
+			srcp.sin.sin_port = port;
+			src = &srcp.sa;
+		}
+	}
+	if (rdma_resolve_addr(id, (struct sockaddr *)src, (struct sockaddr *)dst, 2000)) {
 		r = -errno;
 		goto fail;
 	}
@@ -1345,19 +1392,37 @@ int iv_listen(struct dgv_context *cb, const struct sockaddr *addr, socklen_t len
 	l->user = user;
 	l->tag = (struct iv_tag){IV_LISTENER, l};
 	int r = 0;
-	if (rdma_create_id(ch->rch, &l->id, &l->tag, RDMA_PS_TCP)) {
-		r = -errno;
-		free(l);
-		return r;
+	/* iWARP on port 0: a port the kernel's TCP has free (kernel_free_port), again if another
+	 * socket took it meanwhile */
+	union dgv_sockaddr base, pick;
+	bool any_port = ctx->iwarp && addr && !port_in(addr);
+	if (any_port)
+		memcpy(&base, addr, addr->sa_family == AF_INET6 ? sizeof base.sin6 : sizeof base.sin);
+	for (int tries = 0;; tries++) {
+		if (any_port) {
+			pick = base;
+			pick.sin.sin_port = kernel_free_port(&base.sa);
+			addr = &pick.sa;
+		}
+		if (rdma_create_id(ch->rch, &l->id, &l->tag, RDMA_PS_TCP)) {
+			r = -errno;
+			free(l);
+			return r;
+		}
+		if (rdma_bind_addr(l->id, (struct sockaddr *)addr))
+			r = -errno;
+		else if (l->id->verbs && l->id->verbs != ctx->verbs) {
+			DG_WARN("ibverbs: %s belongs to device %s, but this context is on %s",
+				iv_addr_str(addr, a, sizeof a), ibv_get_device_name(l->id->verbs->device), ctx->dev);
+			r = -ENODEV;
+		} else if (rdma_listen(l->id, backlog > 0 ? backlog : 16))
+			r = -errno;
+		if (r != -EADDRINUSE || !any_port || tries >= 7)
+			break;
+		DG_DBG("ibverbs: listen on %s: port taken meanwhile, another", iv_addr_str(addr, a, sizeof a));
+		rdma_destroy_id(l->id);
+		r = 0;
 	}
-	if (rdma_bind_addr(l->id, (struct sockaddr *)addr))
-		r = -errno;
-	else if (l->id->verbs && l->id->verbs != ctx->verbs) {
-		DG_WARN("ibverbs: %s belongs to device %s, but this context is on %s", iv_addr_str(addr, a, sizeof a),
-			ibv_get_device_name(l->id->verbs->device), ctx->dev);
-		r = -ENODEV;
-	} else if (rdma_listen(l->id, backlog > 0 ? backlog : 16))
-		r = -errno;
 	if (r) {
 		DG_INFO("ibverbs: listen on %s: %s", iv_addr_str(addr, a, sizeof a), strerror(-r));
 		rdma_destroy_id(l->id);
