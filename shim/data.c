@@ -62,7 +62,7 @@ int consume_cq(struct sock *s)
 				if (w->status != DGV_WC_SUCCESS)
 					s->st->lost++;
 			} else if (tag == WR_TX && idx < SHIM_TX_SLOTS) {
-				if (w->status == DGV_WC_RETRY_EXC_ERR || w->status == DGV_WC_REM_OP_ERR) {
+				if ((w->status == DGV_WC_RETRY_EXC_ERR || w->status == DGV_WC_REM_OP_ERR) && s->txd) {
 					/* the RD peer stopped answering: what it did not acknowledge goes
 					 * plain, so nothing is lost to a peer that is no longer ours */
 					peer_failed(&s->txd[idx].to, s->txd[idx].tolen);
@@ -536,7 +536,7 @@ void zc_cache_clear(struct sock *s)
 
 void rd_gone_check(struct sock *s)
 {
-	if (!s->qp || s->qp_type != DGV_QPT_RD || s->tx_free_n == SHIM_TX_SLOTS)
+	if (!s->qp || s->qp_type != DGV_QPT_RD || s->tx_free_n == SHIM_TX_SLOTS || !s->txd)
 		return;
 	uint64_t now = shim_now_us();
 	if (now - s->gone_check_us < 10000)
@@ -691,10 +691,13 @@ again:
 			memcpy(b + off, iov[i].iov_base, iov[i].iov_len);
 		off += iov[i].iov_len;
 	}
-	memcpy(&s->txd[slot].to, to, tolen < sizeof s->txd[slot].to ? tolen : sizeof s->txd[slot].to);
-	s->txd[slot].tolen = tolen;
-	s->txd[slot].len = (uint32_t)total;
-	s->txd[slot].gone_at = 0;
+	if (s->txd) {
+		struct shim_txd *d = &s->txd[slot];
+		memcpy(&d->to, to, tolen < sizeof d->to ? tolen : sizeof d->to);
+		d->tolen = tolen;
+		d->len = (uint32_t)total;
+		d->gone_at = 0;
+	}
 	struct dgv_sge sge = {(uint64_t)(uintptr_t)b, (uint32_t)total, s->tx_mr->lkey};
 	struct dgv_send_wr wr = {.wr_id = WR_TX | slot, .sg_list = &sge, .num_sge = 1,
 				 .opcode = DGV_WR_SEND, .send_flags = DGV_SEND_SIGNALED, .ah = ah},

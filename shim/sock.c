@@ -625,6 +625,7 @@ void sock_put(struct sock *s)
 		qp_teardown(s, true);
 	stats_release(s);
 	free(s->carry);
+	free(s->txd);
 	pthread_mutex_unlock(&s->lock);
 	pthread_mutex_destroy(&s->lock);
 	free(s);
@@ -720,6 +721,10 @@ retry:
 	if (sock_can(s, DGV_CAP_BACKGROUND))
 		dgv_cq_notify_background(s->cq, 1);
 	s->qp_type = qp_type_of(s->mode);
+	if (s->qp_type == DGV_QPT_RD && !s->txd && !(s->txd = calloc(SHIM_TX_SLOTS, sizeof *s->txd))) {
+		rc = -ENOMEM;
+		goto fail;
+	}
 	struct dgv_qp_init_attr a = {.qp_type = s->qp_type, .send_cq = s->cq, .recv_cq = s->cq,
 				     .max_send_wr = SHIM_TX_SLOTS + 8, .max_recv_wr = SHIM_RX_SLOTS,
 				     .max_msg_size = SHIM_SLOT, .use_adopt_fd = 1, .adopt_fd = s->qfd,

@@ -125,13 +125,15 @@ struct sock {
 	uint64_t zc_seq, zc_done;     /* zero-copy sends posted / completed */
 	struct zc_ent zc[SHIM_ZC_CACHE];
 	uint32_t ops;                 /* counter-refresh pacing */
-	/* where each send slot goes, to resend it plain if an RD peer vanishes */
-	struct {
+	/* RD: where each send slot goes, to resend it plain if the peer vanishes (SHIM_TX_SLOTS
+	 * of them, made with the socket's first RD queue pair; NULL before: a UD socket's would
+	 * be 1.5 kB of its resident memory for nothing) */
+	struct shim_txd {
 		union dgv_sockaddr to;
 		socklen_t tolen;
 		uint32_t len;
 		uint64_t gone_at; /* rd_gone_check: when its destination was first seen gone (0: not) */
-	} txd[SHIM_TX_SLOTS];
+	} *txd;
 	uint64_t gone_check_us;       /* rd_gone_check's last look */
 	bool gone_seen;               /* rd_gone_check's last look found a destination gone */
 

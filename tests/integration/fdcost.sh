@@ -14,7 +14,7 @@ bin=$DG_BUILD/tests/integration/fdcost
 [ -x "$bin" ] || dg_fail "$bin does not exist: build it first (ninja -C $DG_BUILD)"
 dg_require_shim
 # extra descriptors per socket (the program's own not counted) and kB of RSS per idle socket
-UDP_FDS_MAX=1.05 TCP_FDS_MAX=2.05 UDP_KB_MAX=30 TCP_KB_MAX=60
+UDP_FDS_MAX=1.05 TCP_FDS_MAX=2.05 UDP_KB_MAX=15 TCP_KB_MAX=55
 N=${FDCOST_N:-300}
 failed=()
 field() { awk -v k="$2" '{for (i = 1; i < NF; i++) if ($i == k) print $(i + 1)}' "$1" | tail -1; }

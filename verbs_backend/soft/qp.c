@@ -818,7 +818,7 @@ static void rq_push_front(struct soft_qp *qp, const struct soft_rwqe *w)
 	if (qp->rq_count == qp->rq_cap)
 		return;
 	qp->rq_head = (qp->rq_head + qp->rq_cap - 1) % qp->rq_cap;
-	qp->rq[qp->rq_head] = *w;
+	soft_rwqe_put(soft_rq_at(qp, qp->rq_head), w);
 	qp->rq_count++;
 }
 
@@ -1716,7 +1716,7 @@ static void qp_free(struct soft_qp *qp)
 		close(qp->fd);
 	dg_zfree(qp->sq, (size_t)qp->sq_cap * sizeof *qp->sq);
 	free(qp->rdpend);
-	dg_zfree(qp->rq, (size_t)qp->rq_cap * sizeof *qp->rq);
+	soft_rq_free(qp);
 	dg_pages_free(qp->rxbuf, (size_t)qp->rxbuf_size * qp->rx_batch);
 	free(qp->rxmsg);
 	free(qp->rxiov);
@@ -1796,7 +1796,7 @@ static int qp_rings(struct soft_qp *qp, const struct dgv_qp_init_attr *a)
 	qp->sq_cap = a->max_send_wr ? a->max_send_wr : DEFAULT_WR;
 	qp->rq_cap = a->max_recv_wr ? a->max_recv_wr : DEFAULT_WR;
 	qp->sq = dg_zalloc((size_t)qp->sq_cap * sizeof *qp->sq);
-	qp->rq = dg_zalloc((size_t)qp->rq_cap * sizeof *qp->rq);
+	soft_rq_alloc(qp);
 	/* pass_plain: a plain datagram may be as large as UDP allows, and must not be cut; GRO:
 	 * a coalesced train is up to 64 KiB too. 8 such buffers (pages touched only as trains
 	 * fill them) take 350 MTU datagrams per recvmmsg. */
@@ -2081,7 +2081,7 @@ int soft_post_recv(struct dgv_qp *qpb, struct dgv_recv_wr *wr, struct dgv_recv_w
 			rc = -EFAULT;
 			break;
 		}
-		struct soft_rwqe *w = &qp->rq[(qp->rq_head + qp->rq_count) % qp->rq_cap];
+		struct soft_rwqe *w = soft_rq_at(qp, (qp->rq_head + qp->rq_count) % qp->rq_cap);
 		w->wr_id = wr->wr_id;
 		w->num_sge = (uint32_t)wr->num_sge;
 		w->len = (uint32_t)total;

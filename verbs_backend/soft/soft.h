@@ -8,11 +8,14 @@
 #ifndef DG_SOFT_H
 #define DG_SOFT_H
 
+#include <errno.h>
 #include <ev.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include <sys/uio.h>
 
 #include "fault.h"
@@ -23,6 +26,8 @@
 #define SOFT_MR_SLOTS (1u << 14)
 #define SOFT_MR_INDEX(stag) (((stag) >> 8) & (SOFT_MR_SLOTS - 1))
 #define SOFT_MAX_SGE 8
+/* Bytes of receive queue a QP holds inside itself (rq_inline): 32 entries of 4 SGEs. */
+#define SOFT_RQ_INLINE 2560
 #define SOFT_REASM_SLOTS 64
 #define SOFT_MAX_ORD 16
 #define SOFT_MAX_IRD 64 /* > SOFT_MAX_ORD: one requester cannot overflow it */
@@ -260,6 +265,10 @@ struct soft_qp {
 	bool pump_blocked;          /* UDP socket full: need POLLOUT (stored atomically: read unlocked) */
 	struct rc_conn *rc;         /* RC QPs: the connection (rc_int.h); NULL on UD/RD */
 	struct dgv_qp_stats st;
+	/* The receive queue when it fits here (a socket's 32 entries of 80 bytes, soft_rq_stride):
+	 * on the page the fields above are on, which an idle QP writes anyway, instead of a page
+	 * of its own (4 kB of every idle UDP socket) */
+	_Alignas(16) uint8_t rq_inline[SOFT_RQ_INLINE];
 	/* Last, after every field an idle QP writes: the object is zeroed pages (dg_zalloc), and
 	 * these arrays (25 kB) are written only by multi-segment messages, Reads and errors, so
 	 * an idle QP's resident memory is the page or two of the fields above (in the middle of
@@ -270,12 +279,36 @@ struct soft_qp {
 	struct dgv_async_err errq[SOFT_ERRQ];
 };
 
+/* The receive queue's entries hold the QP's max_sge SGEs, not SOFT_MAX_SGE: with the default 4
+ * an entry is 80 bytes instead of 144, and the 32 receives a socket posts when it is made fit
+ * one page instead of two. Bytes per entry: */
+static inline size_t soft_rq_stride(uint32_t max_sge)
+{
+	return offsetof(struct soft_rwqe, sge) + (size_t)max_sge * sizeof(struct dgv_sge);
+}
+
+/* Entry i of the receive queue: only its first num_sge SGEs exist (copy with soft_rwqe_put). */
+static inline struct soft_rwqe *soft_rq_at(struct soft_qp *qp, uint32_t i)
+{
+	return (struct soft_rwqe *)((uint8_t *)qp->rq + (size_t)i * soft_rq_stride(qp->max_sge));
+}
+
+/* Copies a receive WQE: its fields and its num_sge SGEs, never the rest of a full one. */
+static inline void soft_rwqe_put(struct soft_rwqe *dst, const struct soft_rwqe *w)
+{
+	dst->wr_id = w->wr_id;
+	dst->num_sge = w->num_sge;
+	dst->len = w->len;
+	if (w->num_sge)
+		memcpy(dst->sge, w->sge, (size_t)w->num_sge * sizeof *w->sge);
+}
+
 /* Takes the oldest posted receive into *out. Returns false if none. Needs qp->lock. */
 static inline bool soft_rq_pop(struct soft_qp *qp, struct soft_rwqe *out)
 {
 	if (!qp->rq_count)
 		return false;
-	*out = qp->rq[qp->rq_head];
+	soft_rwqe_put(out, soft_rq_at(qp, qp->rq_head));
 	qp->rq_head = (qp->rq_head + 1) % qp->rq_cap;
 	qp->rq_count--;
 	return true;
@@ -298,6 +331,22 @@ void dg_pages_free(void *p, size_t size);
  * of memory. */
 void *dg_zalloc(size_t size);
 void dg_zfree(void *p, size_t size);
+
+/* Makes qp's receive queue for rq_cap entries of max_sge SGEs (both set): inside the QP when it
+ * fits (rq_inline), else zeroed pages. Returns 0 or -ENOMEM. */
+static inline int soft_rq_alloc(struct soft_qp *qp)
+{
+	size_t n = (size_t)qp->rq_cap * soft_rq_stride(qp->max_sge);
+	qp->rq = n <= sizeof qp->rq_inline ? (struct soft_rwqe *)qp->rq_inline : dg_zalloc(n);
+	return qp->rq ? 0 : -ENOMEM;
+}
+
+static inline void soft_rq_free(struct soft_qp *qp)
+{
+	if (qp->rq && qp->rq != (struct soft_rwqe *)qp->rq_inline)
+		dg_zfree(qp->rq, (size_t)qp->rq_cap * soft_rq_stride(qp->max_sge));
+	qp->rq = NULL;
+}
 /* Zeroed objects of at most DG_SMALL_MAX bytes packed into pages of zpages.c's chunks (not the
  * program's heap); dg_small_free needs the size given to dg_small_alloc. NULL: out of memory
  * or too large. Free objects are kept by size for reuse, never returned to the system. */
