@@ -805,7 +805,12 @@ static bool stay_plain_send(int fd)
  * carries the TCP connection both programs made, which carried nothing but the rendezvous.
  * The socket answers as not carried (SS_NEW) at once; the descriptor is forgotten at the
  * program's next call that holds none of the shim's locks (ent.plain_due, interpose.c
- * taken(), events.c), as forgetting it needs the epoll instances' locks. Needs s->lock. */
+ * taken(), events.c), as forgetting it needs the epoll instances' locks. Needs s->lock.
+ * Hazard: the shim holds no reference for a call in flight, so a program thread still asleep
+ * in this socket's blocking connect() when another thread's call forgets the descriptor could
+ * find the object freed when its nap ends (200 ms at most), as with a close() another thread
+ * makes meanwhile. A single thread, or the connecting thread itself finding the rendezvous,
+ * is safe: it sees SS_NEW and goes on with the kernel. */
 static void plain_after_rv(struct sock *s, struct stream *t)
 {
 	res_free(t);
