@@ -835,34 +835,41 @@ static void dev_unreached(struct sock *s, struct stream *t, int rc)
 	}
 }
 
+/* Takes one whole rendezvous (struct stream_rv: the server's, or either end's "stay plain") off
+ * a device stream's TCP connection fd into *z once all of it has come. Returns 1 taken, 0 not
+ * yet (nothing consumed), -ECONNRESET the peer closed first, -EPROTO bytes that are not one,
+ * else the socket's -errno. */
+static int rv_take(int fd, struct stream_rendezvous *z)
+{
+	struct stream_rv rv;
+	ssize_t n = real.recv(fd, &rv, sizeof rv, MSG_PEEK | MSG_DONTWAIT);
+	if (n < 0)
+		return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 0 : -errno;
+	if (n == 0)
+		return -ECONNRESET;
+	if ((size_t)n < sizeof rv)
+		return 0; /* the rest is on its way */
+	if (stream_rv_decode(&rv, sizeof rv, z))
+		return -EPROTO;
+	return real.recv(fd, &rv, sizeof rv, MSG_DONTWAIT) == (ssize_t)sizeof rv ? 1 : -EPROTO;
+}
+
 /* Client of a device stream: once the server's stream_rv has come whole on the TCP
  * connection, connects to the device listener it names (family 0: the address TCP went to)
  * with our hello and its cookie. Needs s->lock. */
 static void rv_step(struct sock *s, struct stream *t)
 {
-	struct stream_rv rv;
-	ssize_t r = real.recvfrom(t->qfd, &rv, sizeof rv, MSG_PEEK | MSG_DONTWAIT, NULL, NULL);
-	if (r < 0) {
-		if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-			connect_failed(t, errno, "TCP connection");
+	struct stream_rendezvous z;
+	int got = rv_take(t->qfd, &z);
+	if (got == 0)
 		return;
-	}
-	if (r == 0) {
-		connect_failed(t, ECONNRESET, "the server closed before naming its device listener");
-		return;
-	}
-	if ((size_t)r < sizeof rv)
-		return; /* the rest is on its way */
-	if (real.recvfrom(t->qfd, &rv, sizeof rv, MSG_DONTWAIT, NULL, NULL) != (ssize_t)sizeof rv) {
-		connect_failed(t, EPROTO, "rendezvous read");
+	if (got < 0) {
+		connect_failed(t, -got, got == -EPROTO ? "the server's rendezvous is not a dgshim one"
+					: got == -ECONNRESET ? "the server closed before naming its device listener"
+							     : "TCP connection");
 		return;
 	}
 	t->rv_wait = false;
-	struct stream_rendezvous z;
-	if (stream_rv_decode(&rv, sizeof rv, &z)) {
-		connect_failed(t, EPROTO, "the server's rendezvous is not a dgshim one");
-		return;
-	}
 	if (!z.port) {
 		/* the server cannot carry it (its log says why): the kernel carries the connection
 		 * both ends made, and the rendezvous was the only byte of ours on it */
@@ -1593,18 +1600,11 @@ void stream_fork(bool child)
  * says nothing else there). */
 static int rv_client_said(int nfd)
 {
-	struct stream_rv rv;
-	ssize_t n = real.recv(nfd, &rv, sizeof rv, MSG_PEEK | MSG_DONTWAIT);
-	if (n < 0)
-		return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 0 : -ECONNABORTED;
-	if (n == 0)
-		return -ECONNABORTED;
-	if ((size_t)n < sizeof rv)
-		return 0; /* the rest is on its way */
 	struct stream_rendezvous z;
-	if (stream_rv_decode(&rv, sizeof rv, &z) || z.port)
-		return -EPROTO;
-	return real.recv(nfd, &rv, sizeof rv, MSG_DONTWAIT) == (ssize_t)sizeof rv ? 1 : -EPROTO;
+	int got = rv_take(nfd, &z);
+	if (got < 0)
+		return got == -EPROTO ? -EPROTO : -ECONNABORTED;
+	return got && z.port ? -EPROTO : got;
 }
 
 /* The device connection request that carries cookie, from the listener's stash or its

@@ -1367,7 +1367,7 @@ int iv_listen(struct dgv_context *cb, const struct sockaddr *addr, socklen_t len
 		bool any = own.sa.sa_family == AF_INET ? own.sin.sin_addr.s_addr == htonl(INADDR_ANY)
 						      : IN6_IS_ADDR_UNSPECIFIED(&own.sin6.sin6_addr);
 		if (any && ctx->have_addr) {
-			uint16_t port = own.sa.sa_family == AF_INET ? own.sin.sin_port : own.sin6.sin6_port;
+			uint16_t port = port_in(&own.sa);
 			own = ctx->addr;
 			own.sin.sin_port = port; /* same offset in sin6 */
 		}
@@ -1378,8 +1378,7 @@ int iv_listen(struct dgv_context *cb, const struct sockaddr *addr, socklen_t len
 			    : IN6_IS_ADDR_UNSPECIFIED(&((const struct sockaddr_in6 *)addr)->sin6_addr))) {
 		/* the wildcard: this device's address (rdma_cm's wildcard would also cover iWARP
 		 * devices, and does not listen beside them) */
-		uint16_t port = addr->sa_family == AF_INET ? ((const struct sockaddr_in *)addr)->sin_port
-							   : ((const struct sockaddr_in6 *)addr)->sin6_port;
+		uint16_t port = port_in(addr);
 		own = ctx->addr;
 		own.sin.sin_port = port; /* same offset in sin6 */
 		addr = &own.sa;
