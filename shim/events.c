@@ -161,6 +161,13 @@ int ev_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 			}
 			int qfd, cqfd;
 			if (sock_wait_fds(s, &qfd, &cqfd) == 0) {
+				if (cqfd == -1 && !sock_is_stream(s)) {
+					/* no CQ to watch (dgv_cq_self_driven): the kernel socket's room
+					 * is the send room, and what arrives there is read by the check
+					 * after the wait */
+					p[i].events = (short)(p[i].events | (fds[i].events & POLLOUT));
+					continue;
+				}
 				isq[m] = 0;
 				qidx[m] = i;
 				p[m++] = (struct pollfd){.fd = cqfd, .events = POLLIN};
@@ -532,6 +539,29 @@ static uint32_t shim_ready(struct reg *r, uint32_t asked, uint32_t *own, bool qu
 	return rdy & (r->events | EPOLLHUP | EPOLLERR);
 }
 
+/* Registers cqfd (the CQ's eventfd of r's socket) in `inner`; -1 (a CQ its socket's own
+ * readiness serves, dgv_cq_self_driven) registers nothing. Needs ep->lock. */
+static void reg_add_cq(struct ep *ep, struct reg *r, uint32_t idx, int cqfd)
+{
+	struct epoll_event cev = {.events = EPOLLIN | (r->events & EPOLLET), .data.u64 = tag(r, idx, true)};
+	if (cqfd >= 0 && real.epoll_ctl(ep->inner, EPOLL_CTL_ADD, cqfd, &cev) == 0)
+		r->cqfd = cqfd;
+}
+
+/* A datagram socket registered while its CQ needed no eventfd whose CQ needs one now (its mode
+ * became RD: a queue pair the provider's thread reads): the eventfd joins the registration at
+ * the socket's next event. Takes ep->lock. */
+static void reg_cq_late(struct ep *ep, struct reg *r, uint32_t idx, uint64_t d)
+{
+	int qfd, cqfd;
+	if (sock_wait_fds(r->s, &qfd, &cqfd) || cqfd < 0)
+		return;
+	pthread_mutex_lock(&ep->lock);
+	if (atomic_load(&r->gen) == (uint32_t)(d >> 32) && r->cqfd < 0)
+		reg_add_cq(ep, r, idx, cqfd);
+	pthread_mutex_unlock(&ep->lock);
+}
+
 /* Makes r a taken socket's registration (its CQ's descriptor registered too) once the socket
  * has a queue pair: at ADD, or at its first event when it was added before bind. Needs
  * ep->lock. Returns true when r is (now) a taken socket's. */
@@ -548,9 +578,7 @@ static bool reg_attach(struct ep *ep, struct reg *r, uint32_t idx)
 		return false;
 	}
 	pending_set(ep, r, false);
-	struct epoll_event cev = {.events = EPOLLIN | (r->events & EPOLLET), .data.u64 = tag(r, idx, true)};
-	if (real.epoll_ctl(ep->inner, EPOLL_CTL_ADD, cqfd, &cev) == 0)
-		r->cqfd = cqfd;
+	reg_add_cq(ep, r, idx, cqfd);
 	r->s = s;
 	__atomic_store_n(&r->kick, true, __ATOMIC_RELAXED);
 	atomic_fetch_add(&ep->ntaken, 1);
@@ -850,6 +878,8 @@ static void ep_translate(struct ep *ep, const struct epoll_event *k, int n, stru
 				}
 				e = (e & ~own) | rdy;
 			} else if ((e & EPOLLIN) || cq) {
+				if (r->cqfd < 0)
+					reg_cq_late(ep, r, i, d);
 				int in = (r->events & EPOLLIN) ? sock_poll_in(r->s, r->fd) : 0;
 				if (in >= 0) /* < 0: the OS carries it, the kernel's word stands */
 					e = (e & ~EPOLLIN) | (in > 0 ? EPOLLIN : 0);

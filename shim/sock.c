@@ -712,10 +712,6 @@ retry:
 	 * lets go of (docs/shim.md "The queue pair sits on the program's own socket") */
 	bool adopt = sock_can(s, DGV_CAP_ADOPT_FD);
 	s->qfd = adopt ? fd : -1;
-	if (!s->cq && adopt && !own_room(1, "a UDP socket")) {
-		s->broken = true; /* its CQ's event descriptor would not fit: own_room said why */
-		return -EMFILE;
-	}
 	if (!s->cq && (rc = dgv_create_cq(s->pv->ctx, SHIM_RX_SLOTS + SHIM_TX_SLOTS + 16, &s->cq)))
 		goto dev_fail;
 	if (sock_can(s, DGV_CAP_BACKGROUND))
@@ -742,6 +738,22 @@ retry:
 	}
 	if ((rc = dgv_create_qp(sock_pd(s), &a, &s->qp)))
 		goto dev_fail;
+	/* A socket whose completions its own calls make (a soft UD QP on the program's socket,
+	 * dgv_cq_self_driven) is waited on through that socket alone and its CQ never makes an
+	 * eventfd; any other gets its CQ's eventfd now, within the shim's share of the
+	 * descriptors, so no later wait finds it missing */
+	if (!s->cq_fd && !dgv_cq_self_driven(s->cq)) {
+		if (adopt && !own_room(1, "a UDP socket")) {
+			qp_teardown(s, false);
+			s->broken = true; /* its CQ's eventfd would not fit: own_room said why */
+			return -EMFILE;
+		}
+		if ((rc = dgv_cq_fd(s->cq)) < 0) {
+			qp_teardown(s, false);
+			goto fail;
+		}
+		s->cq_fd = true;
+	}
 	post_free_slots(s);
 	if (s->shared)
 		dgv_qp_set_rx_cap(s->qp, 1);
@@ -816,7 +828,7 @@ void qp_teardown(struct sock *s, bool all)
 	if (!all)
 		return;
 	if (s->cq)
-		dgv_destroy_cq(s->cq), s->cq = NULL, s->armed = false;
+		dgv_destroy_cq(s->cq), s->cq = NULL, s->armed = false, s->cq_fd = false;
 	zc_cache_clear(s);
 	if (s->rx_mr)
 		dgv_dereg_mr(s->rx_mr), s->rx_mr = NULL;
@@ -846,7 +858,7 @@ void sock_reset_after_fork(struct sock *s)
 			s->carry_srclen = p->srclen;
 		}
 	}
-	s->qp = NULL, s->cq = NULL, s->armed = false, s->rx_mr = NULL, s->tx_mr = NULL;
+	s->qp = NULL, s->cq = NULL, s->armed = false, s->cq_fd = false, s->rx_mr = NULL, s->tx_mr = NULL;
 	if (!sock_is_stream(s))
 		s->qfd = -1; /* the child's QP takes the number of its first call */
 	s->pend_head = s->pend_n = 0;

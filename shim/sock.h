@@ -91,6 +91,9 @@ struct sock {
 	bool broken;                  /* QP creation failed: the OS carries it */
 	struct shim_pv *pv;           /* the context its QP is on (&G.host or &G.dev); NULL: none yet */
 	bool armed;                   /* DGV_CAP_ARM_ONCE: its CQ's channel is armed (an acked event is not) */
+	/* its CQ's eventfd is made, which waits watch; false only while every queue pair it had
+	 * on this CQ was dgv_cq_self_driven (qp_setup makes it for any other) */
+	bool cq_fd;
 	/* Another process may read the same kernel socket (forked, inherited, received): the
 	 * shim takes off the wire only what the program asks for, one datagram at a time, never
 	 * for a readiness check, and MSG_PEEK leaves the datagram in the kernel (docs/shim.md

@@ -163,6 +163,10 @@ int dgv_cq_notify_background(struct dgv_cq *cq, int on)
 	return cq ? cq->ctx->ops->cq_notify_background(cq, on) : -EINVAL;
 }
 int dgv_cq_ready(struct dgv_cq *cq) { return cq ? cq->ctx->ops->cq_ready(cq) : -EINVAL; }
+int dgv_cq_self_driven(struct dgv_cq *cq)
+{
+	return cq && cq->ctx->ops->cq_self_driven ? cq->ctx->ops->cq_self_driven(cq) : 0;
+}
 
 int dgv_poll_cq(struct dgv_cq *cq, int n, struct dgv_wc *wc)
 {

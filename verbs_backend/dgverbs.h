@@ -146,7 +146,8 @@ int dgv_dereg_mr(struct dgv_mr *mr);
 
 int dgv_create_cq(struct dgv_context *ctx, int cqe, struct dgv_cq **out);
 int dgv_destroy_cq(struct dgv_cq *cq);
-/* A file descriptor that becomes readable when a completion arrives after dgv_req_notify_cq. */
+/* A file descriptor that becomes readable when a completion arrives after dgv_req_notify_cq;
+ * -errno (EMFILE) when the provider makes it on first use and cannot. */
 int dgv_cq_fd(struct dgv_cq *cq);
 /* Arms the fd for the next completion (solicited_only: only Send with SE and errors). */
 int dgv_req_notify_cq(struct dgv_cq *cq, int solicited_only);
@@ -159,6 +160,12 @@ int dgv_cq_ack_event(struct dgv_cq *cq);
 int dgv_cq_notify_background(struct dgv_cq *cq, int on);
 /* Completions ready to poll now (>= 0), without driving progress; lock-free, never blocks. */
 int dgv_cq_ready(struct dgv_cq *cq);
+/* 1 when every completion a program waits for on this CQ is made inside its own calls into
+ * the provider (dgv_poll_cq, dgv_post_*) as it reads the QPs' sockets: a waiter then needs only
+ * those sockets' readiness, not dgv_cq_fd, which is made on first use (so such a CQ costs no
+ * descriptor). 0 otherwise (a device's CQ, RD, RC, fault injection). Depends on the QPs
+ * attached: ask again after creating or destroying one. */
+int dgv_cq_self_driven(struct dgv_cq *cq);
 
 /* ---------------------------------------------------------------- addresses */
 

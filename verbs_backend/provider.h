@@ -45,6 +45,8 @@ struct dgv_ops {
 	int (*cq_ack_event)(struct dgv_cq *cq);
 	int (*cq_notify_background)(struct dgv_cq *cq, int on);
 	int (*cq_ready)(struct dgv_cq *cq);
+	/* optional (NULL: 0): dgv_cq_self_driven */
+	int (*cq_self_driven)(struct dgv_cq *cq);
 	int (*poll_cq)(struct dgv_cq *cq, int n, struct dgv_wc *wc);
 	int (*cq_wait)(struct dgv_cq *cq, int timeout_ms);
 	int (*create_ah)(struct dgv_pd *pd, const struct sockaddr *addr, socklen_t len, struct dgv_ah **out);

@@ -27,14 +27,13 @@ int soft_create_cq(struct dgv_context *ctx, int cqe, struct dgv_cq **out)
 	 * headers around it: 8 kB of every idle UDP socket's RSS. */
 	size_t rsz = (size_t)cq->cap * sizeof *cq->ring;
 	cq->ring = dg_zalloc(rsz);
-	cq->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-	if (!cq->ring || cq->efd < 0) {
-		int err = cq->efd < 0 ? -errno : -ENOMEM;
-		dg_zfree(cq->ring, (size_t)cq->cap * sizeof *cq->ring);
-		if (cq->efd >= 0)
-			close(cq->efd);
+	/* the eventfd is made when somebody first needs to wait on it (soft_cq_fd): a socket's
+	 * CQ that only its own calls fill (soft_cq_self_driven) never needs one, and a process
+	 * with 10 000 sockets would otherwise hold 10 000 eventfds (issue 14: descriptors) */
+	atomic_init(&cq->efd, -1);
+	if (!cq->ring) {
 		free(cq);
-		return err;
+		return -ENOMEM;
 	}
 	pthread_mutex_init(&cq->lock, NULL);
 	*out = &cq->base;
@@ -49,7 +48,9 @@ int soft_destroy_cq(struct dgv_cq *cqb)
 	pthread_mutex_unlock(&cq->lock);
 	if (busy)
 		return -EBUSY;
-	close(cq->efd);
+	int efd = atomic_load(&cq->efd);
+	if (efd >= 0)
+		close(efd);
 	dg_zfree(cq->ring, (size_t)cq->cap * sizeof *cq->ring);
 	free(cq->scratch);
 	pthread_mutex_destroy(&cq->lock);
@@ -57,7 +58,39 @@ int soft_destroy_cq(struct dgv_cq *cqb)
 	return 0;
 }
 
-int soft_cq_fd(struct dgv_cq *cq) { return to_scq(cq)->efd; }
+/* Returns the CQ's eventfd, made now if it has none yet, or -errno (EMFILE) when it cannot be
+ * made. Takes cq->lock to make it. A completion pushed before the eventfd existed woke nobody
+ * (soft_cq_kick had nothing to write): one is in the ring, so the new eventfd starts readable,
+ * and a waiter that arms and then waits on it does not miss it. */
+int soft_cq_fd(struct dgv_cq *cqb)
+{
+	struct soft_cq *cq = to_scq(cqb);
+	int fd = atomic_load_explicit(&cq->efd, memory_order_acquire);
+	if (fd >= 0)
+		return fd;
+	pthread_mutex_lock(&cq->lock);
+	fd = atomic_load_explicit(&cq->efd, memory_order_relaxed);
+	if (fd < 0) {
+		fd = eventfd(cq->count ? 1 : 0, EFD_NONBLOCK | EFD_CLOEXEC);
+		if (fd < 0)
+			fd = -errno;
+		else
+			atomic_store_explicit(&cq->efd, fd, memory_order_release);
+	}
+	pthread_mutex_unlock(&cq->lock);
+	return fd;
+}
+
+int soft_cq_self_driven(struct dgv_cq *cqb)
+{
+	struct soft_cq *cq = to_scq(cqb);
+	pthread_mutex_lock(&cq->lock);
+	int r = cq->nqps > 0;
+	for (uint32_t i = 0; r && i < cq->nqps; i++)
+		r = soft_qp_self_driven(cq->qps[i]);
+	pthread_mutex_unlock(&cq->lock);
+	return r;
+}
 
 /*
  * Who armed a CQ. A thread that arms, then makes progress itself inside its own poll of the
@@ -93,15 +126,21 @@ int soft_req_notify_cq(struct dgv_cq *cqb, int solicited_only)
 
 void soft_cq_kick(struct soft_cq *cq)
 {
+	int fd = atomic_load_explicit(&cq->efd, memory_order_acquire);
+	if (fd < 0)
+		return; /* nobody waits on an eventfd not made yet (soft_cq_fd looks at the ring) */
 	uint64_t one = 1;
-	ssize_t w = write(cq->efd, &one, sizeof one);
+	ssize_t w = write(fd, &one, sizeof one);
 	(void)w;
 }
 
 int soft_cq_ack_event(struct dgv_cq *cqb)
 {
+	int fd = atomic_load_explicit(&to_scq(cqb)->efd, memory_order_acquire);
+	if (fd < 0)
+		return 0;
 	uint64_t v;
-	ssize_t r = read(to_scq(cqb)->efd, &v, sizeof v);
+	ssize_t r = read(fd, &v, sizeof v);
 	return r == sizeof v ? 0 : (errno == EAGAIN ? 0 : -errno);
 }
 
@@ -339,7 +378,10 @@ int soft_cq_wait(struct dgv_cq *cqb, int timeout_ms)
 			atomic_fetch_add(&snap[i]->refs, 1);
 		}
 		pthread_mutex_unlock(&cq->lock);
-		pfd[0] = (struct pollfd){.fd = cq->efd, .events = POLLIN};
+		/* no eventfd (EMFILE): the sockets and the timers wake this wait, the rest within
+		 * 10 ms */
+		int efd = soft_cq_fd(cqb);
+		pfd[0] = (struct pollfd){.fd = efd, .events = POLLIN};
 		for (uint32_t i = 0; i < nq; i++) {
 			struct soft_qp *qp = snap[i];
 			pfd[i + 1] = (struct pollfd){.fd = qp->fd, .events = POLLIN};
@@ -355,6 +397,8 @@ int soft_cq_wait(struct dgv_cq *cqb, int timeout_ms)
 		}
 		uint64_t wait_us = next > now ? next - now : 0;
 		int ms = wait_us >= (uint64_t)INT32_MAX * 1000 ? -1 : (int)((wait_us + 999) / 1000);
+		if (efd < 0 && (ms < 0 || ms > 10))
+			ms = 10;
 		int pr = poll(pfd, nq + 1, ms);
 		int perr = errno;
 		for (uint32_t i = 0; i < nq; i++) {
@@ -367,7 +411,7 @@ int soft_cq_wait(struct dgv_cq *cqb, int timeout_ms)
 		}
 		if (pfd[0].revents & POLLIN) {
 			uint64_t v;
-			ssize_t r = read(cq->efd, &v, sizeof v);
+			ssize_t r = read(efd, &v, sizeof v);
 			(void)r;
 		}
 	}

@@ -288,6 +288,7 @@ static const struct dgv_ops soft_ops = {
 	.cq_ack_event = soft_cq_ack_event,
 	.cq_notify_background = soft_cq_notify_background,
 	.cq_ready = soft_cq_ready,
+	.cq_self_driven = soft_cq_self_driven,
 	.poll_cq = soft_poll_cq,
 	.cq_wait = soft_cq_wait,
 	.create_ah = soft_create_ah,

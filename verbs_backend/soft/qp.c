@@ -1631,6 +1631,17 @@ bool soft_qp_timers_pending(struct soft_qp *qp)
 	       qp->ftx.nheld || qp->frx.nheld || qp->pump_blocked || qp->sq_pump != qp->sq_tail;
 }
 
+/* A UD QP that reads its socket only from the program's calls (rx_hold) makes every receive
+ * completion inside them; what the provider's thread does on its own for it is timers (a
+ * reassembly's expiry: an error completion nobody waits for) and pumping sends the kernel
+ * refused (their room is the socket's POLLOUT, which the waiter watches). Held datagrams of
+ * fault injection and RD's retransmissions and acknowledgements are not so. */
+bool soft_qp_self_driven(const struct soft_qp *qp)
+{
+	return qp->base.type == DGV_QPT_UD && !qp->rc && !qp->rd && qp->rx_hold && !qp->ftx.active &&
+	       !qp->frx.active;
+}
+
 bool soft_qp_wants_pollout(struct soft_qp *qp)
 {
 	if (qp->rc)

@@ -216,7 +216,7 @@ struct dgv_cm_channel *soft_cm_default_channel(struct dgv_context *cb)
 int soft_cm_channel_fd(struct dgv_cm_channel *cb)
 {
 	struct soft_cm_channel *ch = (struct soft_cm_channel *)cb;
-	return ch->on_cq ? ch->on_cq->efd : ch->efd;
+	return ch->on_cq ? soft_cq_fd(&ch->on_cq->base) : ch->efd;
 }
 
 static struct soft_cm_channel *ch_or_default(struct soft_ctx *ctx, struct dgv_cm_channel *ch)

@@ -85,7 +85,7 @@ struct soft_cq {
 	pthread_mutex_t lock;
 	struct soft_cqe *ring;
 	uint32_t cap, head, count; /* count: changed under lock by atomic stores, peeked without */
-	int efd;
+	_Atomic int efd;          /* -1 until soft_cq_fd makes it */
 	atomic_int armed;         /* 1 any, 2 solicited only */
 	const void *armer;        /* the thread that armed it (cq_armer_many: several); lock */
 	bool deferred;            /* the armer's own progress fired the arm inside its poll; lock */
@@ -384,6 +384,10 @@ void soft_mr_table_fini(struct soft_ctx *ctx);
 int soft_create_cq(struct dgv_context *ctx, int cqe, struct dgv_cq **out);
 int soft_destroy_cq(struct dgv_cq *cq);
 int soft_cq_fd(struct dgv_cq *cq);
+int soft_cq_self_driven(struct dgv_cq *cq);
+/* Whether every completion of qp that a program waits for is made inside the program's own
+ * calls (dgv_cq_self_driven). Needs the CQ's lock (reads fields fixed at creation). */
+bool soft_qp_self_driven(const struct soft_qp *qp);
 int soft_req_notify_cq(struct dgv_cq *cq, int solicited_only);
 int soft_cq_ack_event(struct dgv_cq *cq);
 int soft_cq_notify_background(struct dgv_cq *cq, int on);

@@ -357,14 +357,19 @@ def page_section(C, w, fmt, made, summary):
           fmt(g("first_rss", "native"), "", 0), fmt(g("udp_ms", "shim"), "", 3), fmt(g("udp_ms", "native"), "", 3),
           fmt(g("tcp_ms", "shim"), "", 3), fmt(g("tcp_ms", "native"), "", 3)))
     w("")
-    n, s, v, ok = figure(d, "udp_fds")
-    if ok is False:
-        w("**Descriptors: we miss the target.** A taken UDP socket holds %s descriptors where natively it is "
-          "one: the program's socket and its completion queue's eventfd (the UD queue pair reads the "
-          "program's own descriptor; the registry is one name per process); a carried TCP connection also "
-          "has its RC queue pair's private duplicate of the socket (its connection events share the CQ's "
-          "eventfd). Each is a kernel object the socket keeps while it lives; "
-          "SIPp at 10 000 calls had to be split over several processes for it (section 5)." % fmt(s, "", 2))
+    _, su, _, oku = figure(d, "udp_fds")
+    _, st, _, okt = figure(d, "tcp_fds")
+    if oku is False or okt is False:
+        w("**Descriptors: we miss the target%s.** A taken UDP socket holds %s descriptors where natively it "
+          "is one: its UD queue pair reads the program's own descriptor and, on the soft provider, its "
+          "completion queue makes no eventfd (every completion it has is made in the program's own calls, "
+          "so a wait watches the socket alone; the registry is one name per process). A carried TCP "
+          "connection holds %s: also its RC queue pair's private duplicate of the socket and its completion "
+          "queue's eventfd (which its connection events share), since the provider's thread moves a "
+          "connection's data while the program is elsewhere. Each is a kernel object the socket keeps while "
+          "it lives; SIPp -t tn at 10 000 calls had to be split over several processes for it (section 5)." % (
+              " for " + " and ".join(x for x, ok in (("UDP", oku), ("TCP", okt)) if ok is False),
+              fmt(su, "", 2), fmt(st, "", 2)))
         w("")
     n, s, v, ok = figure(d, "udp_rss")
     if ok is False:

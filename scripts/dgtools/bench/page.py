@@ -3,7 +3,7 @@ from . import cost, ctx, soak, twohost
 from .ctx import med
 from .verbs import LOSS_TESTS
 from .sock import SOCK
-from .sipp import SOCK_CACHES, shares
+from .sipp import SOCK_CACHES, pairs_of, shares
 
 def fmt(v, unit="", p=2):
     if v is None:
@@ -431,33 +431,33 @@ def page(R, M, made, elapsed):
         w("")
         fm = Sp.get("fd_model") or {}
         for n in Ns:
-            kp = Sp.get("pairs", {}).get(str(n), 1)
-            if kp <= 1 or not all(fm.get(c) for c in ("udp-shim", "tcp-shim", "udp-native", "tcp-native")):
+            kps = {pr: pairs_of(Sp, n, pr) for pr in ("udp", "tcp")}
+            if max(kps.values()) <= 1 or not all(fm.get(c) for c in ("udp-shim", "tcp-shim", "udp-native", "tcp-native")):
                 continue
-            sh = shares(n, kp)
-            pc = lambda c, who: fmt(fm[c][who]["per_call"], "", 1)
+            pc = lambda c, who: fmt(fm[c][who]["per_call"], "", 2)
             top = lambda c, who: max((x["%s_fds" % who] for x in Sp["mem"].get("%s-%d" % (c, n), {}).get("per_pair", [])),
                                      default=None)
             need1 = lambda c, who: fm[c][who]["fixed"] + fm[c][who]["per_call"] * n
-            w("**%d calls ran as K = %d SIPp pairs of %s calls** (each pair its own UAS and UAC on their own "
-              "ports, all %d pairs at once at 1/%d of the call rate each, so the total rate and the hold time are "
-              "the plan's), in all four cases, natively too. The reason is the descriptor limit: this machine's "
-              "hard RLIMIT_NOFILE is %d and cannot be raised (no CAP_SYS_RESOURCE), and under the shim each "
-              "call costs the UAC %s descriptors with UDP (the program's socket and the completion queue's "
-              "eventfd: the UD QP reads the program's own descriptor, the registry is one table and one name per "
-              "process) and %s with TCP (socket, the RC QP's private duplicate, CQ eventfd, which the connection's "
-              "CM events share), "
-              "and the TCP UAS %s per accepted connection; natively the UAC needs %s per call, the TCP UAS %s and the UDP "
-              "UAS none (one socket for all calls). These are the slopes of the processes' peak descriptor counts "
-              "(/proc/PID/fd) between %d and %d calls in this run: one pair of %d calls would need ~%s descriptors "
-              "in the RC UAC, ~%s in the UD UAC. K is the smallest number of pairs for which every process's need "
-              "(fixed + per call x its calls, plus max(1000, 10 %%)) fits the limit; the most any process held "
-              "here: %s (RC UAC), %s (UD UAC), %s (RC UAS). The same K for all four cases keeps the comparison "
-              "fair; since the figures add up all 2K processes, the per-process fixed overhead (SIPp's own "
-              "memory, under the shim also the library's per-process state) is counted K times in every case, "
-              "natively too." % (
-                  n, kp, ", ".join(fmt(x, "", 0) for x in sorted(set(sh), reverse=True)) if len(set(sh)) > 1
-                  else fmt(sh[0], "", 0), kp, kp, Sp.get("nofile", 0),
+            how = lambda pr: ("one SIPp pair" if kps[pr] == 1 else "K = %d SIPp pairs of %s calls" % (
+                kps[pr], ", ".join(fmt(x, "", 0) for x in sorted(set(shares(n, kps[pr])), reverse=True))))
+            w("**%d calls: UDP (-t un) ran as %s, TCP (-t tn) as %s**, natively and under the shim alike (K > 1: "
+              "each pair its own UAS and UAC on their own ports, all K at once at 1/K of the call rate each, so "
+              "the total rate and the hold time are the plan's). The reason is the descriptor limit: this "
+              "machine's hard RLIMIT_NOFILE is %d and cannot be raised (no CAP_SYS_RESOURCE). Under the shim "
+              "each call costs the UAC %s descriptors with UDP (the program's socket; a UD queue pair on the "
+              "soft provider reads it and its completion queue makes no eventfd, issue 14 item 1) and %s with "
+              "TCP (socket, the RC QP's private duplicate, CQ eventfd, which the connection's CM events share), "
+              "and the TCP UAS %s per accepted connection; natively the UAC needs %s per call, the TCP UAS %s "
+              "and the UDP UAS none (one socket for all calls). These are the slopes of the processes' peak "
+              "descriptor counts (/proc/PID/fd) between %d and %d calls in this run: one pair of %d calls would "
+              "need ~%s descriptors in the RC UAC, ~%s in the UD UAC. K is the smallest number of pairs for "
+              "which every process's need (fixed + per call x its calls, plus max(1000, 10 %%)) fits the limit, "
+              "the same K for a transport's native and shim runs; the most any process held here: %s (RC UAC), "
+              "%s (UD UAC), %s (RC UAS). The figures add up all 2K processes, so with K > 1 the per-process "
+              "fixed overhead (SIPp's own memory, under the shim also the library's per-process state) is "
+              "counted K times, natively too; comparing UD with RC at different K counts RC's K - 1 more "
+              "times." % (
+                  n, how("udp"), how("tcp"), Sp.get("nofile", 0),
                   pc("udp-shim", "uac"), pc("tcp-shim", "uac"), pc("tcp-shim", "uas"), pc("udp-native", "uac"),
                   pc("tcp-native", "uas"), fm["udp-shim"]["from"][0], fm["udp-shim"]["from"][1], n,
                   fmt(need1("tcp-shim", "uac"), "", 0), fmt(need1("udp-shim", "uac"), "", 0),
@@ -489,15 +489,15 @@ def page(R, M, made, elapsed):
             un, tn = Sp["mem"].get("udp-native-%d" % n), Sp["mem"].get("tcp-native-%d" % n)
             sav = pct_lower(u["total"], r["total"])
             if n == 10000 or not Sp.get("skipped") and not any(k.endswith("-10000") for k in Sp["mem"]):
-                kp = Sp.get("pairs", {}).get(str(n), 1)
+                ku, kr = pairs_of(Sp, n, "udp"), pairs_of(Sp, n, "tcp")
                 summary.append(("SIPp memory at 10 000 calls: UD at least 30 %% less than RC (paper: 24.1 %% at 10 000)%s" % (
                     "" if n == 10000 else " [measured at %d calls only]" % n),
-                    fmt(sav, " % less", 1) + (" (%d calls as %d SIPp pairs, descriptor limit: section 5)" % (n, kp)
-                                              if kp > 1 else ""), sav is not None and sav >= 30))
+                    fmt(sav, " % less", 1) + (" (UD as %d, RC as %d SIPp pairs, descriptor limit: section 5)" % (ku, kr)
+                                              if max(ku, kr) > 1 else ""), sav is not None and sav >= 30))
             per = lambda m, base: fmt((m["total"] - (base["total"] if base else 0)) / n / 1e3, " kB", 1)
             w("Per call at %d calls (shim minus native of the same transport): UD %s, RC %s. Each taken UDP "
               "socket gets a UD queue pair with 32 pre-registered 64 KiB receive slots (touched only as far "
-              "as datagrams reach), a send slot pool and a completion queue with an eventfd (docs/shim.md "
+              "as datagrams reach), a send slot pool and a completion queue (no eventfd on the soft provider; docs/shim.md "
               "\"Descriptors and memory per socket\"); each carried TCP connection an RC queue pair with a 512 KiB receive "
               "ring and a send ring (touched only as far as its bytes reach; SIP calls move few bytes), and "
               "on the UAS side one such connection per call where UDP has one socket for all calls." % (

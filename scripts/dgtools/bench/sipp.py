@@ -253,15 +253,17 @@ def sipp():
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     res.update({"nofile": hard, "pairs": {}, "fd_points": {}, "fd_model": {}, "skipped": {}})
     for calls, rate, hold in plans:
-        k = sipp_pairs(res, calls, hard)
-        if not k:
+        ks = sipp_pairs(res, calls, hard)
+        if not ks:
             continue
-        res["pairs"][str(calls)] = k
-        if k > 1:
-            log("sipp: %d calls as %d pairs of %s calls (descriptor limit %d)" % (
-                calls, k, "/".join(str(x) for x in shares(calls, k)), hard))
+        res["pairs"][str(calls)] = ks
+        for proto, k in sorted(ks.items()):
+            if k > 1:
+                log("sipp: %d %s calls as %d pairs of %s calls (descriptor limit %d)" % (
+                    calls, proto.upper(), k, "/".join(str(x) for x in shares(calls, k)), hard))
         for proto, pre in [("udp", False), ("tcp", False), ("udp", True), ("tcp", True)]:
             key = "%s-%s-%d" % (proto, "shim" if pre else "native", calls)
+            k = ks[proto]
             try:
                 r = sipp_run(proto, pre, calls, rate, hold, pairs=k)
                 res["mem"][key] = dict(r["peak"], peak_calls=r["uac"]["peak"], retrans=r["uac"]["retrans"],
@@ -306,13 +308,19 @@ def fd_need(fit, who, c):
     m = fit[who]["fixed"] + fit[who]["per_call"] * c
     return m + max(FD_MARGIN[0], FD_MARGIN[1] * m)
 
+def pairs_of(saved, calls, proto):
+    """K a plan ran with for proto (a saved run's value: {"udp": K, "tcp": K}, or one K for all)."""
+    v = saved.get("pairs", {}).get(str(calls), 1)
+    return v.get(proto, 1) if isinstance(v, dict) else v
+
 def sipp_pairs(res, calls, hard):
-    """K for a plan: the smallest number of SIPp pairs with calls/K each such that every process of
-    every case fits the hard descriptor limit; the same K for all four cases. Plans that fit even at
-    FD_BOUND per call run as one pair; larger ones need the measured model (a short probe measures
-    it when no earlier plan did)."""
+    """K per transport for a plan ({"udp": K, "tcp": K}): the smallest number of SIPp pairs with
+    calls/K each such that every process of that transport's cases, native and shim, fits the hard
+    descriptor limit (native and shim of one transport always run with the same K, so the shim's
+    ratio to native is fair). Plans that fit even at FD_BOUND per call run as one pair; larger ones
+    need the measured model (a short probe measures it when no earlier plan did). None: not run."""
     if calls * FD_BOUND + FD_MARGIN[0] <= hard:
-        return 1
+        return {"udp": 1, "tcp": 1}
     fits = {c: fd_fit(res, c) for c in SIPP_CASES}
     if not all(fits.values()):
         sipp_fd_probe(res, [c for c in SIPP_CASES if not fits[c]])
@@ -322,13 +330,20 @@ def sipp_pairs(res, calls, hard):
         failed("sipp", "memory %d calls: %s" % (calls, res["skipped"][str(calls)]))
         return None
     res["fd_model"] = fits
-    for k in range(1, 65):
-        c = -(-calls // k)
-        if all(fd_need(fits[case], who, c) <= hard for case in SIPP_CASES for who in ("uac", "uas")):
-            return k
-    res["skipped"][str(calls)] = "more than 64 SIPp pairs needed for the descriptor limit %d: not run" % hard
-    failed("sipp", "memory %d calls: %s" % (calls, res["skipped"][str(calls)]))
-    return None
+    ks = {}
+    for proto in ("udp", "tcp"):
+        cases = [c for c in SIPP_CASES if c.startswith(proto + "-")]
+        for k in range(1, 65):
+            c = -(-calls // k)
+            if all(fd_need(fits[case], who, c) <= hard for case in cases for who in ("uac", "uas")):
+                ks[proto] = k
+                break
+        else:
+            res["skipped"][str(calls)] = "more than 64 SIPp pairs needed for %s at the descriptor limit %d: not run" % (
+                proto.upper(), hard)
+            failed("sipp", "memory %d calls: %s" % (calls, res["skipped"][str(calls)]))
+            return None
+    return ks
 
 def sipp_fd_probe(res, cases):
     """Measures the descriptor model with two short runs per case (up to 300 and 600 calls all up at
