@@ -7,8 +7,10 @@
 #include <errno.h>
 #include <malloc.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <unistd.h>
@@ -595,6 +597,92 @@ Test(verbs, cq_fd_readable_after_notify)
 	cr_assert_eq(dgv_poll_cq(B.cq, 1, &wc), 1);
 	cr_assert_eq(wc.opcode, DGV_WC_RECV);
 	cr_assert_eq(dgv_cq_wait(B.cq, 20), -ETIMEDOUT, "a blocking wait times out when nothing comes");
+	teardown_pair();
+}
+
+/* Eventfds this process holds now (/proc/self/fd links to "anon_inode:[eventfd]"). */
+static int eventfds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	int n = 0;
+	struct dirent *e;
+	cr_assert_not_null(d);
+	while ((e = readdir(d))) {
+		char path[300], link[64];
+		snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
+		ssize_t l = readlink(path, link, sizeof link - 1);
+		if (l > 0) {
+			link[l] = 0;
+			n += strcmp(link, "anon_inode:[eventfd]") == 0;
+		}
+	}
+	closedir(d);
+	return n;
+}
+
+/* A CQ makes its eventfd only when first asked for it (the shim's UDP sockets never ask), and
+ * says whether every completion of its QPs comes from the program's own calls: a UD QP that
+ * reads its socket only then (rx_hold), not RD, not one with fault injection, not one the
+ * provider's thread reads. An eventfd made while a completion waits starts readable. */
+Test(verbs, cq_self_driven_and_eventfd_on_first_use)
+{
+	setup_pair(DGV_QPT_UD, NULL, 0);
+	cr_assert_eq(dgv_cq_self_driven(A.cq), 0, "the provider's thread reads a QP without rx_hold");
+	int e0 = eventfds();
+	struct side C = {0};
+	struct dgv_qp_init_attr a = {.qp_type = DGV_QPT_UD, .max_send_wr = 64, .max_recv_wr = 64, .rx_hold = 1};
+	cr_assert_eq(side_open(&C, &a, 1u << 20), 0);
+	cr_assert_eq(dgv_cq_self_driven(C.cq), 1);
+	union dgv_sockaddr ca, ba;
+	socklen_t cl, bl;
+	struct dgv_ah *to_c;
+	cr_assert_eq(dgv_qp_local_addr(C.qp, &ca, &cl), 0);
+	cr_assert_eq(dgv_qp_local_addr(B.qp, &ba, &bl), 0);
+	cr_assert_eq(dgv_create_ah(pd, &ca.sa, cl, &to_c), 0);
+	cr_assert_eq(dgv_create_ah(pd, &ba.sa, bl, &C.ah_peer), 0);
+	/* A -> C, polled by C's own calls */
+	post_recv(&C, 0, 4096, 5);
+	fill(A.buf, 100, 3);
+	struct dgv_sge sge = {(uint64_t)(uintptr_t)A.buf, 100, A.mr->lkey};
+	struct dgv_send_wr wr = {.wr_id = 1, .sg_list = &sge, .num_sge = 1, .opcode = DGV_WR_SEND, .ah = to_c};
+	cr_assert_eq(dgv_post_send(A.qp, &wr, NULL), 0);
+	struct dgv_wc wc;
+	int got = 0;
+	for (int i = 0; i < 3000 && !got; i++)
+		if (!(got = dgv_poll_cq(C.cq, 1, &wc)))
+			usleep(1000);
+	cr_assert_eq(got, 1, "C's own poll received the datagram");
+	cr_assert_eq(wc.status, DGV_WC_SUCCESS);
+	cr_assert_eq(memcmp(C.buf, A.buf, 100), 0);
+	cr_assert_eq(eventfds(), e0, "no eventfd made for C's CQ while nobody asked for it");
+	/* C -> B, its send completion left in the CQ: the eventfd made now starts readable */
+	post_send(&C, DGV_WR_SEND, 0, 100, 0, 0, 9);
+	for (int i = 0; i < 3000 && dgv_cq_ready(C.cq) < 1; i++)
+		usleep(1000);
+	cr_assert_eq(dgv_cq_ready(C.cq), 1, "the send completed");
+	int fd = dgv_cq_fd(C.cq);
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(eventfds(), e0 + 1);
+	cr_assert_eq(dgv_cq_fd(C.cq), fd, "made once");
+	struct pollfd p = {.fd = fd, .events = POLLIN};
+	cr_assert_eq(poll(&p, 1, 0), 1, "readable: a completion was there before the eventfd");
+	cr_assert_eq(dgv_cq_ack_event(C.cq), 0);
+	cr_assert_eq(dgv_poll_cq(C.cq, 1, &wc), 1);
+	cr_assert_eq(wc.wr_id, 9);
+	dgv_destroy_ah(to_c);
+	side_fini(&C);
+	/* RD, and UD with fault injection: the provider's thread makes completions of their own */
+	struct side D = {0}, E = {0};
+	struct dgv_qp_init_attr ad = {.qp_type = DGV_QPT_RD, .max_send_wr = 64, .max_recv_wr = 64, .rx_hold = 1};
+	cr_assert_eq(side_open(&D, &ad, 1u << 20), 0);
+	cr_assert_eq(dgv_cq_self_driven(D.cq), 0, "RD");
+	static const struct dgv_fault loss = {.loss_pct = 1};
+	struct dgv_qp_init_attr ae = {.qp_type = DGV_QPT_UD, .max_send_wr = 64, .max_recv_wr = 64, .rx_hold = 1,
+				      .fault_rx = &loss};
+	cr_assert_eq(side_open(&E, &ae, 1u << 20), 0);
+	cr_assert_eq(dgv_cq_self_driven(E.cq), 0, "fault injection");
+	side_fini(&D);
+	side_fini(&E);
 	teardown_pair();
 }
 
