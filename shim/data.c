@@ -16,6 +16,8 @@
 
 #define WR_TX (1ull << 32)
 #define WR_ZC (2ull << 32)
+#define WR_IN (3ull << 32) /* an inline send: completes only if it failed */
+#define INLINE_SGE 4       /* the QP's max_sge (the provider's default) */
 
 static size_t iov_total(const struct iovec *iov, int n)
 {
@@ -57,6 +59,9 @@ int consume_cq(struct sock *s)
 				else
 					s->st->rx_plain++, s->st->rx_plain_bytes += w->byte_len;
 				peer_heard(&w->src, w->src_len, framed, sock_svc(s));
+			} else if (tag == WR_IN) {
+				if (w->status != DGV_WC_SUCCESS && w->status != DGV_WC_WR_FLUSH_ERR)
+					s->st->lost++;
 			} else if (tag == WR_ZC) {
 				s->zc_done++;
 				if (w->status != DGV_WC_SUCCESS)
@@ -632,6 +637,38 @@ static ssize_t dgram_send(struct sock *s, int fd, const struct iovec *iov, int i
 	int timeout = nb ? 0 : s->sndtimeo_ms > 0 ? s->sndtimeo_ms : -1;
 	ssize_t rc;
 	int pr;
+	if (s->qp_type == DGV_QPT_UD && sock_can(s, DGV_CAP_SEND_INLINE) && iovcnt <= INLINE_SGE) {
+		/* The provider sends from the program's own buffer during the post, and copies what
+		 * the kernel had no room for: no send slot written (a page per socket), no copy into
+		 * it, and unsignaled no completion to make and take (issue 14 items 2 and 4). */
+		struct dgv_sge sge[INLINE_SGE];
+		int n = 0;
+		for (int i = 0; i < iovcnt; i++)
+			if (iov[i].iov_len)
+				sge[n++] = (struct dgv_sge){(uint64_t)(uintptr_t)iov[i].iov_base, (uint32_t)iov[i].iov_len, 0};
+		struct dgv_send_wr wr = {.wr_id = WR_IN, .sg_list = sge, .num_sge = n, .opcode = DGV_WR_SEND,
+					 .send_flags = DGV_SEND_INLINE, .ah = ah},
+				   *bad;
+		while ((pr = dgv_post_send(s->qp, &wr, &bad)) == -ENOMEM) {
+			/* the send queue is full of sends the kernel's buffer had no room for: they
+			 * leave as it drains, which the socket's room says */
+			int w = tx_room_wait(s, fd, nb, POLLOUT, &timeout);
+			if (w < 0) {
+				rc = w;
+				goto out;
+			}
+			if (w > 0)
+				goto plain;
+			consume_cq(s); /* progress: the queue's sends go out */
+		}
+		if (pr) {
+			rc = pr;
+			goto out;
+		}
+		s->st->tx_framed++, s->st->tx_framed_bytes += total, s->st->tx_zcopy++;
+		rc = (ssize_t)total;
+		goto out;
+	}
 	if (s->qp_type == DGV_QPT_UD && iovcnt == 1 && total >= (size_t)s->zcopy && total > 0) {
 		/* zero-copy: the provider reads the program's buffer; UD hands it to the kernel
 		 * during the post, so the wait below is normally already over */

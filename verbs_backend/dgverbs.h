@@ -101,6 +101,8 @@ enum dgv_cap_flag {
 	DGV_CAP_UD_SIDR = 1u << 7,
 	/* RDMA Read on UD and RD QPs */
 	DGV_CAP_DGRAM_READ = 1u << 8,
+	/* DGV_SEND_INLINE on UD QPs */
+	DGV_CAP_SEND_INLINE = 1u << 9,
 };
 
 struct dgv_caps {
@@ -293,6 +295,11 @@ enum dgv_wr_opcode {
 
 enum dgv_send_flags {
 	DGV_SEND_SIGNALED = 1u << 0, /* generate a completion on success (errors always complete) */
+	/* UD Send (DGV_CAP_SEND_INLINE): the SGEs' memory is the caller's again when dgv_post_send
+	 * returns, registered or not (lkeys are not looked at): what the provider could not hand
+	 * to the network during the post it copies. A send from a program's own buffer with no
+	 * staging copy, no registration and, unsignaled, no completion (-EINVAL elsewhere). */
+	DGV_SEND_INLINE = 1u << 1,
 };
 
 struct dgv_send_wr {

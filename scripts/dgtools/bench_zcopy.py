@@ -1,6 +1,9 @@
 """scripts/bench-zcopy: where zero-copy starts to pay, the shim's copy path against its zero-copy
 path for UD sends by datagram size (udpbench stream, both ends preloaded); medians of alternating
-trials and the crossover. Arguments: TRIALS "SIZE SIZE ..." (the shell entry point builds first)."""
+trials and the crossover. Arguments: TRIALS "SIZE SIZE ..." (the shell entry point builds first).
+On the soft provider every UD send goes from the program's buffer (DGV_SEND_INLINE, counted in
+tx_zcopy) whatever the threshold, so there the script says so and compares nothing; the
+threshold chooses between the paths on a device (DGSHIM_PROVIDER=ibverbs, in the VM)."""
 import json, os, re, signal, socket, statistics, subprocess, sys, tempfile, time
 
 LIB = os.path.abspath("build/shim/libdgshim.so")
@@ -86,6 +89,10 @@ def main():
             cross = cross or s
         else:
             cross = None
+    if all(zcount[("copy", s)] > 0 for s in SIZES):
+        print("\nthe provider sent every datagram from the program's buffer in both modes (the soft "
+              "provider's inline sends): no copy path to compare against here")
+        sys.exit(0)
     bad = [s for s in SIZES if zcount[("zcopy", s)] <= 0 or zcount[("copy", s)] != 0]
     if bad:
         print("WARNING: the path did not run as configured at sizes %s (tx_zcopy counts)" % bad)

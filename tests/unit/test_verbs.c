@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <malloc.h>
 #include <stdlib.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 #include <arpa/inet.h>
@@ -683,6 +684,45 @@ Test(verbs, cq_self_driven_and_eventfd_on_first_use)
 	cr_assert_eq(dgv_cq_self_driven(E.cq), 0, "fault injection");
 	side_fini(&D);
 	side_fini(&E);
+	teardown_pair();
+}
+
+/* qp.c test hook: the QP's sends find its socket full while on. */
+void soft_qp_test_block_tx(struct dgv_qp *qpb, bool on);
+
+/* DGV_SEND_INLINE: an unsignaled Send from memory nobody registered, which the caller may
+ * overwrite as soon as the post returns: sent at once it makes no completion; queued behind a
+ * full socket it is sent later with the bytes it had at the post. RD refuses the flag. */
+Test(ud, inline_send_from_unregistered_memory)
+{
+	setup_pair(DGV_QPT_UD, NULL, 0);
+	struct dgv_caps caps;
+	cr_assert_eq(dgv_query_caps(ctx, &caps), 0);
+	cr_assert(caps.flags & DGV_CAP_SEND_INLINE);
+	char msg[300];
+	struct dgv_sge sge = {(uint64_t)(uintptr_t)msg, sizeof msg, 0};
+	struct dgv_send_wr wr = {.wr_id = 77, .sg_list = &sge, .num_sge = 1, .opcode = DGV_WR_SEND,
+				 .send_flags = DGV_SEND_INLINE, .ah = A.ah_peer};
+	struct dgv_wc wc;
+	for (int round = 0; round < 2; round++) {
+		/* round 1: the socket is full during the post, so the provider keeps a copy */
+		post_recv(&B, 0, 4096, 10 + (uint64_t)round);
+		memset(msg, 'a' + round, sizeof msg);
+		soft_qp_test_block_tx(A.qp, round == 1);
+		cr_assert_eq(dgv_post_send(A.qp, &wr, NULL), 0);
+		memset(msg, 'z', sizeof msg); /* the caller's again */
+		soft_qp_test_block_tx(A.qp, false);
+		cr_assert(wait_wc(&B, &wc, 3000), "round %d: the datagram arrived", round);
+		cr_assert_eq(wc.status, DGV_WC_SUCCESS);
+		cr_assert_eq(wc.byte_len, sizeof msg);
+		for (size_t i = 0; i < sizeof msg; i++)
+			cr_assert_eq(B.buf[i], 'a' + round, "round %d byte %zu: what the buffer held at the post", round, i);
+		cr_assert_eq(dgv_poll_cq(A.cq, 1, &wc), 0, "round %d: an unsignaled send that went makes no completion", round);
+	}
+	teardown_pair();
+	setup_pair(DGV_QPT_RD, NULL, 0);
+	wr.ah = A.ah_peer;
+	cr_assert_eq(dgv_post_send(A.qp, &wr, NULL), -EINVAL, "RD keeps its sends for retransmission: no inline");
 	teardown_pair();
 }
 

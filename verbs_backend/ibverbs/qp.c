@@ -932,6 +932,11 @@ static void qp_send_held(struct iv_qp *qp)
 int iv_post_send(struct dgv_qp *qb, struct dgv_send_wr *wr, struct dgv_send_wr **bad)
 {
 	struct iv_qp *qp = to_iqp(qb);
+	for (struct dgv_send_wr *w = wr; w; w = w->next)
+		if (w->send_flags & DGV_SEND_INLINE) { /* not DGV_CAP_SEND_INLINE here */
+			*bad = w;
+			return -EINVAL;
+		}
 	iv_run_accepts(to_ictx(qb->ctx));
 	pthread_mutex_lock(&qp->lock);
 	int r = 0;

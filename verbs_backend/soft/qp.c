@@ -120,6 +120,8 @@ static void udp_emit(void *arg, const struct dg_pkt *pkt)
 static int udp_xmit(struct soft_qp *qp, const struct iovec *iov, int iovcnt,
 		    const union dgv_sockaddr *to, socklen_t tolen)
 {
+	if (__builtin_expect(qp->tx_test_block, 0))
+		return -EAGAIN; /* soft_qp_test_block_tx: the socket is "full" */
 	struct tx_ctx t = {qp, 0};
 	size_t len = 0;
 	for (int i = 0; i < iovcnt; i++)
@@ -233,6 +235,8 @@ static void sq_complete(struct soft_qp *qp, uint32_t idx, enum dgv_wc_status sta
 	if (w->done)
 		return;
 	w->done = true;
+	if (w->ibuf)
+		free(w->ibuf), w->ibuf = NULL;
 	send_cqe(qp, w->wr_id, w->opcode, w->flags & DGV_SEND_SIGNALED, status, bytes, w->msn);
 	while (qp->sq_head != qp->sq_tail && qp->sq[qp->sq_head % qp->sq_cap].done)
 		qp->sq_head++;
@@ -1437,6 +1441,88 @@ static void rx_piece(struct soft_qp *qp, uint8_t *buf, size_t len, const union d
 
 /* The segment size of a GRO-coalesced receive (its UDP_GRO cmsg), 0 when the buffer is one
  * datagram, -1 when the cmsg holds no usable size. */
+/*
+ * The receive batch: per thread, not per QP. A QP reads its socket into a batch of buffers and
+ * places every datagram before its drain returns (under its lock; fault injection and RD keep
+ * copies of what they hold), so nothing refers to the buffers afterwards and one batch per
+ * reading thread serves every QP it reads. Per QP it cost each idle UDP socket its message
+ * headers (432 bytes of heap) and each socket that ever received a page of buffer or more
+ * (issue 14 item 2). The buffers are pages touched only as far as datagrams reach.
+ */
+struct rx_batch {
+	uint8_t *buf;  /* dg_pages_alloc(cap) */
+	size_t cap;
+	uint32_t size, n; /* buffer size and count the headers below are built for */
+	bool busy;        /* a drain of this thread reads into it */
+	struct mmsghdr msg[SOFT_RX_BATCH];
+	struct iovec iov[SOFT_RX_BATCH];
+	union dgv_sockaddr addr[SOFT_RX_BATCH];
+	_Alignas(struct cmsghdr) uint8_t ctl[SOFT_RX_BATCH][RXCTL_LEN];
+};
+_Static_assert(SOFT_RX_BATCH >= 8, "a GRO QP reads 8 buffers at once");
+
+static __thread struct rx_batch *rx_tls __attribute__((tls_model("initial-exec")));
+static pthread_key_t rx_key;
+static pthread_once_t rx_once = PTHREAD_ONCE_INIT;
+
+/* At the thread's end (the key's destructor runs in it): a destructor of another key that reads
+ * a socket after this one makes a new batch (set again, freed in the next round). */
+static void rx_batch_free(void *arg)
+{
+	struct rx_batch *b = arg;
+	if (rx_tls == b)
+		rx_tls = NULL;
+	if (b->buf)
+		dg_pages_free(b->buf, b->cap);
+	free(b);
+}
+
+static void rx_key_make(void) { pthread_key_create(&rx_key, rx_batch_free); }
+
+/* This thread's receive batch, its headers built for qp's buffer size and count, marked busy
+ * (rx_batch_put clears it). NULL without memory, or when a drain of this thread is already
+ * reading into it (none does today: placing a datagram reads no socket). */
+static struct rx_batch *rx_batch_get(const struct soft_qp *qp)
+{
+	struct rx_batch *b = rx_tls;
+	if (__builtin_expect(!b, 0)) {
+		if (!(b = calloc(1, sizeof *b)))
+			goto nomem;
+		pthread_once(&rx_once, rx_key_make);
+		pthread_setspecific(rx_key, b); /* freed when the thread ends */
+		rx_tls = b;
+	}
+	if (__builtin_expect(b->busy, 0))
+		return NULL;
+	size_t need = (size_t)qp->rxbuf_size * qp->rx_batch;
+	if (__builtin_expect(b->cap < need, 0)) {
+		uint8_t *nb = dg_pages_alloc(need);
+		if (!nb)
+			goto nomem;
+		if (b->buf)
+			dg_pages_free(b->buf, b->cap);
+		b->buf = nb, b->cap = need, b->n = 0;
+	}
+	if (__builtin_expect(b->size != qp->rxbuf_size || b->n != qp->rx_batch, 0)) {
+		for (uint32_t i = 0; i < qp->rx_batch; i++) {
+			b->iov[i] = (struct iovec){b->buf + (size_t)i * qp->rxbuf_size, qp->rxbuf_size};
+			b->msg[i].msg_hdr = (struct msghdr){.msg_name = &b->addr[i], .msg_namelen = sizeof b->addr[i],
+							    .msg_iov = &b->iov[i], .msg_iovlen = 1,
+							    .msg_control = b->ctl[i]};
+		}
+		b->size = qp->rxbuf_size, b->n = qp->rx_batch;
+	}
+	b->busy = true;
+	return b;
+nomem:;
+	static atomic_bool said;
+	if (!atomic_exchange(&said, true))
+		DG_WARN("no memory for a thread's receive buffers: its sockets are read once it has some");
+	return NULL;
+}
+
+static inline void rx_batch_put(struct rx_batch *b) { b->busy = false; }
+
 static long rx_gro_size(struct msghdr *mh)
 {
 	for (struct cmsghdr *cm = CMSG_FIRSTHDR(mh); cm; cm = CMSG_NXTHDR(mh, cm)) {
@@ -1454,24 +1540,20 @@ static long rx_gro_size(struct msghdr *mh)
 /* Receive buffer i as the kernel filled it: one datagram, or with GRO a train of datagrams
  * of one sender, each handed on alone with its own boundaries (a plain datagram of a
  * pass_plain QP too). Resets the message header for the next read. */
-static void rx_one(struct soft_qp *qp, uint32_t i)
+static void rx_one(struct soft_qp *qp, struct rx_batch *b, uint32_t i)
 {
-	struct msghdr *mh = &qp->rxmsg[i].msg_hdr;
-	size_t len = qp->rxmsg[i].msg_len;
+	struct msghdr *mh = &b->msg[i].msg_hdr;
+	size_t len = b->msg[i].msg_len;
 	socklen_t al = mh->msg_namelen;
-	mh->msg_namelen = sizeof qp->rxaddr[i];
-	long gso = 0;
-	if (qp->gro) {
-		gso = rx_gro_size(mh);
-		mh->msg_controllen = RXCTL_LEN;
-	}
+	mh->msg_namelen = sizeof b->addr[i];
+	long gso = qp->gro ? rx_gro_size(mh) : 0;
 	if (mh->msg_flags & MSG_TRUNC) {
 		qp->st.rx_datagrams++;
 		qp->st.malformed_drops++;
 		DG_DBG("datagram larger than the segment size (%u): dropped", qp->rxbuf_size);
 		return;
 	}
-	uint8_t *buf = qp->rxiov[i].iov_base;
+	uint8_t *buf = b->iov[i].iov_base;
 	/* gso >= len: the kernel says train but the buffer holds one datagram; taken as one */
 	if (gso < 0 || (gso && (size_t)gso < len)) {
 		struct dg_gso_piece pc[GRO_MAX_SEGS];
@@ -1483,10 +1565,10 @@ static void rx_one(struct soft_qp *qp, uint32_t i)
 			return;
 		}
 		for (int k = 0; k < n; k++)
-			rx_piece(qp, pc[k].buf, pc[k].len, &qp->rxaddr[i], al);
+			rx_piece(qp, pc[k].buf, pc[k].len, &b->addr[i], al);
 		return;
 	}
-	rx_piece(qp, buf, len, &qp->rxaddr[i], al);
+	rx_piece(qp, buf, len, &b->addr[i], al);
 }
 
 /*
@@ -1496,20 +1578,19 @@ static void rx_one(struct soft_qp *qp, uint32_t i)
  * that found data mean a burst, served by recvmmsg batches until a batch finds only one.
  * The message headers were built at creation; the kernel only rewrites namelen and flags.
  */
-static int rx_drain(struct soft_qp *qp, int budget)
+/* rx_drain's reads into this thread's batch b. */
+static int rx_drain_into(struct soft_qp *qp, struct rx_batch *b, int budget)
 {
-	if (qp->rx_hold && !qp->rq_count)
-		return 0; /* the kernel keeps them until a receive is posted */
 	if (qp->rx_vlen <= 1 && qp->gro) {
 		/* GRO: the segment size comes in a control message, which needs recvmsg */
-		qp->rxmsg[0].msg_hdr.msg_controllen = RXCTL_LEN;
-		ssize_t r = recvmsg(qp->fd, &qp->rxmsg[0].msg_hdr, MSG_DONTWAIT);
+		b->msg[0].msg_hdr.msg_controllen = RXCTL_LEN;
+		ssize_t r = recvmsg(qp->fd, &b->msg[0].msg_hdr, MSG_DONTWAIT);
 		if (r < 0) {
 			qp->rx_streak = 0;
 			return 0;
 		}
-		qp->rxmsg[0].msg_len = (unsigned)r;
-		rx_one(qp, 0);
+		b->msg[0].msg_len = (unsigned)r;
+		rx_one(qp, b, 0);
 		if (++qp->rx_streak >= 2 && qp->rx_cap != 1)
 			qp->rx_vlen = qp->rx_batch;
 		return 1;
@@ -1517,17 +1598,16 @@ static int rx_drain(struct soft_qp *qp, int budget)
 	if (qp->rx_vlen <= 1) {
 		/* recvfrom: no message header for the kernel to import; MSG_TRUNC returns the real
 		 * length, so an oversized datagram is still recognised */
-		socklen_t al = sizeof qp->rxaddr[0];
-		ssize_t r = recvfrom(qp->fd, qp->rxbuf, qp->rxbuf_size, MSG_DONTWAIT | MSG_TRUNC,
-				     &qp->rxaddr[0].sa, &al);
+		socklen_t al = sizeof b->addr[0];
+		ssize_t r = recvfrom(qp->fd, b->buf, qp->rxbuf_size, MSG_DONTWAIT | MSG_TRUNC, &b->addr[0].sa, &al);
 		if (r < 0) {
 			qp->rx_streak = 0;
 			return 0;
 		}
-		qp->rxmsg[0].msg_len = (unsigned)r;
-		qp->rxmsg[0].msg_hdr.msg_namelen = al;
-		qp->rxmsg[0].msg_hdr.msg_flags = (size_t)r > qp->rxbuf_size ? MSG_TRUNC : 0;
-		rx_one(qp, 0);
+		b->msg[0].msg_len = (unsigned)r;
+		b->msg[0].msg_hdr.msg_namelen = al;
+		b->msg[0].msg_hdr.msg_flags = (size_t)r > qp->rxbuf_size ? MSG_TRUNC : 0;
+		rx_one(qp, b, 0);
 		if (++qp->rx_streak >= 2 && qp->rx_cap != 1)
 			qp->rx_vlen = qp->rx_batch;
 		return 1;
@@ -1543,14 +1623,14 @@ static int rx_drain(struct soft_qp *qp, int budget)
 			vlen = qp->rx_cap - (uint32_t)total;
 		if (!vlen)
 			break;
-		if (qp->gro)
-			for (uint32_t i = 0; i < vlen; i++)
-				qp->rxmsg[i].msg_hdr.msg_controllen = RXCTL_LEN;
-		int n = recvmmsg(qp->fd, qp->rxmsg, vlen, MSG_DONTWAIT, NULL);
+		/* the batch serves every QP of this thread: a control buffer only for GRO's */
+		for (uint32_t i = 0; i < vlen; i++)
+			b->msg[i].msg_hdr.msg_controllen = qp->gro ? RXCTL_LEN : 0;
+		int n = recvmmsg(qp->fd, b->msg, vlen, MSG_DONTWAIT, NULL);
 		if (n <= 0)
 			break;
 		for (int i = 0; i < n; i++)
-			rx_one(qp, (uint32_t)i);
+			rx_one(qp, b, (uint32_t)i);
 		total += n;
 		if ((uint32_t)n < vlen)
 			break;
@@ -1559,6 +1639,18 @@ static int rx_drain(struct soft_qp *qp, int budget)
 		qp->rx_vlen = 1;
 		qp->rx_streak = 0;
 	}
+	return total;
+}
+
+static int rx_drain(struct soft_qp *qp, int budget)
+{
+	if (qp->rx_hold && !qp->rq_count)
+		return 0; /* the kernel keeps them until a receive is posted */
+	struct rx_batch *b = rx_batch_get(qp);
+	if (!b)
+		return 0;
+	int total = rx_drain_into(qp, b, budget);
+	rx_batch_put(b);
 	return total;
 }
 
@@ -1675,6 +1767,18 @@ int soft_qp_progress(struct soft_qp *qp, bool from_app, bool block)
 	return n;
 }
 
+/* Test hook, declared by tests/unit/test_verbs.c (not part of soft.h): on, the QP's
+ * single-datagram sends find its socket full (-EAGAIN), as a kernel send buffer with no room
+ * makes them, so that tests reach what a post leaves queued. */
+void soft_qp_test_block_tx(struct dgv_qp *qpb, bool on);
+void soft_qp_test_block_tx(struct dgv_qp *qpb, bool on)
+{
+	struct soft_qp *qp = to_sqp(qpb);
+	pthread_mutex_lock(&qp->lock);
+	qp->tx_test_block = on;
+	pthread_mutex_unlock(&qp->lock);
+}
+
 /* Test hook, declared by tests/fuzz/fuzz_qp.c (not part of soft.h): one datagram as UDP would
  * have delivered it, without the socket, followed by what a progress pass does after reading
  * (RD redelivery, the pump for Read Responses). Lets the fuzzer reach the receive path at
@@ -1725,14 +1829,11 @@ static void qp_free(struct soft_qp *qp)
 		free(qp->slots[i].bitmap);
 	if (qp->own_fd && qp->fd >= 0)
 		close(qp->fd);
+	for (uint32_t i = qp->sq_head; qp->sq && i != qp->sq_tail; i++)
+		free(qp->sq[i % qp->sq_cap].ibuf); /* inline sends never sent */
 	dg_zfree(qp->sq, (size_t)qp->sq_cap * sizeof *qp->sq);
 	free(qp->rdpend);
 	soft_rq_free(qp);
-	dg_pages_free(qp->rxbuf, (size_t)qp->rxbuf_size * qp->rx_batch);
-	free(qp->rxmsg);
-	free(qp->rxiov);
-	free(qp->rxaddr);
-	free(qp->rxctl);
 	pthread_mutex_destroy(&qp->lock);
 	dg_zfree(qp, sizeof *qp);
 }
@@ -1800,7 +1901,7 @@ static void qp_gso_setup(struct soft_qp *qp)
 		  setsockopt(qp->fd, SOL_UDP, UDP_GRO, &one, sizeof one) == 0;
 }
 
-/* The work queues and the batch of receive buffers (recvmmsg) of a UD or RD QP. Returns 0 or
+/* The work queues of a UD or RD QP and the size and count of its receive batch (rx_batch_get). Returns 0 or
  * -ENOMEM (qp_free frees what was allocated). */
 static int qp_rings(struct soft_qp *qp, const struct dgv_qp_init_attr *a)
 {
@@ -1813,25 +1914,8 @@ static int qp_rings(struct soft_qp *qp, const struct dgv_qp_init_attr *a)
 	 * fill them) take 350 MTU datagrams per recvmmsg. */
 	qp->rxbuf_size = qp->pass_plain || qp->gro ? 65536 : qp->seg_size < 2048 ? 2048 : qp->seg_size;
 	qp->rx_batch = qp->rxbuf_size <= 4096 ? SOFT_RX_BATCH : qp->gro ? 8 : 4;
-	qp->rxbuf = dg_pages_alloc((size_t)qp->rxbuf_size * qp->rx_batch);
-	qp->rxmsg = calloc(qp->rx_batch, sizeof *qp->rxmsg);
-	qp->rxiov = calloc(qp->rx_batch, sizeof *qp->rxiov);
-	qp->rxaddr = calloc(qp->rx_batch, sizeof *qp->rxaddr);
-	if (qp->gro)
-		qp->rxctl = calloc(qp->rx_batch, RXCTL_LEN);
-	if (!qp->sq || !qp->rq || !qp->rxbuf || !qp->rxmsg || !qp->rxiov || !qp->rxaddr ||
-	    (qp->gro && !qp->rxctl))
+	if (!qp->sq || !qp->rq)
 		return -ENOMEM;
-	for (uint32_t i = 0; i < qp->rx_batch; i++) {
-		qp->rxiov[i] = (struct iovec){qp->rxbuf + (size_t)i * qp->rxbuf_size, qp->rxbuf_size};
-		qp->rxmsg[i].msg_hdr = (struct msghdr){.msg_name = &qp->rxaddr[i],
-						       .msg_namelen = sizeof qp->rxaddr[i],
-						       .msg_iov = &qp->rxiov[i], .msg_iovlen = 1};
-		if (qp->gro) {
-			qp->rxmsg[i].msg_hdr.msg_control = qp->rxctl + (size_t)i * RXCTL_LEN;
-			qp->rxmsg[i].msg_hdr.msg_controllen = RXCTL_LEN;
-		}
-	}
 	return 0;
 }
 
@@ -1994,16 +2078,53 @@ static int check_send_wr(struct soft_qp *qp, const struct dgv_send_wr *wr, uint6
 		return -EINVAL;
 	if (wr->opcode == DGV_WR_READ && wr->num_sge != 1)
 		return -EINVAL; /* the Read Request advertises one sink STag */
+	bool inl = wr->send_flags & DGV_SEND_INLINE;
+	if (inl && (qp->base.type != DGV_QPT_UD || (wr->opcode != DGV_WR_SEND && wr->opcode != DGV_WR_SEND_SE)))
+		return -EINVAL;
 	uint64_t t = 0;
 	for (int i = 0; i < wr->num_sge; i++)
 		t += wr->sg_list[i].length;
 	if (t > qp->max_msg || (wr->opcode == DGV_WR_SEND_PLAIN && t > DG_MAX_DATAGRAM))
 		return -EMSGSIZE;
 	*total = t;
-	for (int i = 0; i < wr->num_sge; i++)
+	for (int i = 0; i < wr->num_sge && inl; i++)
+		if (wr->sg_list[i].length && !wr->sg_list[i].addr)
+			return -EFAULT;
+	for (int i = 0; i < wr->num_sge && !inl; i++)
 		if (soft_mr_check_local(qp->ctx, qp->pd, &wr->sg_list[i], wr->opcode == DGV_WR_READ))
 			return DGV_WC_LOC_PROT_ERR;
 	return 0;
+}
+
+/* DGV_SEND_INLINE entries posted from index first on that the post's pump did not send whole
+ * (the socket was full, fault injection, a long message's tail): their payload is copied into a
+ * buffer of the entry's own, as the caller may reuse its memory once the post returns. Without
+ * memory the entry fails (a lost datagram, counted) rather than read that memory later. Needs
+ * qp->lock. */
+static void inline_keep(struct soft_qp *qp, uint32_t first)
+{
+	for (uint32_t i = first; i != qp->sq_tail; i++) {
+		uint32_t idx = i % qp->sq_cap;
+		struct soft_swqe *w = &qp->sq[idx];
+		if (!(w->flags & DGV_SEND_INLINE) || w->done || w->all_sent || w->ibuf)
+			continue;
+		uint8_t *b = malloc(w->len ? w->len : 1);
+		if (!b) {
+			DG_WARN("no memory to keep a queued send's %u bytes: dropped", w->len);
+			w->all_sent = true;
+			sq_complete(qp, idx, DGV_WC_GENERAL_ERR, 0);
+			continue;
+		}
+		uint32_t off = 0;
+		for (uint32_t k = 0; k < w->num_sge; k++) {
+			if (w->sge[k].length)
+				memcpy(b + off, (const void *)(uintptr_t)w->sge[k].addr, w->sge[k].length);
+			off += w->sge[k].length;
+		}
+		w->ibuf = b;
+		w->sge[0] = (struct dgv_sge){(uint64_t)(uintptr_t)b, w->len, 0};
+		w->num_sge = w->len ? 1 : 0;
+	}
 }
 
 int soft_post_send(struct dgv_qp *qpb, struct dgv_send_wr *wr, struct dgv_send_wr **bad)
@@ -2013,6 +2134,13 @@ int soft_post_send(struct dgv_qp *qpb, struct dgv_send_wr *wr, struct dgv_send_w
 	if (qp->rc)
 		return soft_rc_post_send(qp, wr, bad);
 	pthread_mutex_lock(&qp->lock);
+	/* an empty ring starts again at its first entry: a socket that sends a datagram at a time
+	 * then writes one page of it, not each of its pages in turn (each entry was retired: no
+	 * cookie or read names one) */
+	if (qp->sq_head == qp->sq_tail && qp->sq_pump == qp->sq_tail)
+		qp->sq_head = qp->sq_pump = qp->sq_tail = 0;
+	uint32_t first = qp->sq_tail;
+	bool inl = false;
 	for (; wr; wr = wr->next) {
 		uint64_t total = 0;
 		int chk = check_send_wr(qp, wr, &total);
@@ -2020,6 +2148,7 @@ int soft_post_send(struct dgv_qp *qpb, struct dgv_send_wr *wr, struct dgv_send_w
 			rc = chk;
 			break;
 		}
+		inl |= (wr->send_flags & DGV_SEND_INLINE) != 0;
 		if (qp->sq_tail - qp->sq_head >= qp->sq_cap) {
 			rc = -ENOMEM;
 			break;
@@ -2063,6 +2192,8 @@ int soft_post_send(struct dgv_qp *qpb, struct dgv_send_wr *wr, struct dgv_send_w
 	}
 	*bad = wr;
 	pump(qp);
+	if (inl)
+		inline_keep(qp, first);
 	pthread_mutex_unlock(&qp->lock);
 	return rc;
 }
@@ -2148,8 +2279,8 @@ int soft_qp_stats(struct dgv_qp *qpb, struct dgv_qp_stats *out)
 	return 0;
 }
 
-/* dgv_peek on a UD QP: MSG_PEEK of the socket's next datagram into the receive buffer (under
- * the QP's lock, as rx_drain uses it), then the same checks a receive makes. A Send behind a
+/* dgv_peek on a UD QP: MSG_PEEK of the socket's next datagram into this thread's receive batch
+ * (under the QP's lock, as rx_drain uses it), then the same checks a receive makes. A Send behind a
  * message still being reassembled, or one the fault layer would hold, is not looked at: its
  * order against the others is the receive path's to decide. */
 int soft_peek(struct dgv_qp *qpb, void *buf, size_t len, struct dgv_peek *out)
@@ -2159,14 +2290,20 @@ int soft_peek(struct dgv_qp *qpb, void *buf, size_t len, struct dgv_peek *out)
 		return -EOPNOTSUPP;
 	pthread_mutex_lock(&qp->lock);
 	int rc = -ENOMSG;
+	struct rx_batch *b = NULL;
 	if (qp->slots_active || qp->frx.active)
 		goto out;
+	if (!(b = rx_batch_get(qp))) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	uint8_t *rxbuf = b->buf;
 	union dgv_sockaddr from;
 	socklen_t al = sizeof from;
 	ssize_t r;
 	if (qp->gro) {
 		/* a coalesced train: its first datagram is the next one */
-		struct iovec v = {qp->rxbuf, qp->rxbuf_size};
+		struct iovec v = {rxbuf, qp->rxbuf_size};
 		union {
 			char buf[RXCTL_LEN];
 			struct cmsghdr align;
@@ -2181,8 +2318,7 @@ int soft_peek(struct dgv_qp *qpb, void *buf, size_t len, struct dgv_peek *out)
 		if (gso && r > gso)
 			r = gso;
 	} else {
-		r = recvfrom(qp->fd, qp->rxbuf, qp->rxbuf_size, MSG_PEEK | MSG_DONTWAIT | MSG_TRUNC,
-			     &from.sa, &al);
+		r = recvfrom(qp->fd, rxbuf, qp->rxbuf_size, MSG_PEEK | MSG_DONTWAIT | MSG_TRUNC, &from.sa, &al);
 	}
 	if (r < 0) {
 		rc = -errno;
@@ -2190,10 +2326,10 @@ int soft_peek(struct dgv_qp *qpb, void *buf, size_t len, struct dgv_peek *out)
 	}
 	if ((size_t)r > qp->rxbuf_size)
 		goto out;
-	const uint8_t *p = qp->rxbuf;
+	const uint8_t *p = rxbuf;
 	size_t n = (size_t)r;
-	if (n < DG_CRC_LEN + 2 || !dg_crc_check(qp->rxbuf, n)) {
-		if (!qp->pass_plain || looks_framed(qp, qp->rxbuf, n))
+	if (n < DG_CRC_LEN + 2 || !dg_crc_check(rxbuf, n)) {
+		if (!qp->pass_plain || looks_framed(qp, rxbuf, n))
 			goto out; /* damaged: the receive path counts and drops it */
 		out->framed = 0;
 	} else {
@@ -2215,6 +2351,8 @@ int soft_peek(struct dgv_qp *qpb, void *buf, size_t len, struct dgv_peek *out)
 	out->src_len = al;
 	rc = 0;
 out:
+	if (b)
+		rx_batch_put(b);
 	pthread_mutex_unlock(&qp->lock);
 	return rc;
 }

@@ -127,6 +127,8 @@ struct soft_swqe {
 	bool done;      /* completed (CQE made or suppressed), entry reusable once head passes */
 	bool read_ord;  /* READ waiting in the ORD table */
 	uint32_t inv_stag;  /* RC: SEND_INV, SEND_SE_INV */
+	uint8_t *ibuf;      /* DGV_SEND_INLINE: the payload, copied when the post could not send
+			     * it all (sge[0] then names it); freed when the entry completes */
 	uint8_t rc_status;  /* RC: enum dgv_wc_status once done (completions are made in order) */
 	uint32_t rc_bytes;
 };
@@ -240,21 +242,17 @@ struct soft_qp {
 	/* lower layers */
 	struct rd_ep *rd;
 	struct dg_fault_state ftx, frx;
-	/* receive buffers */
-	uint8_t *rxbuf;
+	/* receive buffers: the reading thread's batch (qp.c rx_batch_get) of rx_batch buffers of
+	 * rxbuf_size bytes */
 	uint32_t rxbuf_size, rx_batch;
 	uint32_t rx_cap;       /* dgv_qp_set_rx_cap: datagrams per progress round (0: no cap) */
 	uint32_t rx_vlen;      /* 1: one recvmsg per call; rx_batch: recvmmsg batches */
 	uint32_t rx_streak;    /* successful single reads in a row */
-	struct mmsghdr *rxmsg;
-	struct iovec *rxiov;
-	union dgv_sockaddr *rxaddr;
 	/* UDP GSO and GRO (qp.c "UDP GSO/GRO"): gso_off once DGSHIM_UDP_GSO=off or the kernel
-	 * refused a UDP_SEGMENT send; gro: UDP_GRO is on (own sockets only), rxctl holds each
-	 * receive buffer's control message (the segment size of a coalesced train) */
+	 * refused a UDP_SEGMENT send; gro: UDP_GRO is on (own sockets only), and each receive
+	 * buffer of the batch comes with a control message (the segment size of a train) */
 	bool gso_off;
 	bool gro;
-	uint8_t *rxctl;
 	/* progress coordination with the libev thread */
 	atomic_uint app_polls;      /* bumped by every application progress call */
 	uint32_t seen_polls;        /* loop thread: app_polls at its last tick */
@@ -263,6 +261,7 @@ struct soft_qp {
 	bool io_on;                 /* libev io watcher started (loop thread only) */
 	ev_io io;
 	bool pump_blocked;          /* UDP socket full: need POLLOUT (stored atomically: read unlocked) */
+	bool tx_test_block;         /* qp.c soft_qp_test_block_tx (tests): sends find the socket full */
 	struct rc_conn *rc;         /* RC QPs: the connection (rc_int.h); NULL on UD/RD */
 	struct dgv_qp_stats st;
 	/* The receive queue when it fits here (a socket's 32 entries of 80 bytes, soft_rq_stride):

@@ -316,7 +316,8 @@ def pairs_of(saved, calls, proto):
 def sipp_pairs(res, calls, hard):
     """K per transport for a plan ({"udp": K, "tcp": K}): the smallest number of SIPp pairs with
     calls/K each such that every process of that transport's cases, native and shim, fits the hard
-    descriptor limit (native and shim of one transport always run with the same K, so the shim's
+    descriptor limit, and the shim's own descriptors a quarter of it (the most the shim takes; a
+    connection past it stays plain), native and shim of one transport always with the same K, so the shim's
     ratio to native is fair). Plans that fit even at FD_BOUND per call run as one pair; larger ones
     need the measured model (a short probe measures it when no earlier plan did). None: not run."""
     if calls * FD_BOUND + FD_MARGIN[0] <= hard:
@@ -333,9 +334,14 @@ def sipp_pairs(res, calls, hard):
     ks = {}
     for proto in ("udp", "tcp"):
         cases = [c for c in SIPP_CASES if c.startswith(proto + "-")]
+        # the shim's own descriptors (per call: shim minus native) must also stay within the
+        # quarter of the limit it allows itself (docs/shim.md "The shim's own descriptors"): past
+        # it, sockets and connections stay with the OS, and the run is not carried
+        own = lambda who, c: max(0.0, fits[proto + "-shim"][who]["per_call"] - fits[proto + "-native"][who]["per_call"]) * c
         for k in range(1, 65):
             c = -(-calls // k)
-            if all(fd_need(fits[case], who, c) <= hard for case in cases for who in ("uac", "uas")):
+            if all(fd_need(fits[case], who, c) <= hard for case in cases for who in ("uac", "uas")) and \
+                    all(own(who, c) + FD_MARGIN[0] / 10 <= hard // 4 for who in ("uac", "uas")):
                 ks[proto] = k
                 break
         else:
