@@ -5,7 +5,7 @@
  *
  *   fdcost udp N   N bound UDP sockets, idle: prints "fds F" and "rss_kb R" per socket; then
  *                  each carries a datagram to itself and all are waited on (epoll, poll, a
- *                  blocking receive that times out): "udp-waited N wfds F"
+ *                  blocking receive that times out): "udp-waited N wfds F wrss_kb R"
  *   fdcost tcp N   N loopback TCP connections, idle after one exchange: per client end (the
  *                  server ends in a forked child: a connection within one process is plain)
  *   fdcost dests N one UDP server socket answers N short-lived client sockets: kB of RSS per
@@ -166,7 +166,11 @@ static int run_udp(int n)
 	udp_waits(&warm, 1);
 	int wf1 = nfds();
 	udp_waits(s, n);
-	printf("udp-waited %d wfds %.3f\n", n, (double)(nfds() - (wf1 - wf0) - f0) / n);
+	usleep(100000);
+	/* RSS now: each socket has sent and received a datagram (its send queue, receive slot and
+	 * CQ ring written once), less the warm socket's share */
+	printf("udp-waited %d wfds %.3f wrss_kb %.2f\n", n, (double)(nfds() - (wf1 - wf0) - f0) / n,
+	       (double)(rss_kb() - r0) / n);
 	free(s);
 	return fails ? 1 : 0;
 }

@@ -1831,7 +1831,7 @@ static void qp_free(struct soft_qp *qp)
 		close(qp->fd);
 	for (uint32_t i = qp->sq_head; qp->sq && i != qp->sq_tail; i++)
 		free(qp->sq[i % qp->sq_cap].ibuf); /* inline sends never sent */
-	dg_zfree(qp->sq, (size_t)qp->sq_cap * sizeof *qp->sq);
+	soft_sq_free(qp);
 	free(qp->rdpend);
 	soft_rq_free(qp);
 	pthread_mutex_destroy(&qp->lock);
@@ -1907,7 +1907,7 @@ static int qp_rings(struct soft_qp *qp, const struct dgv_qp_init_attr *a)
 {
 	qp->sq_cap = a->max_send_wr ? a->max_send_wr : DEFAULT_WR;
 	qp->rq_cap = a->max_recv_wr ? a->max_recv_wr : DEFAULT_WR;
-	qp->sq = dg_zalloc((size_t)qp->sq_cap * sizeof *qp->sq);
+	soft_sq_alloc(qp);
 	soft_rq_alloc(qp);
 	/* pass_plain: a plain datagram may be as large as UDP allows, and must not be cut; GRO:
 	 * a coalesced train is up to 64 KiB too. 8 such buffers (pages touched only as trains

@@ -362,7 +362,7 @@ static void rc_qp_free(struct soft_qp *qp)
 	}
 	if (qp->own_fd && qp->fd >= 0)
 		close(qp->fd);
-	dg_zfree(qp->sq, (size_t)qp->sq_cap * sizeof *qp->sq);
+	soft_sq_free(qp);
 	soft_rq_free(qp);
 	pthread_mutex_destroy(&qp->lock);
 	dg_zfree(qp, sizeof *qp);
@@ -413,7 +413,7 @@ static int rc_qp_new(struct dgv_pd *pdb, const struct dgv_qp_init_attr *a, int f
 	qp->max_sge = a->max_sge ? a->max_sge : 4;
 	qp->sq_cap = a->max_send_wr ? a->max_send_wr : RC_DEFAULT_WR;
 	qp->rq_cap = a->max_recv_wr ? a->max_recv_wr : RC_DEFAULT_WR;
-	qp->sq = dg_zalloc((size_t)qp->sq_cap * sizeof *qp->sq);
+	soft_sq_alloc(qp);
 	soft_rq_alloc(qp);
 	rc->rxb = dg_pages_alloc(RC_RXBUF);
 	rc->ch = ch_or_default(qp->ctx, a->cm_channel);

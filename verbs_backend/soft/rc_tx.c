@@ -450,6 +450,11 @@ int soft_rc_post_send(struct soft_qp *qp, struct dgv_send_wr *wr, struct dgv_sen
 	struct rc_conn *rc = qp->rc;
 	int ret = 0;
 	pthread_mutex_lock(&qp->lock);
+	/* an empty send queue with no batch in flight (whose FPDUs name entries) starts again at
+	 * its first entry: a connection that has a message or two out at a time writes one page of
+	 * the queue, not each of its pages in turn (qp.c soft_post_send does the same) */
+	if (qp->sq_head == qp->sq_tail && qp->sq_pump == qp->sq_tail && !rc->b_bytes && rc->cur != 1)
+		qp->sq_head = qp->sq_pump = qp->sq_tail = 0;
 	for (; wr; wr = wr->next) {
 		if ((unsigned)wr->opcode > DGV_WR_SEND_SE_INV || wr->opcode == DGV_WR_SEND_PLAIN || wr->num_sge < 0 ||
 		    (uint32_t)wr->num_sge > qp->max_sge || (wr->num_sge && !wr->sg_list) ||

@@ -28,6 +28,7 @@
 #define SOFT_MAX_SGE 8
 /* Bytes of receive queue a QP holds inside itself (rq_inline): 32 entries of 4 SGEs. */
 #define SOFT_RQ_INLINE 2560
+#define SOFT_SQ_INLINE (40 * 240) /* 40 send queue entries (struct soft_swqe) */
 #define SOFT_REASM_SLOTS 64
 #define SOFT_MAX_ORD 16
 #define SOFT_MAX_IRD 64 /* > SOFT_MAX_ORD: one requester cannot overflow it */
@@ -132,6 +133,8 @@ struct soft_swqe {
 	uint8_t rc_status;  /* RC: enum dgv_wc_status once done (completions are made in order) */
 	uint32_t rc_bytes;
 };
+
+_Static_assert(40 * sizeof(struct soft_swqe) <= SOFT_SQ_INLINE, "a socket's send queue fits in the QP");
 
 struct soft_rdpend {
 	uint64_t wr_id;
@@ -268,6 +271,11 @@ struct soft_qp {
 	 * on the page the fields above are on, which an idle QP writes anyway, instead of a page
 	 * of its own (4 kB of every idle UDP socket) */
 	_Alignas(16) uint8_t rq_inline[SOFT_RQ_INLINE];
+	/* The send queue when it fits here (a socket's 40 entries, soft_sq_alloc), right after the
+	 * receive queue: its first entries share the page above, and an emptied queue starts again
+	 * at entry 0, so a socket that sends a datagram at a time writes no page of its own for it
+	 * (4 kB of every socket that sent; an idle one writes none of it) */
+	_Alignas(16) uint8_t sq_inline[SOFT_SQ_INLINE];
 	/* Last, after every field an idle QP writes: the object is zeroed pages (dg_zalloc), and
 	 * these arrays (25 kB) are written only by multi-segment messages, Reads and errors, so
 	 * an idle QP's resident memory is the page or two of the fields above (in the middle of
@@ -345,6 +353,22 @@ static inline void soft_rq_free(struct soft_qp *qp)
 	if (qp->rq && qp->rq != (struct soft_rwqe *)qp->rq_inline)
 		dg_zfree(qp->rq, (size_t)qp->rq_cap * soft_rq_stride(qp->max_sge));
 	qp->rq = NULL;
+}
+
+/* The send queue of sq_cap entries: inside the QP object when it fits (sq_inline), else zeroed
+ * pages of its own. Returns 0 or -ENOMEM. */
+static inline int soft_sq_alloc(struct soft_qp *qp)
+{
+	size_t n = (size_t)qp->sq_cap * sizeof *qp->sq;
+	qp->sq = n <= sizeof qp->sq_inline ? (struct soft_swqe *)qp->sq_inline : dg_zalloc(n);
+	return qp->sq ? 0 : -ENOMEM;
+}
+
+static inline void soft_sq_free(struct soft_qp *qp)
+{
+	if (qp->sq && qp->sq != (struct soft_swqe *)qp->sq_inline)
+		dg_zfree(qp->sq, (size_t)qp->sq_cap * sizeof *qp->sq);
+	qp->sq = NULL;
 }
 /* Zeroed objects of at most DG_SMALL_MAX bytes packed into pages of zpages.c's chunks (not the
  * program's heap); dg_small_free needs the size given to dg_small_alloc. NULL: out of memory
