@@ -687,6 +687,51 @@ Test(verbs, cq_self_driven_and_eventfd_on_first_use)
 	teardown_pair();
 }
 
+/* One CQ fed by more QPs than it holds inline (4): its list grows, and polling it still
+ * progresses every QP (each receives a datagram that only its own socket has). */
+Test(verbs, cq_with_many_qps)
+{
+	setup_pair(DGV_QPT_UD, NULL, 0);
+	enum { NQ = 7 };
+	struct dgv_qp *q[NQ];
+	struct dgv_ah *ah[NQ];
+	static const struct dgv_fault none;
+	struct sockaddr_in lo = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	for (int i = 0; i < NQ; i++) {
+		struct dgv_qp_init_attr a = {.qp_type = DGV_QPT_UD, .send_cq = B.cq, .recv_cq = B.cq,
+					     .max_send_wr = 16, .max_recv_wr = 16, .fault_tx = &none,
+					     .fault_rx = &none, .bind_addr = (struct sockaddr *)&lo,
+					     .bind_len = sizeof lo};
+		cr_assert_eq(dgv_create_qp(pd, &a, &q[i]), 0, "QP %d on B's CQ", i);
+		union dgv_sockaddr la;
+		socklen_t ll;
+		cr_assert_eq(dgv_qp_local_addr(q[i], &la, &ll), 0);
+		cr_assert_eq(dgv_create_ah(pd, &la.sa, ll, &ah[i]), 0);
+		struct dgv_sge sge = {(uint64_t)(uintptr_t)(B.buf + (size_t)i * 4096), 4096, B.mr->lkey};
+		struct dgv_recv_wr wr = {.wr_id = 100 + (uint64_t)i, .sg_list = &sge, .num_sge = 1};
+		cr_assert_eq(dgv_post_recv(q[i], &wr, NULL), 0);
+	}
+	for (int i = 0; i < NQ; i++) {
+		fill(A.buf + (size_t)i * 64, 64, (uint32_t)i);
+		struct dgv_sge sge = {(uint64_t)(uintptr_t)(A.buf + (size_t)i * 64), 64, A.mr->lkey};
+		struct dgv_send_wr wr = {.wr_id = 1, .sg_list = &sge, .num_sge = 1, .opcode = DGV_WR_SEND, .ah = ah[i]};
+		cr_assert_eq(dgv_post_send(A.qp, &wr, NULL), 0);
+	}
+	unsigned seen = 0;
+	struct dgv_wc wc;
+	for (int n = 0; n < NQ && wait_wc(&B, &wc, 3000); n++) {
+		cr_assert_eq(wc.status, DGV_WC_SUCCESS);
+		cr_assert(wc.wr_id >= 100 && wc.wr_id < 100 + NQ);
+		seen |= 1u << (wc.wr_id - 100);
+	}
+	cr_assert_eq(seen, (1u << NQ) - 1, "every QP's datagram completed on the shared CQ (seen 0x%x)", seen);
+	for (int i = NQ - 1; i >= 0; i--) {
+		dgv_destroy_ah(ah[i]);
+		cr_assert_eq(dgv_destroy_qp(q[i]), 0);
+	}
+	teardown_pair();
+}
+
 /* qp.c test hook: the QP's sends find its socket full while on. */
 void soft_qp_test_block_tx(struct dgv_qp *qpb, bool on);
 

@@ -31,6 +31,7 @@ int soft_create_cq(struct dgv_context *ctx, int cqe, struct dgv_cq **out)
 	 * CQ that only its own calls fill (soft_cq_self_driven) never needs one, and a process
 	 * with 10 000 sockets would otherwise hold 10 000 eventfds (issue 14: descriptors) */
 	atomic_init(&cq->efd, -1);
+	cq->qps = cq->qps_inline;
 	if (!cq->ring) {
 		free(cq);
 		return -ENOMEM;
@@ -51,6 +52,8 @@ int soft_destroy_cq(struct dgv_cq *cqb)
 	int efd = atomic_load(&cq->efd);
 	if (efd >= 0)
 		close(efd);
+	if (cq->qps != cq->qps_inline)
+		free(cq->qps);
 	dg_zfree(cq->ring, (size_t)cq->cap * sizeof *cq->ring);
 	free(cq->scratch);
 	pthread_mutex_destroy(&cq->lock);
@@ -208,9 +211,18 @@ int soft_cq_attach(struct soft_cq *cq, struct soft_qp *qp)
 			pthread_mutex_unlock(&cq->lock);
 			return 0;
 		}
-	if (cq->nqps == sizeof cq->qps / sizeof cq->qps[0]) {
+	if (cq->nqps == SOFT_CQ_MAX_QPS) {
 		pthread_mutex_unlock(&cq->lock);
 		return -ENOSPC;
+	}
+	if (cq->nqps == sizeof cq->qps_inline / sizeof cq->qps_inline[0] && cq->qps == cq->qps_inline) {
+		struct soft_qp **a = calloc(SOFT_CQ_MAX_QPS, sizeof *a);
+		if (!a) {
+			pthread_mutex_unlock(&cq->lock);
+			return -ENOMEM;
+		}
+		memcpy(a, cq->qps_inline, sizeof cq->qps_inline);
+		__atomic_store_n(&cq->qps, a, __ATOMIC_SEQ_CST);
 	}
 	__atomic_store_n(&cq->qps[cq->nqps], qp, __ATOMIC_SEQ_CST);
 	__atomic_store_n(&cq->nqps, cq->nqps + 1, __ATOMIC_SEQ_CST);
@@ -254,10 +266,13 @@ void soft_cq_detach(struct soft_cq *cq, struct soft_qp *qp)
 static int cq_progress(struct soft_cq *cq)
 {
 	atomic_fetch_add(&cq->pollers, 1);
+	struct soft_qp **qps = __atomic_load_n(&cq->qps, __ATOMIC_SEQ_CST);
 	uint32_t n = __atomic_load_n(&cq->nqps, __ATOMIC_SEQ_CST);
+	if (qps == cq->qps_inline && n > sizeof cq->qps_inline / sizeof cq->qps_inline[0])
+		n = sizeof cq->qps_inline / sizeof cq->qps_inline[0]; /* grown since: the next look sees all */
 	int did = 0;
-	for (uint32_t i = 0; i < n && i < 64; i++) {
-		struct soft_qp *qp = __atomic_load_n(&cq->qps[i], __ATOMIC_SEQ_CST);
+	for (uint32_t i = 0; i < n && i < SOFT_CQ_MAX_QPS; i++) {
+		struct soft_qp *qp = __atomic_load_n(&qps[i], __ATOMIC_SEQ_CST);
 		if (qp && soft_qp_progress(qp, true, false) > 0)
 			did++;
 	}
@@ -372,8 +387,8 @@ int soft_cq_wait(struct dgv_cq *cqb, int timeout_ms)
 			rc = -ETIMEDOUT;
 			break;
 		}
-		struct pollfd pfd[65];
-		struct soft_qp *snap[64];
+		struct pollfd pfd[SOFT_CQ_MAX_QPS + 1];
+		struct soft_qp *snap[SOFT_CQ_MAX_QPS];
 		uint32_t nq;
 		uint64_t next = deadline;
 		pthread_mutex_lock(&cq->lock);

@@ -81,6 +81,8 @@ struct soft_cqe {
 	struct dgv_range range;   /* the single range of a one-segment record */
 };
 
+#define SOFT_CQ_MAX_QPS 64
+
 struct soft_cq {
 	struct dgv_cq base;
 	pthread_mutex_t lock;
@@ -93,7 +95,12 @@ struct soft_cq {
 	atomic_int waiters;       /* threads blocked in cq_wait */
 	atomic_bool bg_notify;    /* dgv_cq_notify_background */
 	atomic_int pollers;       /* threads inside cq_progress (detach waits for 0) */
-	struct soft_qp *qps[64];  /* QPs feeding this CQ (progress is driven from poll) */
+	/* QPs feeding this CQ (progress is driven from poll): qps_inline, or SOFT_CQ_MAX_QPS
+	 * entries made when a fifth attaches (a socket's CQ has one or two; 64 inline were half a
+	 * kilobyte of every UDP socket's heap). Read lock-free by cq_progress: the pointer changes
+	 * once, the inline entries stay as they were. */
+	struct soft_qp **qps;
+	struct soft_qp *qps_inline[4];
 	uint32_t nqps;
 	struct dgv_range *scratch; /* ranges handed out by the last poll */
 	uint32_t scratch_cap;
