@@ -65,8 +65,14 @@ int soft_reg_mr(struct dgv_pd *pdb, void *addr, size_t len, unsigned access, str
 	}
 	while (atomic_load(&mr->users))
 		sched_yield(); /* a lookup raced with the slot's last dereg; it backs off at once */
-	uint32_t r = random_u32();
-	uint32_t stag = (r & 0xffc00000u) | (idx << 8) | (r & 0xffu);
+	/* never the STag the slot's last registration had (its rkey stays in the object): with 18
+	 * random bits one re-registration in 262 144 took it again, and a peer holding the old
+	 * STag would have placed into the new region (unit test reregistration_... caught it) */
+	uint32_t stag, old = mr->pub.rkey;
+	do {
+		uint32_t r = random_u32();
+		stag = (r & 0xffc00000u) | (idx << 8) | (r & 0xffu);
+	} while (stag == old);
 	mr->pub.addr = addr;
 	mr->pub.length = len;
 	mr->pub.access = access;
