@@ -114,8 +114,7 @@ static void repost(struct sock *s)
  * Returns 0, -EAGAIN on timeout, -EINTR. */
 static int wait_sock(struct sock *s, int fd, short events, int *timeout_ms)
 {
-	/* a CQ only the program's calls fill is not waited on: its socket is (s->cq_fd) */
-	int cqfd = s->cq_fd ? dgv_cq_fd(s->cq) : -1;
+	int cqfd = sock_cqfd(s);
 	if (sock_can(s, DGV_CAP_BUSY_POLL) && *timeout_ms != 0) {
 		/* completions come within microseconds: look for a while before sleeping */
 		uint64_t until = shim_now_us() + (uint64_t)shim_spin_us();
@@ -407,9 +406,7 @@ static int dgram_wait_fds(struct sock *s, int *qfd, int *cqfd)
 	int r = -1;
 	if (s->qp) {
 		*qfd = s->qfd; /* -1 unless adopting: the program's own descriptor is watched anyway */
-		/* -1: the program's calls make every completion (s->cq_fd), the socket's own
-		 * readiness wakes the waiter */
-		*cqfd = s->cq_fd ? dgv_cq_fd(s->cq) : -1;
+		*cqfd = sock_cqfd(s);
 		cq_arm(s->cq, s->pv, &s->armed); /* ARM_ONCE: sock_poll_in before this armed it */
 		r = 0;
 	}

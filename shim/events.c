@@ -878,7 +878,7 @@ static void ep_translate(struct ep *ep, const struct epoll_event *k, int n, stru
 				}
 				e = (e & ~own) | rdy;
 			} else if ((e & EPOLLIN) || cq) {
-				if (r->cqfd < 0)
+				if (r->cqfd < 0 && sock_cqfd_made(r->s))
 					reg_cq_late(ep, r, i, d);
 				int in = (r->events & EPOLLIN) ? sock_poll_in(r->s, r->fd) : 0;
 				if (in >= 0) /* < 0: the OS carries it, the kernel's word stands */

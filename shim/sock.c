@@ -752,7 +752,7 @@ retry:
 			qp_teardown(s, false);
 			goto fail;
 		}
-		s->cq_fd = true;
+		__atomic_store_n(&s->cq_fd, true, __ATOMIC_RELAXED);
 	}
 	post_free_slots(s);
 	/* One datagram off the kernel socket per look: a socket shared with another process leaves
@@ -833,7 +833,7 @@ void qp_teardown(struct sock *s, bool all)
 	if (!all)
 		return;
 	if (s->cq)
-		dgv_destroy_cq(s->cq), s->cq = NULL, s->armed = false, s->cq_fd = false;
+		dgv_destroy_cq(s->cq), s->cq = NULL, s->armed = false, __atomic_store_n(&s->cq_fd, false, __ATOMIC_RELAXED);
 	zc_cache_clear(s);
 	if (s->rx_mr)
 		dgv_dereg_mr(s->rx_mr), s->rx_mr = NULL;
@@ -863,7 +863,8 @@ void sock_reset_after_fork(struct sock *s)
 			s->carry_srclen = p->srclen;
 		}
 	}
-	s->qp = NULL, s->cq = NULL, s->armed = false, s->cq_fd = false, s->rx_mr = NULL, s->tx_mr = NULL;
+	__atomic_store_n(&s->cq_fd, false, __ATOMIC_RELAXED);
+	s->qp = NULL, s->cq = NULL, s->armed = false, s->rx_mr = NULL, s->tx_mr = NULL;
 	if (!sock_is_stream(s))
 		s->qfd = -1; /* the child's QP takes the number of its first call */
 	s->pend_head = s->pend_n = 0;

@@ -93,7 +93,7 @@ struct sock {
 	bool armed;                   /* DGV_CAP_ARM_ONCE: its CQ's channel is armed (an acked event is not) */
 	/* its CQ's eventfd is made, which waits watch; false only while every queue pair it had
 	 * on this CQ was dgv_cq_self_driven (qp_setup makes it for any other) */
-	bool cq_fd;
+	bool cq_fd;                   /* read unlocked by sock_cqfd_made */
 	/* Another process may read the same kernel socket (forked, inherited, received): the
 	 * shim takes off the wire only what the program asks for, one datagram at a time, never
 	 * for a readiness check, and MSG_PEEK leaves the datagram in the kernel (docs/shim.md
@@ -150,6 +150,15 @@ struct sock {
 	int stat_slot;
 	uint64_t base_crc, base_lost, base_rexmit, base_wtx, base_wrx, base_rej;
 };
+
+/* The descriptor a wait on s watches for its completions: its CQ's eventfd, or -1 when it has
+ * none (its completions are made in the program's own calls: the socket's readiness serves).
+ * Needs s->lock. */
+static inline int sock_cqfd(struct sock *s) { return s->cq_fd ? dgv_cq_fd(s->cq) : -1; }
+
+/* Whether s's CQ eventfd is made, without s->lock (set once under it): a look that misses it
+ * looks again at the next event. */
+static inline bool sock_cqfd_made(struct sock *s) { return __atomic_load_n(&s->cq_fd, __ATOMIC_RELAXED); }
 
 /* The two kinds of taken socket (shim.h struct sock_ops): data.c, stream.c. */
 extern const struct sock_ops dgram_ops, stream_ops;
