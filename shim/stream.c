@@ -166,7 +166,7 @@ struct stream {
 };
 
 static struct {
-	_Atomic uint64_t conns, plain, tx_bytes, rx_bytes, dev, resets, peer_gone;
+	_Atomic uint64_t conns, plain, tx_bytes, rx_bytes, dev, resets, peer_gone, no_room;
 } T;
 
 /* Counts how a carried connection ended, once per connection (the first cause seen). */
@@ -183,6 +183,7 @@ void stream_totals(struct stream_totals *t)
 	t->conns = atomic_load(&T.conns), t->plain = atomic_load(&T.plain), t->dev = atomic_load(&T.dev);
 	t->tx_bytes = atomic_load(&T.tx_bytes), t->rx_bytes = atomic_load(&T.rx_bytes);
 	t->resets = atomic_load(&T.resets), t->peer_gone = atomic_load(&T.peer_gone);
+	t->no_room = atomic_load(&T.no_room);
 }
 
 
@@ -586,6 +587,14 @@ static int drain_cq(struct sock *s, struct stream *t)
 /* Drains the CQ and the connection events. Needs s->lock. */
 static void rv_step(struct sock *s, struct stream *t);
 static void dev_unreached(struct sock *s, struct stream *t, int rc);
+static void plain_after_rv(struct sock *s, struct stream *t);
+
+/* Whether an MPA Reject's private data is a server's "stay plain" (refuse_plain). */
+static bool stay_plain_said(const uint8_t *pd, unsigned len)
+{
+	struct stream_rendezvous z;
+	return len == sizeof(struct stream_rv) && stream_rv_decode(pd, len, &z) == 0 && z.port == 0;
+}
 
 static void progress(struct sock *s, struct stream *t)
 {
@@ -620,9 +629,9 @@ static void progress(struct sock *s, struct stream *t)
 		t->cm_due = false;
 	}
 	struct dgv_cm_event ev;
-	bool tcp_eof = false;
+	bool tcp_eof = false, stay = false;
 	int unreached = 0;
-	while (!unreached && dgv_cm_get_event(t->ch, &ev) == 0) {
+	while (!unreached && !stay && dgv_cm_get_event(t->ch, &ev) == 0) {
 		if (ev.type == DGV_CM_CONNECT_ERROR && ev.local && t->own_cm && t->state == SS_CONNECTING) {
 			unreached = ev.status < 0 ? ev.status : -EIO; /* the server never heard of it */
 			break;
@@ -653,6 +662,11 @@ static void progress(struct sock *s, struct stream *t)
 			}
 			break;
 		case DGV_CM_REJECTED:
+			if (t->state == SS_CONNECTING && stay_plain_said(ev.pdata, ev.pdata_len)) {
+				stay = true; /* the server has no resources for it: plain (below) */
+				break;
+			}
+			/* fall through */
 		case DGV_CM_CONNECT_ERROR: {
 			int e = ev.type == DGV_CM_REJECTED ? ECONNREFUSED : (ev.status < 0 ? -ev.status : EPROTO);
 			DG_WARN("stream: iWARP connection set-up failed: %s", strerror(e));
@@ -687,6 +701,12 @@ static void progress(struct sock *s, struct stream *t)
 	}
 	if (unreached) {
 		dev_unreached(s, t, unreached);
+		return;
+	}
+	if (stay) {
+		DG_INFO("stream: the server has no resources for this connection (MPA Reject, \"stay plain\"): plain TCP");
+		atomic_fetch_add(&T.no_room, 1);
+		plain_after_rv(s, t);
 		return;
 	}
 	if (tcp_eof) {
@@ -1326,6 +1346,44 @@ int stream_listen(struct sock *s, int fd, int backlog)
 
 /* Accepts req (the peer's hello in pd, len) with our hello, on the device or soft as t is.
  * Needs ns->lock. Returns 0 or -errno (req rejected or consumed). */
+/* The host cannot carry an accepted connection (cause: its -errno; the descriptor budget, no
+ * memory, no queue pair): answers the client's MPA Request with a Reject whose private data
+ * says "stay plain" (a struct stream_rv naming nothing, as a device server's rendezvous) and
+ * lets the kernel carry the TCP connection both programs made, whose only bytes of ours were
+ * the Request and the Reply. req: the request adopted already, or NULL to adopt one on nfd
+ * here (on the program's descriptor and the provider's default channel: no descriptor of
+ * ours). Frees the stream's resources. Returns 0 (plain now, t->state SS_NEW) or cause (the
+ * Reply could not be given: the stream is dead as before). Needs ns->lock. */
+static int refuse_plain(struct sock *ns, struct stream *t, int nfd, struct dgv_conn_req *req, int cause)
+{
+	const struct stream_rv stay = {.magic = htobe32(STREAM_RV_MAGIC)};
+	int rc = -EOPNOTSUPP;
+	if (!req && G.host.ctx)
+		rc = dgv_conn_req_adopt(G.host.ctx, nfd, NULL, ns, &req);
+	if (req) {
+		rc = dgv_reject_keep(req, &stay, sizeof stay, ACCEPT_WAIT_MS);
+		if (rc == -EOPNOTSUPP && t->own_cm)
+			/* a device's request came on a connection of its own (rdma_cm's): its
+			 * Reject carries "stay plain", and the program's TCP connection, which
+			 * carried only our rendezvous, is as it was */
+			rc = dgv_reject(req, &stay, sizeof stay);
+		else if (rc)
+			dgv_reject(req, NULL, 0);
+	}
+	int lfd = nfd >= 0 ? nfd : t->qfd; /* for the log: the program's, or our duplicate of it */
+	res_free(t);
+	if (rc)
+		return cause;
+	t->state = SS_NEW;
+	t->mode = IWARP_MODE_OFF;
+	if (!t->own_cm)
+		atomic_fetch_add(&T.plain, 1); /* a device stream's accept lets it go (go_plain counts) */
+	atomic_fetch_add(&T.no_room, 1);
+	DG_WARN("fd %d: no resources for an iWARP connection (%s%s): plain TCP, the client told so", lfd,
+		strerror(-cause), cause == -EMFILE ? "; the shim keeps to a quarter of RLIMIT_NOFILE" : "");
+	return 0;
+}
+
 static int accept_hello(struct sock *ns, struct stream *t, struct dgv_conn_req *req, const uint8_t *pd,
 			unsigned len)
 {
@@ -1339,8 +1397,8 @@ static int accept_hello(struct sock *ns, struct stream *t, struct dgv_conn_req *
 	struct dgv_conn_param cp = {.private_data = &h, .private_data_len = sizeof h};
 	struct dgv_qp_init_attr qa = rc_attr(t, ns);
 	if ((rc = dgv_accept(req, t->pv->pd, &qa, &cp, &t->qp))) {
-		t->qp = NULL;
-		return rc;
+		t->qp = NULL; /* req is still ours */
+		return refuse_plain(ns, t, -1, req, rc);
 	}
 	/* a device defers rdma_accept to our next call: the receives are there before the
 	 * peer's first record */
@@ -1357,18 +1415,19 @@ static int accept_hello(struct sock *ns, struct stream *t, struct dgv_conn_req *
 }
 
 /* Runs the passive side on an accepted connection that is ours: reads the MPA Request,
- * answers with our hello. Needs ns->lock. Returns 0 or -errno. */
+ * answers with our hello, or with "stay plain" when the host has no resources for it
+ * (refuse_plain: t->state SS_NEW then). Needs ns->lock. Returns 0 or -errno. */
 static int accept_rc(struct sock *ns, int nfd)
 {
 	struct stream *t = ns->strm;
 	int rc = res_setup(t, &G.host);
+	if (!rc && (t->qfd = high_fd(nfd)) < 0)
+		rc = -errno;
+	struct dgv_conn_req *req = NULL;
+	if (!rc)
+		rc = dgv_conn_req_adopt(t->pv->ctx, t->qfd, t->ch, ns, &req);
 	if (rc)
-		return rc;
-	if ((t->qfd = high_fd(nfd)) < 0)
-		return -errno;
-	struct dgv_conn_req *req;
-	if ((rc = dgv_conn_req_adopt(t->pv->ctx, t->qfd, t->ch, ns, &req)))
-		return rc;
+		return refuse_plain(ns, t, nfd, NULL, rc);
 	struct dgv_cm_event ev;
 	int left = ACCEPT_WAIT_MS;
 	for (;;) {
@@ -1437,8 +1496,10 @@ static void answer(struct sock *s, struct stream *t, int fd)
 		return;
 	}
 	t->probe = false;
-	t->state = SS_NEW; /* accept_rc makes it SS_ESTAB */
+	t->state = SS_NEW; /* accept_rc makes it SS_ESTAB, or leaves it SS_NEW: plain */
 	int rc = accept_rc(s, fd);
+	if (!rc && t->state == SS_NEW && t->mode == IWARP_MODE_OFF)
+		return; /* "stay plain" said: the kernel carries it, answered as before a connect */
 	if (rc || t->state != SS_ESTAB) {
 		DG_WARN("fd %d: iWARP accept failed (%s): the connection reads as reset", fd,
 			strerror(rc ? -rc : EPROTO));
@@ -1712,7 +1773,8 @@ static int accept_dev(struct sock *ns, int nfd, struct sock *ls, const union dgv
 		}
 		return rc;
 	}
-	return accept_hello(ns, t, req, (const uint8_t *)&dh.h, sizeof dh.h);
+	rc = accept_hello(ns, t, req, (const uint8_t *)&dh.h, sizeof dh.h);
+	return !rc && t->state == SS_NEW ? 1 : rc; /* 1: no room for its queue pair, "stay plain" said */
 }
 
 /* A named listener's registry name follows the shim's descriptor budget: withdrawn when a few

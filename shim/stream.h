@@ -94,6 +94,7 @@ struct stream_totals {
 	uint64_t dev;        /* of conns: carried on the RDMA device */
 	uint64_t resets;     /* of conns: ended by an error (a reset, a Terminate, a broken peer) */
 	uint64_t peer_gone;  /* of conns: TCP ended without the peer's close (its process ended) */
+	uint64_t no_room;    /* of plain: a server without resources said "stay plain" (either end) */
 };
 void stream_totals(struct stream_totals *t);
 

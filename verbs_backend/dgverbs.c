@@ -401,6 +401,13 @@ int dgv_reject(struct dgv_conn_req *req, const void *pdata, uint16_t len)
 	return CM_OP(req->ctx, reject) ?: req->ctx->ops->reject(req, pdata, len);
 }
 
+int dgv_reject_keep(struct dgv_conn_req *req, const void *pdata, uint16_t len, int wait_ms)
+{
+	if (!req || len > DGV_MAX_PDATA || (len && !pdata) || wait_ms < 0)
+		return -EINVAL;
+	return CM_OP(req->ctx, reject_keep) ?: req->ctx->ops->reject_keep(req, pdata, len, wait_ms);
+}
+
 int dgv_disconnect(struct dgv_qp *qp)
 {
 	if (!qp)

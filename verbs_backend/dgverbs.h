@@ -531,6 +531,15 @@ int dgv_accept(struct dgv_conn_req *req, struct dgv_pd *pd, const struct dgv_qp_
 	       const struct dgv_conn_param *param, struct dgv_qp **out);
 /* Answers with an MPA Reply with the Reject bit, closes the connection, frees req. */
 int dgv_reject(struct dgv_conn_req *req, const void *pdata, uint16_t len);
+/* Answers an adopted request with an MPA Reply with the Reject bit and leaves the TCP
+ * connection open and untouched beyond it: the Request (waited for up to wait_ms if it has
+ * not come whole) and the Reply are the only bytes taken from and put on it, so both ends can
+ * go on with it as plain TCP (the shim's "stay plain"). Returns 0 (req freed; the descriptor
+ * stays the caller's), or -ETIMEDOUT (no whole Request in time), -EPROTO (not an MPA
+ * Request), -EOPNOTSUPP (the provider's connections are not the caller's TCP sockets), -EIO
+ * (the Reply did not go whole), the socket's -errno: req is still the caller's then
+ * (dgv_reject() it). */
+int dgv_reject_keep(struct dgv_conn_req *req, const void *pdata, uint16_t len, int wait_ms);
 
 /* Graceful close: queued sends are transmitted, then TCP is shut down for writing. */
 int dgv_disconnect(struct dgv_qp *qp);

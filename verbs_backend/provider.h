@@ -85,6 +85,8 @@ struct dgv_ops {
 	int (*accept)(struct dgv_conn_req *req, struct dgv_pd *pd, const struct dgv_qp_init_attr *attr,
 		      const struct dgv_conn_param *param, struct dgv_qp **out);
 	int (*reject)(struct dgv_conn_req *req, const void *pdata, uint16_t len);
+	/* optional: NULL reads as -EOPNOTSUPP (the connection is not a TCP socket of the caller's) */
+	int (*reject_keep)(struct dgv_conn_req *req, const void *pdata, uint16_t len, int wait_ms);
 	int (*disconnect)(struct dgv_qp *qp);
 	enum dgv_qp_state (*qp_state)(struct dgv_qp *qp);
 	int (*conn_info)(struct dgv_qp *qp, struct dgv_conn_info *out);

@@ -413,6 +413,10 @@ struct stream_hello {
  * RLIMIT_MEMLOCK, a full device) writes a "stay plain" rendezvous instead: port 0, family 0,
  * address and cookie zero; both ends then let the kernel carry the same TCP connection, the
  * rendezvous being the only byte of ours on it.
+ * The same 32 bytes are the private data of an MPA Reject (RFC 5044 7.1, R bit) that means
+ * "stay plain" where the server runs out of room later: on a soft stream, after the client's
+ * MPA Request came on the program's connection (the Request and that Reply are then the only
+ * bytes of ours on it); on a device, rejecting the client's rdma_cm request.
  */
 #define STREAM_RV_MAGIC 0x64675256u /* "dgRV" */
 struct stream_rv {

@@ -236,13 +236,14 @@ static int write_stall(int s)
 	}
 	close(ep);
 	/* 3. a blocking send with SO_SNDTIMEO gives up with EAGAIN after about that long (or
-	 * returns what fitted, as the kernel's does when room opened meanwhile: then again) */
+	 * returns what fitted, as the kernel's does when room opened meanwhile: then again; on a
+	 * loaded machine the kernel's buffers kept growing through 5 such rounds once) */
 	struct timeval tv = {0, SNDTIMEO_MS * 1000};
 	if (setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv))
 		fail("SO_SNDTIMEO");
 	double took = 0;
 	ssize_t n = 0;
-	for (round = 0; round < 5; round++) {
+	for (round = 0; round < 64; round++) {
 		double t0 = now();
 		n = send(s, buf + off, 1 << 16, 0);
 		took = now() - t0;

@@ -614,6 +614,89 @@ Test(rc, adopted_descriptors_both_sides)
 	close(ls);
 }
 
+/* "stay plain" (dgv_reject_keep): the Reject goes out, the Request and the Reply are the only
+ * bytes taken off and put on the connection, and both programs go on with it as plain TCP; the
+ * server's first plain bytes, sent right behind the Reply, reach the client's program. */
+Test(rc, reject_keeping_tcp_leaves_a_plain_connection)
+{
+	int ls = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	cr_assert_eq(bind(ls, (struct sockaddr *)&a, sizeof a), 0);
+	cr_assert_eq(listen(ls, 4), 0);
+	socklen_t l = sizeof a;
+	getsockname(ls, (struct sockaddr *)&a, &l);
+	int cs = socket(AF_INET, SOCK_STREAM, 0);
+	cr_assert_eq(connect(cs, (struct sockaddr *)&a, sizeof a), 0);
+	struct dgv_qp_init_attr ca = rc_attr(&C);
+	ca.use_adopt_fd = 1;
+	ca.adopt_fd = cs;
+	cr_assert_eq(dgv_connect(C.pd, &ca, NULL, 0, NULL, &C.qp), 0);
+	int ss = accept(ls, NULL, NULL);
+	cr_assert(ss >= 0);
+	struct dgv_conn_req *req;
+	cr_assert_eq(dgv_conn_req_adopt(S.ctx, ss, NULL, &S, &req), 0);
+	/* it waits for the whole Request itself; the banner follows the Reply at once */
+	cr_assert_eq(dgv_reject_keep(req, "plain", 6, TMO), 0);
+	static const char banner[] = "the server speaks first";
+	cr_assert_eq(send(ss, banner, sizeof banner, 0), (ssize_t)sizeof banner);
+	usleep(50000); /* both in the client's receive queue before its provider reads */
+	struct dgv_cm_event e = wait_ev(C.ch, DGV_CM_REJECTED);
+	cr_assert_eq(e.pdata_len, 6);
+	cr_assert_str_eq((const char *)e.pdata, "plain");
+	/* the server's event for the request was taken back with it */
+	struct dgv_cm_event x;
+	cr_assert_eq(dgv_cm_get_event(S.ch, &x), -EAGAIN);
+	cr_assert_eq(dgv_destroy_qp(C.qp), 0);
+	C.qp = NULL;
+	char b[64] = {0};
+	size_t got = 0;
+	struct timeval tv = {.tv_sec = 5};
+	setsockopt(cs, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	while (got < sizeof banner) {
+		ssize_t n = recv(cs, b + got, sizeof banner - got, 0);
+		cr_assert_gt(n, 0, "the client's program lost the server's first bytes");
+		got += (size_t)n;
+	}
+	cr_assert_str_eq(b, banner);
+	cr_assert_eq(send(cs, "pong", 4, 0), 4);
+	cr_assert_eq(recv(ss, b, sizeof b, 0), 4, "the client's bytes after the Reject must be all there is");
+	cr_assert(!memcmp(b, "pong", 4));
+	/* nothing of the provider's on either side afterwards */
+	cr_assert_eq(recv(cs, b, sizeof b, MSG_DONTWAIT), -1);
+	cr_assert_eq(errno, EAGAIN);
+	close(cs);
+	close(ss);
+	close(ls);
+}
+
+Test(rc, reject_keeping_tcp_refuses_a_stream_that_is_not_mpa)
+{
+	int ls = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	cr_assert_eq(bind(ls, (struct sockaddr *)&a, sizeof a), 0);
+	cr_assert_eq(listen(ls, 4), 0);
+	socklen_t l = sizeof a;
+	getsockname(ls, (struct sockaddr *)&a, &l);
+	int cs = socket(AF_INET, SOCK_STREAM, 0);
+	cr_assert_eq(connect(cs, (struct sockaddr *)&a, sizeof a), 0);
+	int ss = accept(ls, NULL, NULL);
+	struct dgv_conn_req *req;
+	cr_assert_eq(dgv_conn_req_adopt(S.ctx, ss, NULL, &S, &req), 0);
+	/* nothing comes: a timeout, the request still the caller's */
+	cr_assert_eq(dgv_reject_keep(req, NULL, 0, 100), -ETIMEDOUT);
+	/* not an MPA Request: -EPROTO, nothing written back */
+	static const char junk[] = "GET / HTTP/1.0\r\n\r\n....";
+	cr_assert_eq(send(cs, junk, sizeof junk, 0), (ssize_t)sizeof junk);
+	cr_assert_eq(dgv_reject_keep(req, NULL, 0, TMO), -EPROTO);
+	char b[8];
+	cr_assert_eq(recv(cs, b, sizeof b, MSG_DONTWAIT), -1);
+	cr_assert_eq(errno, EAGAIN);
+	cr_assert_eq(dgv_reject(req, NULL, 0), 0);
+	close(cs);
+	close(ss);
+	close(ls);
+}
+
 Test(rc, channels_and_pollable_fd)
 {
 	struct dgv_cm_channel *ch;

@@ -318,6 +318,7 @@ static const struct dgv_ops soft_ops = {
 	.conn_req_adopt = soft_rc_conn_req_adopt,
 	.accept = soft_rc_accept,
 	.reject = soft_rc_reject,
+	.reject_keep = soft_rc_reject_keep,
 	.disconnect = soft_rc_disconnect,
 	.qp_state = soft_rc_qp_state,
 	.conn_info = soft_rc_conn_info,

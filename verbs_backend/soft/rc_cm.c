@@ -723,7 +723,9 @@ static int setup_step(struct soft_qp *qp)
 		}
 	}
 	if (rc->phase == PH_RX_REP) {
-		/* read the Reply; anything after it stays in the buffer as the first FPDUs */
+		/* read exactly the Reply (its header, then the rest): a Reject that keeps TCP
+		 * (dgv_reject_keep) leaves the peer's next bytes to whoever reads the socket
+		 * after us, as plain TCP */
 		for (;;) {
 			uint32_t need = MPA_RR_HLEN;
 			if (rc->rx_end >= MPA_RR_HLEN) {
@@ -739,7 +741,7 @@ static int setup_step(struct soft_qp *qp)
 				process_reply(qp, need);
 				return 1;
 			}
-			ssize_t n = recv(qp->fd, rc->rxb + rc->rx_end, RC_RXBUF - RC_RX_ROOM - rc->rx_end, MSG_DONTWAIT);
+			ssize_t n = recv(qp->fd, rc->rxb + rc->rx_end, need - rc->rx_end, MSG_DONTWAIT);
 			if (n > 0) {
 				rc->rx_end += (uint32_t)n;
 				did = 1;
@@ -1342,6 +1344,47 @@ int soft_rc_reject(struct dgv_conn_req *rb, const void *pdata, uint16_t len)
 	}
 	if (st != REQ_READING)
 		shutdown(r->fd, SHUT_WR);
+	req_detach(ctx, r);
+	if (r->own_fd)
+		close(r->fd);
+	free(r);
+	return 0;
+}
+
+int soft_rc_reject_keep(struct dgv_conn_req *rb, const void *pdata, uint16_t len, int wait_ms)
+{
+	struct soft_conn_req *r = (struct soft_conn_req *)rb;
+	struct soft_ctx *ctx = r->ctx;
+	if (r->listener)
+		return -EOPNOTSUPP; /* the provider accepted it: not the caller's socket */
+	uint64_t until = dg_now_us() + (uint64_t)wait_ms * 1000;
+	for (;;) {
+		if (ctx->loop)
+			pthread_mutex_lock(&ctx->loop_lock);
+		pthread_mutex_lock(&ctx->cm->lock);
+		req_step(ctx->cm, r, dg_now_us()); /* reads exactly the Request's bytes */
+		enum req_state st = r->state;
+		pthread_mutex_unlock(&ctx->cm->lock);
+		if (ctx->loop)
+			pthread_mutex_unlock(&ctx->loop_lock);
+		if (st == REQ_READY)
+			break;
+		if (st == REQ_FAILED)
+			return -EPROTO; /* req_fail logged why */
+		uint64_t now = dg_now_us();
+		if (now >= until)
+			return -ETIMEDOUT;
+		struct pollfd p = {.fd = r->fd, .events = POLLIN};
+		if (poll(&p, 1, (int)((until - now + 999) / 1000)) < 0 && errno != EINTR)
+			return -errno;
+	}
+	uint8_t buf[MPA_RR_MAX];
+	size_t n = mpa_rr_build(buf, false, MPA_FLAG_R, r->rr.rev, NULL, pdata, len);
+	/* a fresh connection's send buffer takes the Reply whole; a part of it would leave the
+	 * stream neither MPA nor plain, so that fails (the caller closes) */
+	ssize_t w = send(r->fd, buf, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+	if (w != (ssize_t)n)
+		return w < 0 && errno != EAGAIN && errno != EWOULDBLOCK ? -errno : -EIO;
 	req_detach(ctx, r);
 	if (r->own_fd)
 		close(r->fd);

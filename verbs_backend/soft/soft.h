@@ -497,6 +497,7 @@ int soft_rc_conn_req_adopt(struct dgv_context *ctx, int fd, struct dgv_cm_channe
 int soft_rc_accept(struct dgv_conn_req *req, struct dgv_pd *pd, const struct dgv_qp_init_attr *attr,
 		   const struct dgv_conn_param *param, struct dgv_qp **out);
 int soft_rc_reject(struct dgv_conn_req *req, const void *pdata, uint16_t len);
+int soft_rc_reject_keep(struct dgv_conn_req *req, const void *pdata, uint16_t len, int wait_ms);
 int soft_rc_disconnect(struct dgv_qp *qp);
 enum dgv_qp_state soft_rc_qp_state(struct dgv_qp *qp);
 int soft_rc_conn_info(struct dgv_qp *qp, struct dgv_conn_info *out);

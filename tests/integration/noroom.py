@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""noroom.py: many TCP connections at once to a server that cannot carry them all (issue
+"Hardening" item 7: a descriptor budget or memory near its end must make a connection plain,
+never reset). The client starts N non-blocking connects at once (so every one of them found the
+server's listener named and asked for iWARP), waits for all of them with poll, then uses each in
+turn; the server accepts all N first and only then uses them, so it answers them when its
+shim's descriptor budget (a quarter of RLIMIT_NOFILE, which the test sets low) is spent. On each
+connection the server speaks first (a banner: bytes right behind the MPA Reply must reach the
+client's program), then echoes what the client sends.
+
+  noroom.py serve PORT N      prints "listening", then "served N BYTES" (exit 0)
+  noroom.py connect PORT N    prints "echoed N BYTES" (exit 0) or what went wrong (exit 1)
+"""
+import select
+import socket
+import sys
+
+BANNER = b"noroom banner: the server speaks first\n"
+SIZE = 200_000
+
+
+def pattern(i):
+    return bytes((i * 31 + k * 7) & 0xFF for k in range(251)) * (SIZE // 251 + 1)
+
+
+def recv_exact(s, n):
+    b = bytearray()
+    while len(b) < n:
+        c = s.recv(n - len(b))
+        if not c:
+            raise RuntimeError(f"end of stream after {len(b)} of {n} bytes")
+        b += c
+    return bytes(b)
+
+
+def serve(port, n):
+    ls = socket.socket()
+    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    ls.bind(("127.0.0.1", port))
+    ls.listen(n + 8)
+    print("listening", flush=True)
+    conns = [ls.accept()[0] for _ in range(n)]
+    total = 0
+    for i, c in enumerate(conns):
+        c.sendall(BANNER)
+        got = recv_exact(c, SIZE)
+        c.sendall(got)
+        total += len(got)
+    for c in conns:
+        if c.recv(1) != b"":
+            raise RuntimeError("bytes after the client's data")
+        c.close()
+    print(f"served {n} {total}", flush=True)
+
+
+def connect(port, n):
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        s.setblocking(False)
+        e = s.connect_ex(("127.0.0.1", port))
+        if e not in (0, 115):  # EINPROGRESS
+            raise RuntimeError(f"connect: errno {e}")
+        socks.append(s)
+    p = select.poll()
+    for s in socks:
+        p.register(s, select.POLLOUT)
+    left = {s.fileno() for s in socks}
+    while left:
+        ev = p.poll(30000)
+        if not ev:
+            raise RuntimeError(f"{len(left)} connects still pending after 30 s")
+        for fd, _ in ev:
+            if fd in left:
+                left.discard(fd)
+                p.unregister(fd)
+    for i, s in enumerate(socks):
+        err = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if err:
+            raise RuntimeError(f"connection {i}: SO_ERROR {err}")
+        s.setblocking(True)
+    total = 0
+    for i, s in enumerate(socks):
+        b = recv_exact(s, len(BANNER))
+        if b != BANNER:
+            raise RuntimeError(f"connection {i}: banner {b[:40]!r}")
+        data = pattern(i)[:SIZE]
+        s.sendall(data)
+        back = recv_exact(s, SIZE)
+        if back != data:
+            raise RuntimeError(f"connection {i}: the echo differs")
+        s.shutdown(socket.SHUT_WR)
+        total += SIZE
+    for s in socks:
+        s.close()
+    print(f"echoed {n} {total}", flush=True)
+
+
+if __name__ == "__main__":
+    role, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    try:
+        (serve if role == "serve" else connect)(port, n)
+    except Exception as e:  # the script's caller reads the line
+        print(f"noroom {role}: FAIL: {e}", flush=True)
+        sys.exit(1)
