@@ -136,6 +136,8 @@ static int wait_sock(struct sock *s, int fd, short events, int *timeout_ms)
 	/* the provider's thread runs the timers of a QP nobody polls; the naps are bounded */
 	int r = shim_nap(p, 2, timeout_ms);
 	pthread_mutex_lock(&s->lock);
+	if (unlikely(sock_gone(s)))
+		return -EBADF; /* another thread closed its last descriptor meanwhile: torn down */
 	if (unlikely(s->gen != G.gen))
 		sock_reset_after_fork(s);
 	if ((p[1].revents & POLLIN) && s->cq) {
@@ -206,6 +208,8 @@ static ssize_t peek_shared(struct sock *s, int fd, const struct iovec *iov, int 
 		struct pollfd p = {.fd = fd, .events = POLLIN};
 		r = shim_nap(&p, 1, timeout);
 		pthread_mutex_lock(&s->lock);
+		if (unlikely(sock_gone(s)))
+			return -EBADF;
 		if (unlikely(s->gen != G.gen))
 			sock_reset_after_fork(s);
 		if (r)
@@ -244,6 +248,10 @@ static ssize_t dgram_recv(struct sock *s, int fd, const struct iovec *iov, int i
 			  struct sockaddr *src, socklen_t *srclen, int *mflags)
 {
 	pthread_mutex_lock(&s->lock);
+	if (unlikely(sock_gone(s))) {
+		pthread_mutex_unlock(&s->lock);
+		return -EBADF; /* closed by another thread since this call looked it up */
+	}
 	if (unlikely(s->gen != G.gen))
 		sock_reset_after_fork(s);
 	if (!s->qp && (s->mode == IWARP_MODE_OFF || s->broken || !sock_is_bound(fd) || qp_setup(s, fd))) {
@@ -487,7 +495,8 @@ static ssize_t send_plain(struct sock *s, int fd, const struct iovec *iov, int i
 		ssize_t r = real.sendmsg(fd, &m, flags | MSG_DONTWAIT);
 		if (r >= 0) {
 			pthread_mutex_lock(&s->lock);
-			s->st->tx_plain++, s->st->tx_plain_bytes += (uint64_t)r;
+			if (likely(!sock_gone(s))) /* else its counters went with the close */
+				s->st->tx_plain++, s->st->tx_plain_bytes += (uint64_t)r;
 			pthread_mutex_unlock(&s->lock);
 			return r;
 		}
@@ -598,6 +607,10 @@ static ssize_t dgram_send(struct sock *s, int fd, const struct iovec *iov, int i
 {
 	size_t total = iov_total(iov, iovcnt);
 	pthread_mutex_lock(&s->lock);
+	if (unlikely(sock_gone(s))) {
+		pthread_mutex_unlock(&s->lock);
+		return -EBADF; /* closed by another thread since this call looked it up */
+	}
 	if (unlikely(s->gen != G.gen))
 		sock_reset_after_fork(s);
 	bool nb = s->user_nonblock || (flags & MSG_DONTWAIT);
@@ -681,8 +694,10 @@ static ssize_t dgram_send(struct sock *s, int fd, const struct iovec *iov, int i
 				int t = -1; /* the buffer is the program's: it cannot go back half sent */
 				while (s->zc_done < seq) {
 					consume_cq(s);
-					if (s->zc_done < seq && wait_sock(s, fd, POLLOUT, &t) == -EINTR)
-						continue;
+					if (s->zc_done < seq && wait_sock(s, fd, POLLOUT, &t) == -EBADF) {
+						rc = -EBADF; /* closed meanwhile: the QP is gone */
+						goto out;
+					}
 				}
 				s->st->tx_framed++, s->st->tx_framed_bytes += total, s->st->tx_zcopy++;
 				rc = (ssize_t)total;

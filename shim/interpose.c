@@ -47,7 +47,11 @@ __thread int shim_cancel_prev __attribute__((tls_model("initial-exec")));
 #define DENTER() (pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &shim_cancel_prev), shim_depth++)
 #define DLEAVE() (shim_depth--, pthread_setcancelstate(shim_cancel_prev, NULL))
 
-/* sock for fd when the call should be handled by the shim, else NULL. */
+/* sock for fd when the call should be handled by the shim, else NULL. A socket returned is
+ * held for the call (sock_hold): declare the variable HELD, which drops the reference on every
+ * way out of its scope (thread cancellation included: the shim is built with -fexceptions), so
+ * another thread's close of the last descriptor tears the socket down but leaves its memory to
+ * this call, which then fails with EBADF (before, it woke in freed memory). */
 static inline struct sock *taken(int fd)
 {
 	if (shim_depth)
@@ -59,8 +63,24 @@ static inline struct sock *taken(int fd)
 		stream_let_go(fd); /* the kernel carries it from now on */
 		return NULL;
 	}
-	return (struct sock *)e;
+	struct sock *s = (struct sock *)e;
+	if (unlikely(!sock_hold(s)))
+		return NULL; /* going: the kernel answers (EBADF) */
+	if (unlikely(fd_get(fd) != e)) {
+		/* closed between the lookup and the hold, its object reused for another socket
+		 * (type-stable: sock.c's list): not this descriptor's */
+		sock_unhold(s);
+		return NULL;
+	}
+	return s;
 }
+
+static inline void held_drop(struct sock **sp)
+{
+	if (*sp)
+		sock_unhold(*sp);
+}
+#define HELD __attribute__((cleanup(held_drop)))
 
 /* ------------------------------------------------------------------ lifecycle */
 
@@ -287,7 +307,7 @@ SHIM_EXPORT int dup3(int fd, int fd2, int flags)
 static int fcntl_common(int fd, int cmd, void *arg)
 {
 	shim_real_init();
-	struct sock *s = taken(fd);
+	struct sock *s HELD = taken(fd);
 	if (s) {
 		int r;
 		switch (cmd) {
@@ -337,7 +357,7 @@ SHIM_EXPORT int ioctl(int fd, unsigned long req, ...)
 	void *arg = va_arg(ap, void *);
 	va_end(ap);
 	shim_real_init();
-	struct sock *s = taken(fd);
+	struct sock *s HELD = taken(fd);
 	if (s && (req == FIONREAD || req == FIONBIO)) {
 		if (!arg)
 			return (int)ret(-EFAULT);
@@ -358,7 +378,7 @@ SHIM_EXPORT int ioctl(int fd, unsigned long req, ...)
 #define CONTROL(fd, real_call, shim_call)                                                          \
 	do {                                                                                       \
 		shim_real_init();                                                                  \
-		struct sock *s = taken(fd);                                                        \
+		struct sock *s HELD = taken(fd);                                                        \
 		if (!s)                                                                            \
 			return real_call;                                                          \
 		ENTER();                                                                           \
@@ -380,7 +400,7 @@ SHIM_EXPORT int connect(int fd, const struct sockaddr *a, socklen_t l)
 SHIM_EXPORT int listen(int fd, int backlog)
 {
 	shim_real_init();
-	struct sock *s = taken(fd);
+	struct sock *s HELD = taken(fd);
 	if (!s || !sock_ops(s)->listen)
 		return real.listen(fd, backlog);
 	ENTER();
@@ -396,7 +416,7 @@ static int accept_common(int fd, struct sockaddr *a, socklen_t *l, int flags)
 	shim_real_init();
 	if (shim_depth) /* the provider's own listener */
 		return own_new(real.accept4(fd, a, l, flags));
-	struct sock *s = taken(fd);
+	struct sock *s HELD = taken(fd);
 	if (!s || !sock_ops(s)->accept)
 		return real.accept4(fd, a, l, flags);
 	ENTER();
@@ -425,7 +445,7 @@ SHIM_EXPORT int shutdown(int fd, int how)
 SHIM_EXPORT int getpeername(int fd, struct sockaddr *a, socklen_t *l)
 {
 	shim_real_init();
-	struct sock *s = taken(fd);
+	struct sock *s HELD = taken(fd);
 	if (!s || !sock_ops(s)->getpeername)
 		return real.getpeername(fd, a, l);
 	ENTER();
@@ -441,7 +461,7 @@ SHIM_EXPORT int getpeername(int fd, struct sockaddr *a, socklen_t *l)
 static int sockopt(int fd, bool set, int level, int name, void *v, socklen_t *l)
 {
 	shim_real_init();
-	struct sock *s = taken(fd);
+	struct sock *s HELD = taken(fd);
 	if (!s && (level != SOL_IWARP || shim_depth))
 		return set ? real.setsockopt(fd, level, name, v, *l) : real.getsockopt(fd, level, name, v, l);
 	ENTER();
@@ -488,7 +508,7 @@ static ssize_t recv_one(struct sock *s, int fd, void *buf, size_t len, int flags
 SHIM_EXPORT ssize_t send(int fd, const void *buf, size_t len, int flags)
 {
 	shim_real_init();
-	struct sock *s = taken(fd);
+	struct sock *s HELD = taken(fd);
 	return s ? send_one(s, fd, buf, len, flags, NULL, 0) : real.send(fd, buf, len, flags);
 }
 
@@ -496,14 +516,14 @@ SHIM_EXPORT ssize_t sendto(int fd, const void *buf, size_t len, int flags, const
 			   socklen_t tolen)
 {
 	shim_real_init();
-	struct sock *s = taken(fd);
+	struct sock *s HELD = taken(fd);
 	return s ? send_one(s, fd, buf, len, flags, to, tolen) : real.sendto(fd, buf, len, flags, to, tolen);
 }
 
 SHIM_EXPORT ssize_t sendmsg(int fd, const struct msghdr *m, int flags)
 {
 	shim_real_init();
-	struct sock *s = taken(fd);
+	struct sock *s HELD = taken(fd);
 	if (!s)
 		return real.sendmsg(fd, m, flags);
 	if (!m)
@@ -519,7 +539,7 @@ SHIM_EXPORT ssize_t sendmsg(int fd, const struct msghdr *m, int flags)
 SHIM_EXPORT int sendmmsg(int fd, struct mmsghdr *v, unsigned n, int flags)
 {
 	shim_real_init();
-	struct sock *s = taken(fd);
+	struct sock *s HELD = taken(fd);
 	if (!s)
 		return real.sendmmsg(fd, v, n, flags);
 	unsigned i;
@@ -539,7 +559,7 @@ SHIM_EXPORT int sendmmsg(int fd, struct mmsghdr *v, unsigned n, int flags)
 SHIM_EXPORT ssize_t recv(int fd, void *buf, size_t len, int flags)
 {
 	shim_real_init();
-	struct sock *s = taken(fd);
+	struct sock *s HELD = taken(fd);
 	return s ? recv_one(s, fd, buf, len, flags, NULL, NULL) : real.recv(fd, buf, len, flags);
 }
 
@@ -547,7 +567,7 @@ SHIM_EXPORT ssize_t recvfrom(int fd, void *buf, size_t len, int flags, struct so
 			     socklen_t *fromlen)
 {
 	shim_real_init();
-	struct sock *s = taken(fd);
+	struct sock *s HELD = taken(fd);
 	return s ? recv_one(s, fd, buf, len, flags, from, fromlen)
 		 : real.recvfrom(fd, buf, len, flags, from, fromlen);
 }
@@ -571,7 +591,7 @@ static ssize_t recvmsg_one(struct sock *s, int fd, struct msghdr *m, int flags)
 SHIM_EXPORT ssize_t recvmsg(int fd, struct msghdr *m, int flags)
 {
 	shim_real_init();
-	struct sock *s = taken(fd);
+	struct sock *s HELD = taken(fd);
 	if (!s) {
 		ssize_t r = real.recvmsg(fd, m, flags);
 		if (r >= 0 && m && m->msg_controllen && !shim_depth) {
@@ -601,7 +621,7 @@ SHIM_EXPORT ssize_t recvmsg(int fd, struct msghdr *m, int flags)
 SHIM_EXPORT int recvmmsg(int fd, struct mmsghdr *v, unsigned n, int flags, struct timespec *tmo)
 {
 	shim_real_init();
-	struct sock *s = taken(fd);
+	struct sock *s HELD = taken(fd);
 	if (!s)
 		return real.recvmmsg(fd, v, n, flags, tmo);
 	unsigned i;
@@ -625,14 +645,14 @@ SHIM_EXPORT int recvmmsg(int fd, struct mmsghdr *v, unsigned n, int flags, struc
 SHIM_EXPORT ssize_t read(int fd, void *buf, size_t len)
 {
 	shim_real_init();
-	struct sock *s = taken(fd);
+	struct sock *s HELD = taken(fd);
 	return s ? recv_one(s, fd, buf, len, 0, NULL, NULL) : real.read(fd, buf, len);
 }
 
 SHIM_EXPORT ssize_t write(int fd, const void *buf, size_t len)
 {
 	shim_real_init();
-	struct sock *s = taken(fd);
+	struct sock *s HELD = taken(fd);
 	return s ? send_one(s, fd, buf, len, 0, NULL, 0) : real.write(fd, buf, len);
 }
 
@@ -642,7 +662,7 @@ SHIM_EXPORT ssize_t write(int fd, const void *buf, size_t len)
 static ssize_t sendfile_common(int out, int in, off_t *off, size_t count, bool is64)
 {
 	shim_real_init();
-	struct sock *s = taken(out);
+	struct sock *s HELD = taken(out);
 	if (!s || !sock_ops(s)->carried || !sock_ops(s)->carried(s))
 		return is64 ? real.sendfile64(out, in, off, count) : real.sendfile(out, in, off, count);
 	uint8_t buf[65536];
@@ -738,7 +758,8 @@ static ssize_t splice_in(struct sock *s, int in, int out, loff_t *off_out, size_
 SHIM_EXPORT ssize_t splice(int in, loff_t *off_in, int out, loff_t *off_out, size_t len, unsigned flags)
 {
 	shim_real_init();
-	struct sock *so = taken(out), *si = taken(in);
+	struct sock *so HELD = taken(out);
+	struct sock *si HELD = taken(in);
 	if (so && sock_ops(so)->carried && sock_ops(so)->carried(so))
 		return splice_out(so, in, off_in, out, len, flags);
 	if (si && sock_ops(si)->carried && sock_ops(si)->carried(si))
@@ -749,7 +770,7 @@ SHIM_EXPORT ssize_t splice(int in, loff_t *off_in, int out, loff_t *off_out, siz
 SHIM_EXPORT ssize_t readv(int fd, const struct iovec *iov, int n)
 {
 	shim_real_init();
-	struct sock *s = taken(fd);
+	struct sock *s HELD = taken(fd);
 	if (!s)
 		return real.readv(fd, iov, n);
 	if (n < 0 || n > IOV_MAX)
@@ -764,7 +785,7 @@ SHIM_EXPORT ssize_t readv(int fd, const struct iovec *iov, int n)
 SHIM_EXPORT ssize_t writev(int fd, const struct iovec *iov, int n)
 {
 	shim_real_init();
-	struct sock *s = taken(fd);
+	struct sock *s HELD = taken(fd);
 	if (!s)
 		return real.writev(fd, iov, n);
 	if (n < 0 || n > IOV_MAX)

@@ -153,6 +153,12 @@ static inline struct sock *fd_sock(int fd)
 	struct ent *e = fd_get(fd);
 	return e && e->kind == ENT_SOCK ? (struct sock *)e : NULL;
 }
+/* A program call's reference to s (interpose.c taken()): false when the socket is already
+ * going (its last descriptor closed), and then no reference was taken. Lock-free. */
+bool sock_hold(struct sock *s);
+/* Drops a sock_hold reference; the last one returns the object to sock.c's list (objects
+ * are type-stable: a lookup racing with the close never touches freed memory). */
+void sock_unhold(struct sock *s);
 static inline struct ep *fd_ep(int fd)
 {
 	struct ent *e = fd_get(fd);

@@ -409,9 +409,55 @@ out:
 
 /* ------------------------------------------------------------------ socket objects */
 
+/*
+ * Socket objects are type-stable: one whose last reference went is kept on this list and
+ * reused by the next sock_new, never given back to malloc. A program call that looked its
+ * descriptor up (fd_get) just as another thread's close took it out of the table so touches a
+ * struct sock, never freed memory: its sock_hold finds holds 0 (on the list), or finds another
+ * socket made there since, which taken() sees by looking the descriptor up again. What the
+ * list keeps is at most the most sockets the program had open at once (malloc's heap would
+ * have kept the chunks too); sockets opened and closed one after another reuse one object.
+ */
+static struct {
+	pthread_mutex_t lock;
+	struct sock *head; /* through retire_next */
+} pool = {PTHREAD_MUTEX_INITIALIZER, NULL};
+
+/* A zeroed object for sock_new, from the list or the heap. holds and gone of a reused one are
+ * not written but atomically (a late lookup may read them meanwhile). NULL: no memory. */
+static struct sock *sock_alloc(void)
+{
+	pthread_mutex_lock(&pool.lock);
+	struct sock *s = pool.head;
+	if (s)
+		pool.head = s->retire_next;
+	pthread_mutex_unlock(&pool.lock);
+	if (!s)
+		return calloc(1, sizeof *s);
+	_Static_assert(offsetof(struct sock, gone) > offsetof(struct sock, holds), "holds, then gone");
+	size_t after = offsetof(struct sock, gone) + sizeof s->gone;
+	memset(s, 0, offsetof(struct sock, holds));
+	memset((char *)s + after, 0, sizeof *s - after);
+	atomic_store_explicit(&s->gone, false, memory_order_relaxed);
+	return s;
+}
+
+void sock_unhold(struct sock *s)
+{
+	if (atomic_fetch_sub_explicit(&s->holds, 1, memory_order_acq_rel) != 1)
+		return;
+	free(s->strm); /* a stream's part stayed (dead) for the calls in flight: stream_teardown */
+	s->strm = NULL;
+	pthread_mutex_destroy(&s->lock);
+	pthread_mutex_lock(&pool.lock);
+	s->retire_next = pool.head;
+	pool.head = s;
+	pthread_mutex_unlock(&pool.lock);
+}
+
 static struct sock *sock_new(int fd, int domain, int mode)
 {
-	struct sock *s = calloc(1, sizeof *s);
+	struct sock *s = sock_alloc();
 	if (!s)
 		return NULL;
 	s->ent.kind = ENT_SOCK;
@@ -427,6 +473,9 @@ static struct sock *sock_new(int fd, int domain, int mode)
 	s->zcopy = G.zcopy_default;
 	s->gen = G.gen;
 	s->st = stats_slot(s, fd);
+	/* last: a late lookup of a reused object may hold it from here (taken() then finds
+	 * whether the descriptor names it) */
+	atomic_store_explicit(&s->holds, 1, memory_order_release);
 	return s;
 }
 
@@ -439,8 +488,7 @@ struct sock *sock_new_stream(int fd, int domain, bool nonblock, int mode)
 		return NULL;
 	if (stream_attach(s)) {
 		stats_release(s);
-		pthread_mutex_destroy(&s->lock);
-		free(s);
+		sock_unhold(s); /* back to the list: never given back to malloc */
 		return NULL;
 	}
 	s->user_nonblock = nonblock;
@@ -605,13 +653,26 @@ void sock_closing(int fd)
 		sock_put((struct sock *)e);
 }
 
-/* Drops one descriptor's reference; the last one tears the queue pair down. */
+bool sock_hold(struct sock *s)
+{
+	int h = atomic_load_explicit(&s->holds, memory_order_relaxed);
+	do {
+		if (h <= 0 || sock_gone(s))
+			return false;
+	} while (!atomic_compare_exchange_weak_explicit(&s->holds, &h, h + 1, memory_order_acquire,
+							memory_order_relaxed));
+	return true;
+}
+
+/* Drops one descriptor's reference; the last one tears the queue pair down (the object's
+ * memory goes with the last sock_hold reference). */
 void sock_put(struct sock *s)
 {
 	if (atomic_fetch_sub(&s->refs, 1) != 1)
 		return;
 	struct ep *eps[SHIM_MAX_EPS];
 	int n;
+	atomic_store_explicit(&s->gone, true, memory_order_release);
 	pthread_mutex_lock(&s->lock);
 	n = s->neps;
 	memcpy(eps, s->eps, (size_t)n * sizeof *eps);
@@ -625,10 +686,11 @@ void sock_put(struct sock *s)
 		qp_teardown(s, true);
 	stats_release(s);
 	free(s->carry);
+	s->carry = NULL;
 	free(s->txd);
+	s->txd = NULL;
 	pthread_mutex_unlock(&s->lock);
-	pthread_mutex_destroy(&s->lock);
-	free(s);
+	sock_unhold(s);
 }
 
 /* ------------------------------------------------------------------ queue pairs */
@@ -659,6 +721,8 @@ int qp_setup(struct sock *s, int fd)
 {
 	if (s->qp)
 		return 0;
+	if (unlikely(sock_gone(s)))
+		return -EBADF; /* closed under a call in flight: fd may name another file by now */
 	if (s->broken)
 		return -ENODEV;
 	int rc = ctx_get();

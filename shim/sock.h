@@ -82,6 +82,13 @@ struct sock {
 	struct ent ent;
 	pthread_mutex_t lock;         /* everything below */
 	atomic_int refs;              /* descriptors naming this socket */
+	/* 1 while a descriptor names it, plus one per program call in flight on it (sock_hold):
+	 * the object's memory (and its stream's) lives while > 0, so a call asleep in a blocking
+	 * wait while another thread closes the last descriptor wakes to a torn-down object, not
+	 * freed memory */
+	atomic_int holds;
+	atomic_bool gone;             /* its last descriptor closed (torn down): calls in flight fail EBADF */
+	struct sock *retire_next;     /* sock.c's list of objects to reuse, once holds reached 0 */
 	uint64_t id;                  /* sock_id */
 	unsigned gen;
 	int family;
@@ -179,6 +186,12 @@ int shim_thread(void *(*fn)(void *), void *arg);
 int shim_nap(struct pollfd *p, nfds_t n, int *timeout_ms);
 int shim_default_mode(void);
 void sock_put(struct sock *s);
+/* Whether the socket's last descriptor was closed while a call was in flight on it: the call
+ * returns -EBADF when it next looks (after a wait, at its start). */
+static inline bool sock_gone(struct sock *s)
+{
+	return atomic_load_explicit(&s->gone, memory_order_acquire);
+}
 /* 1 if the kernel socket behind fd has a port (bound or autobound). */
 int sock_is_bound(int fd);
 int qp_setup(struct sock *s, int fd);

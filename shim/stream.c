@@ -768,6 +768,8 @@ static int stream_wait(struct sock *s, struct stream *t, int *timeout_ms)
 			      {.fd = qfd, .events = POLLIN}};
 	int r = shim_nap(p, 3, timeout_ms);
 	sock_lock(s);
+	if (unlikely(sock_gone(s)))
+		return -EBADF; /* another thread closed its last descriptor meanwhile: t is dead */
 	if ((p[0].revents & POLLIN) && t->cq) {
 		dgv_cq_ack_event(t->cq);
 		t->armed = false;
@@ -826,11 +828,9 @@ static bool stay_plain_send(int fd)
  * The socket answers as not carried (SS_NEW) at once; the descriptor is forgotten at the
  * program's next call that holds none of the shim's locks (ent.plain_due, interpose.c
  * taken(), events.c), as forgetting it needs the epoll instances' locks. Needs s->lock.
- * Hazard: the shim holds no reference for a call in flight, so a program thread still asleep
- * in this socket's blocking connect() when another thread's call forgets the descriptor could
- * find the object freed when its nap ends (200 ms at most), as with a close() another thread
- * makes meanwhile. A single thread, or the connecting thread itself finding the rendezvous,
- * is safe: it sees SS_NEW and goes on with the kernel. */
+ * A program thread still asleep in this socket's blocking connect() when another thread's
+ * call forgets the descriptor holds the object for its call (sock_hold), wakes to SS_NEW and
+ * goes on with the kernel. */
 static void plain_after_rv(struct sock *s, struct stream *t)
 {
 	res_free(t);
@@ -2571,8 +2571,18 @@ void stream_teardown(struct sock *s)
 		}
 	}
 	res_free(t);
-	free(t);
-	s->strm = NULL;
+	/* the memory stays with the socket's (sock_unhold frees both): a call still in flight on
+	 * it, asleep in a wait when another thread closed the last descriptor, wakes to a dead
+	 * stream (EBADF). Not one the kernel carries (SS_NEW: a stream let go, whose descriptor
+	 * is still the program's): a connect() asleep when another thread's call let it go
+	 * returns the kernel's answer. */
+	t->rv_wait = false;
+	if (t->state != SS_NEW) {
+		t->state = SS_DEAD;
+		t->err = EBADF;
+		t->so_error = 0;
+		t->tcp_down = true;
+	}
 }
 
 void stream_after_fork(struct sock *s)
@@ -2696,7 +2706,8 @@ static void ops_release(struct sock *s)
 	if (s->gen == G.gen)
 		stream_teardown(s);
 	else
-		free(s->strm), s->strm = NULL; /* a forked child's copy: the parent owns the QP */
+		s->strm->state = SS_DEAD, s->strm->err = EBADF; /* a forked child's copy: the parent owns
+								     * the QP; freed with the socket */
 }
 
 /* TCP over RC (or plain TCP until connect/listen decides, and after a fallback). */

@@ -1,7 +1,7 @@
 /*
  * tsanthreads PORT: many threads on one socket, and fork while threads run (issue 15, item 2).
  * Written for the ThreadSanitizer build (docs/tsan.md), where it runs with the shim preloaded;
- * it runs natively and in the other builds too. Ports PORT .. PORT+3 on 127.0.0.1.
+ * it runs natively and in the other builds too. Ports PORT .. PORT+4 on 127.0.0.1.
  *
  *   udp   four threads each send on one UDP socket A and receive on it (a datagram, then its
  *         echo: at most four in flight, so loopback loses nothing); an echo thread on B.
@@ -12,6 +12,11 @@
  *   tcp   one TCP connection: four threads write on the client socket at once, two threads read
  *         the server socket at once in a forked child (a connection within one process is plain
  *         under the shim); every byte arrives once (counted per writer), then EOF.
+ *   close while blocked  a thread blocks in recv on a carried UDP socket, another on a carried
+ *         TCP connection, and the main thread closes each descriptor under it. Natively the
+ *         blocked call goes on with the file it had (the datagram or bytes sent next arrive);
+ *         under the shim it fails with EBADF within a nap (before, the shim freed the socket
+ *         under the sleeping call: a use after free, which the ASan build reports).
  *
  * TSANTHREADS_EXPECT=preload (set by meson.build for the preloaded run): the sockets must be
  * carried (SOL_IWARP answers, UDP framed, the TCP connection taken). Exit 0 pass, 1 fail.
@@ -391,6 +396,136 @@ static void test_tcp(bool preload)
 	close(tc);
 }
 
+struct blocked {
+	int fd;
+	ssize_t n;
+	int err;
+	atomic_bool done;
+};
+
+static void *blocked_main(void *arg)
+{
+	struct blocked *b = arg;
+	char buf[64];
+	b->n = recv(b->fd, buf, sizeof buf, 0);
+	b->err = errno;
+	atomic_store(&b->done, true);
+	return NULL;
+}
+
+/* Starts a thread blocked in recv on fd, closes fd under it after 300 ms, then wake() (which
+ * makes the native call return) and checks how the call ended: preloaded EBADF, natively what
+ * wake sent. what names the case. */
+static void close_under(const char *what, int fd, bool preload, void (*wake)(void))
+{
+	struct blocked b = {.fd = fd};
+	pthread_t th;
+	pthread_create(&th, NULL, blocked_main, &b);
+	usleep(300000); /* asleep in its wait */
+	if (close(fd))
+		FAIL("%s: close: %s", what, strerror(errno));
+	usleep(preload ? 400000 : 100000);
+	wake();
+	for (int i = 0; i < 500 && !atomic_load(&b.done); i++)
+		usleep(10000);
+	if (!atomic_load(&b.done)) {
+		FAIL("%s: the call blocked when its descriptor was closed did not return in 5 s", what);
+		pthread_detach(th);
+		return;
+	}
+	pthread_join(th, NULL);
+	if (preload ? !(b.n == -1 && b.err == EBADF) : b.n <= 0)
+		FAIL("%s: the blocked recv returned %zd (%s), want %s", what, b.n, b.n < 0 ? strerror(b.err) : "-",
+		     preload ? "EBADF" : "the bytes sent after the close");
+	else
+		printf("tsanthreads: close while blocked: %s: recv returned %zd%s%s\n", what, b.n,
+		       b.n < 0 ? " " : "", b.n < 0 ? strerrorname_np(b.err) : "");
+}
+
+static int cu_port;
+static void wake_udp(void)
+{
+	int s = socket(AF_INET, SOCK_DGRAM, 0);
+	struct sockaddr_in a = loop_addr(cu_port);
+	sendto(s, "wake", 4, 0, (struct sockaddr *)&a, sizeof a);
+	close(s);
+}
+
+static int cu_pipe = -1;
+static void wake_tcp(void)
+{
+	if (write(cu_pipe, "w", 1) != 1)
+		FAIL("close while blocked: tcp: the server child's pipe");
+}
+
+static void test_close_blocked(bool preload)
+{
+	/* UDP: carried once a datagram crossed (framed under the shim) */
+	cu_port = port0 + 4;
+	int u = udp_bound(cu_port);
+	struct timeval none = {0, 0};
+	setsockopt(u, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof none);
+	wake_udp();
+	char buf[8];
+	if (recv(u, buf, sizeof buf, 0) != 4)
+		FAIL("close while blocked: udp: the first datagram did not come: %s", strerror(errno));
+	close_under("udp", u, preload, wake_udp);
+
+	/* TCP: a carried connection to a forked child, which writes when told (after the close) */
+	int pp[2], rp[2];
+	if (pipe(pp) || pipe(rp)) {
+		FAIL("pipe: %s", strerror(errno));
+		return;
+	}
+	struct sockaddr_in a = loop_addr(port0 + 3);
+	pid_t pid = fork();
+	if (pid == 0) {
+		close(pp[1]);
+		close(rp[0]);
+		int ls = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+		setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+		char ready = 'L';
+		if (ls < 0 || bind(ls, (struct sockaddr *)&a, sizeof a) || listen(ls, 4))
+			ready = 'E';
+		if (write(rp[1], &ready, 1) != 1 || ready != 'L')
+			_exit(1);
+		int c = accept(ls, NULL, NULL);
+		char w;
+		if (c < 0 || read(pp[0], &w, 1) != 1)
+			_exit(1);
+		ssize_t n = write(c, "bytes", 5);
+		usleep(200000);
+		close(c);
+		close(ls);
+		_exit(n == 5 ? 0 : 1);
+	}
+	close(pp[0]);
+	close(rp[1]);
+	char ready = 0;
+	if (pid < 0 || read(rp[0], &ready, 1) != 1 || ready != 'L') {
+		FAIL("close while blocked: tcp: the server child did not listen");
+		close(pp[1]);
+		close(rp[0]);
+		if (pid > 0)
+			waitpid(pid, NULL, 0);
+		return;
+	}
+	int c = socket(AF_INET, SOCK_STREAM, 0);
+	if (c < 0 || connect(c, (struct sockaddr *)&a, sizeof a)) {
+		FAIL("close while blocked: tcp connect: %s", strerror(errno));
+	} else {
+		int taken = -1;
+		socklen_t sl = sizeof taken;
+		if (preload && (getsockopt(c, SOL_IWARP, IWARP_TAKEN, &taken, &sl) || taken != 1))
+			FAIL("close while blocked: tcp: the connection is not carried (IWARP_TAKEN %d)", taken);
+		cu_pipe = pp[1];
+		close_under("tcp", c, preload, wake_tcp);
+	}
+	close(pp[1]);
+	close(rp[0]);
+	waitpid(pid, NULL, 0);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc != 2 || (port0 = atoi(argv[1])) < 1024 || port0 > 65000) {
@@ -412,6 +547,7 @@ int main(int argc, char **argv)
 	}
 	test_udp_fork(preload);
 	test_tcp(preload);
+	test_close_blocked(preload);
 	int f = atomic_load(&fails);
 	printf("tsanthreads: %s (%d failure%s)\n", f ? "FAIL" : "PASS", f, f == 1 ? "" : "s");
 	return f ? 1 : 0;
