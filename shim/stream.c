@@ -256,11 +256,13 @@ static int res_setup(struct stream *t, struct shim_pv *pv)
 	/* its descriptors: a private duplicate and the CQ's event descriptor (which the soft
 	 * provider's connection events share); on a device also the channel's, and an epoll
 	 * descriptor with the provider's own socket */
-	if (!own_room(pv_can(pv, DGV_CAP_ADOPT_FD) ? 2 : 5, "a TCP connection"))
-		return -EMFILE;
+	/* the context first: pv's capabilities are set when it opens (another thread may be
+	 * opening it now) */
 	int rc = ctx_get();
 	if (rc)
 		return rc;
+	if (!own_room(pv_can(pv, DGV_CAP_ADOPT_FD) ? 2 : 5, "a TCP connection"))
+		return -EMFILE;
 	t->pv = pv;
 	t->own_cm = !pv_can(pv, DGV_CAP_ADOPT_FD);
 	struct dgv_context *ctx = pv->ctx;

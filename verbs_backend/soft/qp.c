@@ -1454,7 +1454,7 @@ struct rx_batch {
 	size_t cap;
 	uint32_t size, n; /* buffer size and count the headers below are built for */
 	bool busy;        /* a drain of this thread reads into it */
-	struct rx_batch *next, *prev; /* rx_all */
+	int slot;         /* in rx_all, or -1 */
 	struct mmsghdr msg[SOFT_RX_BATCH];
 	struct iovec iov[SOFT_RX_BATCH];
 	union dgv_sockaddr addr[SOFT_RX_BATCH];
@@ -1466,9 +1466,11 @@ static __thread struct rx_batch *rx_tls __attribute__((tls_model("initial-exec")
 static pthread_key_t rx_key;
 static pthread_once_t rx_once = PTHREAD_ONCE_INIT;
 /* Every thread's batch: a forked child keeps those of the threads that did not come along, which
- * are then reachable only from here (LeakSanitizer counted them as leaks) */
-static struct rx_batch *rx_all;
-static pthread_mutex_t rx_all_lock = PTHREAD_MUTEX_INITIALIZER;
+ * are then reachable only from here (LeakSanitizer counted them as leaks). Slots taken and
+ * given back atomically: no lock a thread's end (the key's destructor, also after a
+ * pthread_cancel) or a fork must get right. A thread that finds every slot taken goes unlisted. */
+#define RX_ALL_MAX 1024
+static _Atomic(struct rx_batch *) rx_all[RX_ALL_MAX];
 
 /* At the thread's end (the key's destructor runs in it): a destructor of another key that reads
  * a socket after this one makes a new batch (set again, freed in the next round). */
@@ -1477,26 +1479,17 @@ static void rx_batch_free(void *arg)
 	struct rx_batch *b = arg;
 	if (rx_tls == b)
 		rx_tls = NULL;
-	pthread_mutex_lock(&rx_all_lock);
-	if (b->prev)
-		b->prev->next = b->next;
-	else
-		rx_all = b->next;
-	if (b->next)
-		b->next->prev = b->prev;
-	pthread_mutex_unlock(&rx_all_lock);
+	if (b->slot >= 0)
+		atomic_store_explicit(&rx_all[b->slot], NULL, memory_order_release);
 	if (b->buf)
 		dg_pages_free(b->buf, b->cap);
 	free(b);
 }
 
-/* a child forked while another thread held the list's lock must not find it held */
-static void rx_child(void) { pthread_mutex_init(&rx_all_lock, NULL); }
 
 static void rx_key_make(void)
 {
 	pthread_key_create(&rx_key, rx_batch_free);
-	pthread_atfork(NULL, NULL, rx_child);
 }
 
 /* This thread's receive batch, its headers built for qp's buffer size and count, marked busy
@@ -1508,12 +1501,13 @@ static struct rx_batch *rx_batch_get(const struct soft_qp *qp)
 	if (__builtin_expect(!b, 0)) {
 		if (!(b = calloc(1, sizeof *b)))
 			goto nomem;
-		pthread_mutex_lock(&rx_all_lock);
-		b->next = rx_all;
-		if (rx_all)
-			rx_all->prev = b;
-		rx_all = b;
-		pthread_mutex_unlock(&rx_all_lock);
+		b->slot = -1;
+		for (int i = 0; i < RX_ALL_MAX && b->slot < 0; i++) {
+			struct rx_batch *none = NULL;
+			if (atomic_compare_exchange_strong_explicit(&rx_all[i], &none, b, memory_order_acq_rel,
+								    memory_order_relaxed))
+				b->slot = i;
+		}
 		pthread_once(&rx_once, rx_key_make);
 		pthread_setspecific(rx_key, b); /* freed when the thread ends */
 		rx_tls = b;
