@@ -980,6 +980,8 @@ void shim_atfork_child(void)
 		struct sock *s = fd_sock(fd);
 		if (s && s->gen != G.gen) {
 			pthread_mutex_init(&s->lock, NULL);
+			/* the parent's calls in flight are not here to let go of it */
+			atomic_store_explicit(&s->holds, 1, memory_order_relaxed);
 			sock_reset_after_fork(s);
 		}
 	}
