@@ -7,7 +7,9 @@
 #   rd       the same with mode=rd
 #   auto     both preloaded, no rules: discovery between hosts (each side asks the other host's
 #            discovery port once, then every 50 ms): framed but for the first datagrams of
-#            each side, sent before the answer came (at most 5)
+#            each side, sent before the answer came (at most 64: 2 on a quiet machine, 40 once
+#            beside a busy test, as ping-pong sends one datagram per ~50 us round trip while the
+#            answerer waits for a CPU)
 #   native   the client unmodified against the preloaded server: plain, the client never
 #            receives a framed datagram (udpbench checks every echo's bytes)
 #   restart  a preloaded receiver on host a, killed while a preloaded sender on host b streams
@@ -66,8 +68,8 @@ run_case() {
 	# the retries it is resent plain (docs/shim.md, "Discovery"): at most one per client run
 	framed) [ "$ctf" -ge 3000 ] && [ "$ctp" -eq 0 ] && [ "$stf" -ge 3000 ] && [ "$stp" -le "$plain_ok" ] ||
 		failed+=("$tag: want every datagram framed both ways") ;;
-	auto) [ "$ctf" -ge 3000 ] && [ "$ctp" -le 5 ] && [ "$stf" -ge 3000 ] && [ "$stp" -le 5 ] ||
-		failed+=("$tag: want framed after discovery (at most 5 plain datagrams a side)") ;;
+	auto) [ "$ctf" -ge 2900 ] && [ "$ctp" -le 64 ] && [ "$stf" -ge 2900 ] && [ "$stp" -le 64 ] ||
+		failed+=("$tag: want framed after discovery (at most 64 plain datagrams a side)") ;;
 	plain) [ "$stf" -eq 0 ] && [ "$stp" -ge 3000 ] && [ "$ctf" -eq 0 ] ||
 		failed+=("$tag: want every datagram plain") ;;
 	esac
