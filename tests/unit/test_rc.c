@@ -614,25 +614,33 @@ Test(rc, adopted_descriptors_both_sides)
 	close(ls);
 }
 
+/* A TCP connection over loopback, both ends the test's (a program's sockets): *ls the
+ * listener, *cs the client, *ss the accepted end. */
+static void tcp_pair(int *ls, int *cs, int *ss)
+{
+	*ls = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	cr_assert_eq(bind(*ls, (struct sockaddr *)&a, sizeof a), 0);
+	cr_assert_eq(listen(*ls, 4), 0);
+	socklen_t l = sizeof a;
+	getsockname(*ls, (struct sockaddr *)&a, &l);
+	*cs = socket(AF_INET, SOCK_STREAM, 0);
+	cr_assert_eq(connect(*cs, (struct sockaddr *)&a, sizeof a), 0);
+	*ss = accept(*ls, NULL, NULL);
+	cr_assert(*ss >= 0);
+}
+
 /* "stay plain" (dgv_reject_keep): the Reject goes out, the Request and the Reply are the only
  * bytes taken off and put on the connection, and both programs go on with it as plain TCP; the
  * server's first plain bytes, sent right behind the Reply, reach the client's program. */
 Test(rc, reject_keeping_tcp_leaves_a_plain_connection)
 {
-	int ls = socket(AF_INET, SOCK_STREAM, 0);
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	cr_assert_eq(bind(ls, (struct sockaddr *)&a, sizeof a), 0);
-	cr_assert_eq(listen(ls, 4), 0);
-	socklen_t l = sizeof a;
-	getsockname(ls, (struct sockaddr *)&a, &l);
-	int cs = socket(AF_INET, SOCK_STREAM, 0);
-	cr_assert_eq(connect(cs, (struct sockaddr *)&a, sizeof a), 0);
+	int ls, cs, ss;
+	tcp_pair(&ls, &cs, &ss);
 	struct dgv_qp_init_attr ca = rc_attr(&C);
 	ca.use_adopt_fd = 1;
 	ca.adopt_fd = cs;
 	cr_assert_eq(dgv_connect(C.pd, &ca, NULL, 0, NULL, &C.qp), 0);
-	int ss = accept(ls, NULL, NULL);
-	cr_assert(ss >= 0);
 	struct dgv_conn_req *req;
 	cr_assert_eq(dgv_conn_req_adopt(S.ctx, ss, NULL, &S, &req), 0);
 	/* it waits for the whole Request itself; the banner follows the Reply at once */
@@ -671,15 +679,8 @@ Test(rc, reject_keeping_tcp_leaves_a_plain_connection)
 
 Test(rc, reject_keeping_tcp_refuses_a_stream_that_is_not_mpa)
 {
-	int ls = socket(AF_INET, SOCK_STREAM, 0);
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	cr_assert_eq(bind(ls, (struct sockaddr *)&a, sizeof a), 0);
-	cr_assert_eq(listen(ls, 4), 0);
-	socklen_t l = sizeof a;
-	getsockname(ls, (struct sockaddr *)&a, &l);
-	int cs = socket(AF_INET, SOCK_STREAM, 0);
-	cr_assert_eq(connect(cs, (struct sockaddr *)&a, sizeof a), 0);
-	int ss = accept(ls, NULL, NULL);
+	int ls, cs, ss;
+	tcp_pair(&ls, &cs, &ss);
 	struct dgv_conn_req *req;
 	cr_assert_eq(dgv_conn_req_adopt(S.ctx, ss, NULL, &S, &req), 0);
 	/* nothing comes: a timeout, the request still the caller's */
