@@ -463,6 +463,15 @@ static void wake_tcp(void)
 
 static void test_close_blocked(bool preload)
 {
+#if defined(__SANITIZE_THREAD__)
+	if (!preload) {
+		/* natively a close under a blocked recv is the kernel's business, and ThreadSanitizer
+		 * (which takes a descriptor for a synchronisation object) reports it as a race: the
+		 * case is the shim's, run preloaded */
+		printf("tsanthreads: close while blocked: not run natively in the ThreadSanitizer build\n");
+		return;
+	}
+#endif
 	/* UDP: carried once a datagram crossed (framed under the shim) */
 	cu_port = port0 + 4;
 	int u = udp_bound(cu_port);

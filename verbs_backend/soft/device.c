@@ -87,7 +87,7 @@ static void tick_cb(struct ev_loop *loop, ev_timer *w, int revents)
 		bool held = __atomic_load_n(&qp->rx_hold, __ATOMIC_RELAXED);
 		if (!app_active && !held && !qp->io_on) {
 			ev_io_start(loop, &qp->io);
-			qp->io_on = true;
+			qp->io_on = qp->io_used = true;
 		} else if ((app_active || held) && qp->io_on) {
 			ev_io_stop(loop, &qp->io);
 			qp->io_on = false;
@@ -142,7 +142,7 @@ void soft_ctx_add_qp(struct soft_ctx *ctx, struct soft_qp *qp)
 	qp->io_on = false;
 	if (ctx->thread_running && ctx->progress == DGV_PROGRESS_THREAD) {
 		ev_io_start(ctx->loop, &qp->io);
-		qp->io_on = true;
+		qp->io_on = qp->io_used = true;
 		ev_async_send(ctx->loop, &ctx->wake);
 	}
 	pthread_mutex_unlock(&ctx->loop_lock);
@@ -159,7 +159,10 @@ void soft_ctx_remove_qp(struct soft_ctx *ctx, struct soft_qp *qp)
 	/* an accepted RC QP's descriptor was watched by libev before the QP had a watcher of its
 	 * own: its connection request's, stopped but still in libev's epoll set (ThreadSanitizer:
 	 * libev's epoll_ctl on it against the caller's close) */
-	if ((!qp->io_on && !(qp->rc && soft_rc_fd_watched(qp))) || !ctx->loop) {
+	/* io_used, not io_on: a watcher the tick stopped (the program was active) left the
+	 * descriptor in libev's epoll set, which libev touches again lazily (ThreadSanitizer:
+	 * libev's epoll_ctl against the close of a SIPp -t tn connection's duplicate) */
+	if ((!qp->io_used && !(qp->rc && soft_rc_fd_watched(qp))) || !ctx->loop) {
 		pthread_mutex_unlock(&ctx->loop_lock);
 		return;
 	}

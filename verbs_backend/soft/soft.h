@@ -269,6 +269,7 @@ struct soft_qp {
 	uint32_t quiet_ticks;       /* loop thread: ticks since app_polls last moved */
 	atomic_int app_waiting;     /* application blocked in cq_wait on this QP's socket */
 	bool io_on;                 /* libev io watcher started (loop thread only) */
+	bool io_used;               /* it was started once: libev may hold its descriptor (lazily) */
 	ev_io io;
 	bool pump_blocked;          /* UDP socket full: need POLLOUT (stored atomically: read unlocked) */
 	bool tx_test_block;         /* qp.c soft_qp_test_block_tx (tests): sends find the socket full */
