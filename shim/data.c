@@ -495,8 +495,7 @@ static ssize_t send_plain(struct sock *s, int fd, const struct iovec *iov, int i
 		ssize_t r = real.sendmsg(fd, &m, flags | MSG_DONTWAIT);
 		if (r >= 0) {
 			pthread_mutex_lock(&s->lock);
-			if (likely(!sock_gone(s))) /* else its counters went with the close */
-				s->st->tx_plain++, s->st->tx_plain_bytes += (uint64_t)r;
+			s->st->tx_plain++, s->st->tx_plain_bytes += (uint64_t)r; /* after a close: own_st */
 			pthread_mutex_unlock(&s->lock);
 			return r;
 		}

@@ -819,9 +819,16 @@ static void connect_failed(struct stream *t, int e, const char *why)
 /* Writes "stay plain" (a struct stream_rv with port 0 and nothing named) on a device stream's
  * TCP connection: from the server instead of its rendezvous, from the client when it cannot
  * reach the listener named there. Returns whether all of it went. */
+/* "Stay plain": a struct stream_rv naming nothing (wire.h), on TCP or as a Reject's private
+ * data. */
+static struct stream_rv stay_rv(void)
+{
+	return (struct stream_rv){.magic = htobe32(STREAM_RV_MAGIC)};
+}
+
 static bool stay_plain_send(int fd)
 {
-	const struct stream_rv stay = {.magic = htobe32(STREAM_RV_MAGIC)};
+	const struct stream_rv stay = stay_rv();
 	return real.send(fd, &stay, sizeof stay, MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)sizeof stay;
 }
 
@@ -1358,8 +1365,8 @@ int stream_listen(struct sock *s, int fd, int backlog)
  * Reply could not be given: the stream is dead as before). Needs ns->lock. */
 static int refuse_plain(struct sock *ns, struct stream *t, int nfd, struct dgv_conn_req *req, int cause)
 {
-	const struct stream_rv stay = {.magic = htobe32(STREAM_RV_MAGIC)};
-	int rc = -EOPNOTSUPP;
+	const struct stream_rv stay = stay_rv();
+	int rc = -EOPNOTSUPP; /* no provider context to adopt the request with */
 	if (!req && G.host.ctx)
 		rc = dgv_conn_req_adopt(G.host.ctx, nfd, NULL, ns, &req);
 	if (req) {
