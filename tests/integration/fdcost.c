@@ -322,12 +322,21 @@ static int one_client(int srv, const struct sockaddr_in *sa, int i)
 	struct sockaddr_in from;
 	socklen_t fl = sizeof from;
 	int r = 0;
+	struct timespec t0, t1;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
 	/* srv -1: another process serves */
 	if (sendto(c, b, sizeof b, 0, (const struct sockaddr *)sa, sizeof *sa) != sizeof b ||
 	    (srv >= 0 && (recvfrom(srv, b, sizeof b, 0, (struct sockaddr *)&from, &fl) != sizeof b ||
 			  sendto(srv, b, sizeof b, 0, (struct sockaddr *)&from, fl) != sizeof b)) ||
 	    recv(c, b, sizeof b, 0) != sizeof b) {
-		FAIL("destination #%d: %s", i, strerror(errno));
+		int e = errno;
+		struct sockaddr_in me;
+		socklen_t ml = sizeof me;
+		getsockname(c, (struct sockaddr *)&me, &ml);
+		clock_gettime(CLOCK_MONOTONIC, &t1);
+		/* the port and the time say which datagram to look for in the shim's log */
+		FAIL("destination #%d (port %u): %s after %.3f s", i, ntohs(me.sin_port), strerror(e),
+		     (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9);
 		r = -1;
 	}
 	close(c);

@@ -1092,6 +1092,14 @@ static uint32_t rx_data(struct rd_ep *ep, uint32_t i, const union dgv_sockaddr *
 			send_rst(ep, from, fromlen, epoch);
 			return i;
 		}
+		/* A new epoch from a peer that acks nothing of ours knows nothing of our epoch: a
+		 * new socket on a port we talked to (a server's next short-lived client). Our next
+		 * datagram, past our epoch's start, would have it adopt our epoch mid-way and wait
+		 * for what came before: retries and acks behind ours for seconds, then a reset. With
+		 * nothing of ours in flight, a new epoch costs nothing. A peer that renewed only
+		 * its own epoch still acks ours (RD_FLAG_ACK): no cascade of renewals. */
+		if (p->rx_valid && !(h->flags & RD_FLAG_ACK) && !p->inflight && p->snd_nxt != rd_isn)
+			tx_reset(ep, p, 0);
 		rx_adopt(ep, p, epoch);
 	}
 
