@@ -52,8 +52,9 @@ int consume_cq(struct sock *s)
 				}
 				bool framed = w->opcode == DGV_WC_RECV;
 				struct pend *p = &s->pend[(s->pend_head + s->pend_n++) % SHIM_RX_SLOTS];
-				p->slot = idx, p->len = w->byte_len, p->framed = framed, p->peeked = false;
-				p->src = w->src, p->srclen = w->src_len;
+				p->slot = (uint8_t)idx, p->len = w->byte_len, p->framed = framed, p->peeked = false;
+				struct rx_head *h = rx_head(s, idx);
+				h->src = w->src, h->srclen = w->src_len;
 				if (framed)
 					s->st->rx_framed++, s->st->rx_framed_bytes += w->byte_len;
 				else
@@ -91,21 +92,6 @@ int consume_cq(struct sock *s)
 			break;
 	}
 	return got;
-}
-
-/* Reposts free receive slots. Needs s->lock. */
-static void repost(struct sock *s)
-{
-	while (s->qp && s->rx_free_n) {
-		uint32_t slot = s->rx_free[--s->rx_free_n];
-		struct dgv_sge sge = {(uint64_t)(uintptr_t)(s->rx_area + (size_t)slot * SHIM_SLOT),
-				      SHIM_SLOT, s->rx_mr->lkey};
-		struct dgv_recv_wr wr = {.wr_id = slot, .sg_list = &sge, .num_sge = 1}, *bad;
-		if (dgv_post_recv(s->qp, &wr, &bad)) {
-			s->rx_free[s->rx_free_n++] = (uint16_t)slot;
-			break;
-		}
-	}
 }
 
 /* Waits for the socket to have something for `events` (POLLIN: a completion or a datagram
@@ -224,7 +210,7 @@ void sock_drop_peeked(struct sock *s)
 	s->rx_free[s->rx_free_n++] = (uint16_t)s->pend[s->pend_head].slot;
 	s->pend_head = (s->pend_head + 1) % SHIM_RX_SLOTS;
 	s->pend_n--;
-	repost(s);
+	sock_post_rx(s);
 }
 
 /* The datagram carried over from the parent (sock.h `carry`). Needs s->lock. */
@@ -309,11 +295,12 @@ static ssize_t dgram_recv(struct sock *s, int fd, const struct iovec *iov, int i
 		}
 	}
 	struct pend *p = &s->pend[s->pend_head];
-	rc = deliver(s->rx_area + (size_t)p->slot * SHIM_SLOT, p->len, p->len, iov, iovcnt, flags, mflags);
+	rc = deliver(rx_data(s, p->slot), p->len, p->len, iov, iovcnt, flags, mflags);
 	if (src && srclen) {
-		socklen_t c = *srclen < p->srclen ? *srclen : p->srclen;
-		memcpy(src, &p->src, c);
-		*srclen = p->srclen;
+		const struct rx_head *h = rx_head(s, p->slot);
+		socklen_t c = *srclen < h->srclen ? *srclen : h->srclen;
+		memcpy(src, &h->src, c);
+		*srclen = h->srclen;
 	}
 	if (flags & MSG_PEEK) {
 		p->peeked = true;
@@ -322,7 +309,7 @@ static ssize_t dgram_recv(struct sock *s, int fd, const struct iovec *iov, int i
 		s->rx_free[s->rx_free_n++] = (uint16_t)p->slot;
 		s->pend_head = (s->pend_head + 1) % SHIM_RX_SLOTS;
 		s->pend_n--;
-		repost(s);
+		sock_post_rx(s);
 	}
 	if ((++s->ops & 255) == 0)
 		stats_pull(s);

@@ -697,13 +697,11 @@ void sock_put(struct sock *s)
 
 static void registry_set(struct sock *s, int fd);
 
-/* Posts every free receive slot. Needs s->lock. */
-static void post_free_slots(struct sock *s)
+void sock_post_rx(struct sock *s)
 {
-	while (s->rx_free_n) {
+	while (s->qp && s->rx_free_n) {
 		uint32_t slot = s->rx_free[--s->rx_free_n];
-		struct dgv_sge sge = {(uint64_t)(uintptr_t)(s->rx_area + (size_t)slot * SHIM_SLOT),
-				      SHIM_SLOT, s->rx_mr->lkey};
+		struct dgv_sge sge = {(uint64_t)(uintptr_t)rx_data(s, slot), SHIM_SLOT, s->rx_mr->lkey};
 		struct dgv_recv_wr wr = {.wr_id = slot, .sg_list = &sge, .num_sge = 1}, *bad;
 		if (dgv_post_recv(s->qp, &wr, &bad)) {
 			s->rx_free[s->rx_free_n++] = slot;
@@ -754,7 +752,7 @@ int qp_setup(struct sock *s, int fd)
 	}
 retry:
 	if (!s->rx_area) {
-		s->rx_area = pages((size_t)SHIM_RX_SLOTS * SHIM_SLOT);
+		s->rx_area = pages((size_t)SHIM_RX_SLOTS * SHIM_RX_STRIDE);
 		s->tx_area = pages((size_t)SHIM_TX_SLOTS * SHIM_SLOT);
 		if (!s->rx_area || !s->tx_area) {
 			rc = -ENOMEM;
@@ -768,7 +766,7 @@ retry:
 			s->tx_free[s->tx_free_n++] = (uint16_t)i;
 	}
 	if (!s->rx_mr &&
-	    ((rc = dgv_reg_mr(sock_pd(s), s->rx_area, (size_t)SHIM_RX_SLOTS * SHIM_SLOT, DGV_ACCESS_LOCAL_WRITE,
+	    ((rc = dgv_reg_mr(sock_pd(s), s->rx_area, (size_t)SHIM_RX_SLOTS * SHIM_RX_STRIDE, DGV_ACCESS_LOCAL_WRITE,
 			      &s->rx_mr)) ||
 	     (rc = dgv_reg_mr(sock_pd(s), s->tx_area, (size_t)SHIM_TX_SLOTS * SHIM_SLOT, 0, &s->tx_mr))))
 		goto dev_fail;
@@ -818,7 +816,7 @@ retry:
 		}
 		__atomic_store_n(&s->cq_fd, true, __ATOMIC_RELAXED);
 	}
-	post_free_slots(s);
+	sock_post_rx(s);
 	/* One datagram off the kernel socket per look: a socket shared with another process leaves
 	 * it the rest, and one with no CQ eventfd must not hide datagrams from its other threads
 	 * (read ahead into the socket's queue, they would not wake a thread asleep in poll or
@@ -904,7 +902,7 @@ void qp_teardown(struct sock *s, bool all)
 	if (s->tx_mr)
 		dgv_dereg_mr(s->tx_mr), s->tx_mr = NULL;
 	if (s->rx_area)
-		munmap(s->rx_area, (size_t)SHIM_RX_SLOTS * SHIM_SLOT), s->rx_area = NULL;
+		munmap(s->rx_area, (size_t)SHIM_RX_SLOTS * SHIM_RX_STRIDE), s->rx_area = NULL;
 	if (s->tx_area)
 		munmap(s->tx_area, (size_t)SHIM_TX_SLOTS * SHIM_SLOT), s->tx_area = NULL;
 }
@@ -921,10 +919,10 @@ void sock_reset_after_fork(struct sock *s)
 	if (!sock_is_stream(s) && s->pend_n && s->pend[s->pend_head].peeked && s->rx_area && !s->carry) {
 		struct pend *p = &s->pend[s->pend_head];
 		if ((s->carry = malloc(p->len ? p->len : 1))) {
-			memcpy(s->carry, s->rx_area + (size_t)p->slot * SHIM_SLOT, p->len);
+			memcpy(s->carry, rx_data(s, p->slot), p->len);
 			s->carry_len = p->len;
-			s->carry_src = p->src;
-			s->carry_srclen = p->srclen;
+			s->carry_src = rx_head(s, p->slot)->src;
+			s->carry_srclen = rx_head(s, p->slot)->srclen;
 		}
 	}
 	__atomic_store_n(&s->cq_fd, false, __ATOMIC_RELAXED);
@@ -935,7 +933,7 @@ void sock_reset_after_fork(struct sock *s)
 	s->rx_free_n = 0, s->tx_free_n = 0; /* qp_setup fills them with the new areas */
 	if (s->rx_area) {
 		/* the copied areas are ours; register them with the child's context later */
-		munmap(s->rx_area, (size_t)SHIM_RX_SLOTS * SHIM_SLOT);
+		munmap(s->rx_area, (size_t)SHIM_RX_SLOTS * SHIM_RX_STRIDE);
 		munmap(s->tx_area, (size_t)SHIM_TX_SLOTS * SHIM_SLOT);
 		s->rx_area = s->tx_area = NULL;
 	}

@@ -62,15 +62,26 @@ static inline const char *dev_res_hint(const struct shim_pv *pv, int rc)
  * or SVC_UDV: UD on an RDMA device (reached through the device, by SIDR, not kernel UDP). */
 enum { SVC_UDV = 0x100 };
 
-/* A received datagram waiting for the program. */
+/* A received datagram waiting for the program: its bytes and its source are in its receive
+ * slot (rx_data, rx_head). */
 struct pend {
-	uint32_t slot;
 	uint32_t len;
+	uint8_t slot;
 	bool framed;
 	bool peeked;                  /* the program saw it with MSG_PEEK: a forked child gets it */
+};
+_Static_assert(SHIM_RX_SLOTS <= 256, "struct pend's slot is a byte");
+
+/* A receive slot starts with the datagram's source, SHIM_RX_HEAD bytes before where the
+ * provider places the datagram: in the page the datagram's first bytes write anyway. Kept in
+ * struct sock, the sources were 1.4 kB of every socket's resident memory (issue 14). */
+struct rx_head {
 	socklen_t srclen;
 	union dgv_sockaddr src;
 };
+#define SHIM_RX_HEAD 64u
+#define SHIM_RX_STRIDE (SHIM_SLOT + SHIM_RX_HEAD)
+_Static_assert(sizeof(struct rx_head) <= SHIM_RX_HEAD, "a receive slot's head holds the source");
 
 struct zc_ent {
 	uintptr_t start, end;
@@ -158,6 +169,16 @@ struct sock {
 	uint64_t base_crc, base_lost, base_rexmit, base_wtx, base_wrx, base_rej;
 };
 
+/* Receive slot `slot` of s: where the provider places its datagram, and its head. */
+static inline uint8_t *rx_data(const struct sock *s, uint32_t slot)
+{
+	return s->rx_area + (size_t)slot * SHIM_RX_STRIDE + SHIM_RX_HEAD;
+}
+static inline struct rx_head *rx_head(const struct sock *s, uint32_t slot)
+{
+	return (struct rx_head *)(void *)(s->rx_area + (size_t)slot * SHIM_RX_STRIDE);
+}
+
 /* The descriptor a wait on s watches for its completions: its CQ's eventfd, or -1 when it has
  * none (its completions are made in the program's own calls: the socket's readiness serves).
  * Needs s->lock. */
@@ -195,6 +216,8 @@ static inline bool sock_gone(struct sock *s)
 /* 1 if the kernel socket behind fd has a port (bound or autobound). */
 int sock_is_bound(int fd);
 int qp_setup(struct sock *s, int fd);
+/* Posts every free receive slot of s's QP (none without one). Needs s->lock. */
+void sock_post_rx(struct sock *s);
 void qp_teardown(struct sock *s, bool all);
 void sock_reset_after_fork(struct sock *s);
 void stats_pull(struct sock *s);
