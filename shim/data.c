@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/mman.h>
 
 #include "log.h"
 #include "rules.h"
@@ -230,6 +231,89 @@ static ssize_t recv_carry(struct sock *s, const struct iovec *iov, int iovcnt, i
 	return rc;
 }
 
+/* The calling thread's buffer for rx_direct: a receive that waits in the kernel writes there,
+ * not into the socket's memory, which another thread's close may unmap meanwhile. 64 KiB
+ * mapped per thread that ever waited so (touched as far as datagrams reach), unmapped when the
+ * thread exits. NULL when it cannot be had: the caller waits the other way. */
+static pthread_key_t rxbuf_key;
+static pthread_once_t rxbuf_once = PTHREAD_ONCE_INIT;
+static bool rxbuf_key_ok;
+static __thread uint8_t *rxbuf;
+
+static void rxbuf_free(void *p) { munmap(p, SHIM_SLOT); }
+static void rxbuf_key_make(void) { rxbuf_key_ok = pthread_key_create(&rxbuf_key, rxbuf_free) == 0; }
+
+static uint8_t *rxbuf_get(void)
+{
+	if (likely(rxbuf != NULL))
+		return rxbuf;
+	pthread_once(&rxbuf_once, rxbuf_key_make);
+	if (!rxbuf_key_ok)
+		return NULL;
+	void *p = shim_pages(SHIM_SLOT);
+	if (!p)
+		return NULL;
+	if (pthread_setspecific(rxbuf_key, p)) {
+		munmap(p, SHIM_SLOT);
+		return NULL;
+	}
+	return rxbuf = p;
+}
+
+/* Whether a blocking receive on s may wait in the kernel's own recvfrom (rx_direct): a UD queue
+ * pair on the program's socket whose completions are all made in the program's calls (no CQ
+ * eventfd to watch), not shared with another process, every receive slot posted (the QP takes
+ * no more datagrams than it has receives), and the thread's buffer at hand. Needs s->lock. */
+static bool rx_direct_ok(const struct sock *s)
+{
+	return s->qp && s->qp_type == DGV_QPT_UD && !s->cq_fd && !s->shared && !s->rx_free_n &&
+	       sock_can(s, DGV_CAP_ADOPT_FD) && sock_can(s, DGV_CAP_RX_FEED) && rxbuf_get();
+}
+
+/* A blocking receive's wait as the kernel's own: one recvfrom on the program's socket, which
+ * sleeps until a datagram comes (SO_RCVTIMEO, signals and cancellation are the kernel's and
+ * libc's, as natively), into the thread's buffer; the datagram then goes to the QP
+ * (dgv_qp_rx_feed), which places it into a posted receive as if it had read it. Natively a
+ * receive that waits is one system call; a look that found nothing, a poll and then a read
+ * made it three. One datagram per call, as the QP reads such a socket (rx_cap 1): what stays
+ * in the kernel wakes the program's other threads asleep on the socket.
+ * Called with s->lock held (rx_direct_ok), returns with it held. Returns -ENOMSG (given to the
+ * QP: look at the completions), or what the program's receive returns: -EAGAIN (the socket's
+ * timeout), -EINTR, -EBADF (closed meanwhile), another -errno, or the datagram's length when
+ * the QP went away meanwhile (a mode change) and the datagram was delivered here as read. */
+static ssize_t rx_direct(struct sock *s, int fd, const struct iovec *iov, int iovcnt, int flags,
+			 struct sockaddr *src, socklen_t *srclen, int *mflags)
+{
+	uint8_t *d = rxbuf;
+	union dgv_sockaddr from;
+	socklen_t fl = sizeof from;
+	pthread_mutex_unlock(&s->lock);
+	int c = shim_cancel_open();
+	/* MSG_TRUNC: the real length, so the QP drops what exceeds its buffer as when it reads */
+	ssize_t n = real.recvfrom(fd, d, SHIM_SLOT, MSG_TRUNC, &from.sa, &fl);
+	shim_cancel_close(c);
+	int e = errno;
+	pthread_mutex_lock(&s->lock);
+	if (n < 0)
+		return -e;
+	if (unlikely(sock_gone(s)))
+		return -EBADF; /* closed by another thread meanwhile: torn down */
+	if (unlikely(s->gen != G.gen))
+		sock_reset_after_fork(s);
+	if (s->qp && dgv_qp_rx_feed(s->qp, d, (size_t)n, &from.sa, fl) == 0)
+		return -ENOMSG;
+	/* no QP now: the datagram is the program's as the kernel gave it */
+	uint32_t len = (size_t)n < SHIM_SLOT ? (uint32_t)n : SHIM_SLOT;
+	ssize_t rc = deliver(d, len, (uint32_t)n, iov, iovcnt, flags, mflags);
+	if (src && srclen) {
+		socklen_t cl = *srclen < fl ? *srclen : fl;
+		memcpy(src, &from, cl);
+		*srclen = fl;
+	}
+	s->st->rx_plain++, s->st->rx_plain_bytes += len;
+	return rc;
+}
+
 static ssize_t dgram_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt, int flags,
 			  struct sockaddr *src, socklen_t *srclen, int *mflags)
 {
@@ -258,9 +342,14 @@ static ssize_t dgram_recv(struct sock *s, int fd, const struct iovec *iov, int i
 		if (rc != -ENOMSG)
 			goto out;
 	}
+	bool fed = false;
 	for (;;) {
-		if (!s->pend_n)
+		/* a blocking receive reads straight into the kernel's wait (rx_direct), which
+		 * costs what a look would when a datagram is there; a datagram it read is looked
+		 * for in the completions next */
+		if (!s->pend_n && (nb || fed || !rx_direct_ok(s)))
 			consume_cq(s);
+		fed = false;
 		if (s->pend_n)
 			break;
 		if (s->shut_rd) {
@@ -282,6 +371,14 @@ static ssize_t dgram_recv(struct sock *s, int fd, const struct iovec *iov, int i
 		}
 		if (nb) {
 			rc = -EAGAIN;
+			goto out;
+		}
+		if (rx_direct_ok(s)) {
+			rc = rx_direct(s, fd, iov, iovcnt, flags, src, srclen, mflags);
+			if (rc == -ENOMSG) {
+				fed = true;
+				continue;
+			}
 			goto out;
 		}
 		int w = wait_sock(s, fd, POLLIN, &timeout);

@@ -11,6 +11,7 @@
 #ifndef DGSHIM_SHIM_H
 #define DGSHIM_SHIM_H
 
+#include <errno.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -101,6 +102,29 @@ void shim_real_init(void);
 extern __thread int shim_depth __attribute__((tls_model("initial-exec")));
 /* The program's cancel state on entry to a data call (see DENTER in interpose.c). */
 extern __thread int shim_cancel_prev __attribute__((tls_model("initial-exec")));
+
+/* Around a blocking system call made for the program with no lock held: a blocking socket call
+ * is a cancellation point, so cancellation is let through there when the program's thread
+ * allows it, with the depth at 0 (a cancelled thread's handlers call libc as the program).
+ * shim_cancel_open returns what shim_cancel_close needs; close keeps errno. */
+static inline int shim_cancel_open(void)
+{
+	if (shim_cancel_prev != PTHREAD_CANCEL_ENABLE)
+		return -1;
+	int depth = shim_depth;
+	pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, NULL);
+	shim_depth = 0;
+	return depth;
+}
+static inline void shim_cancel_close(int depth)
+{
+	if (depth < 0)
+		return;
+	int e = errno;
+	shim_depth = depth;
+	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
+	errno = e;
+}
 
 /* sec seconds plus extra_ms milliseconds as a poll timeout in milliseconds, at most INT32_MAX
  * for any sec (a program's "forever" may be LLONG_MAX seconds), 0 for a negative sec. */

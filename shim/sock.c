@@ -50,20 +50,9 @@ int shim_nap(struct pollfd *p, nfds_t n, int *timeout_ms)
 {
 	uint64_t t0 = *timeout_ms > 0 ? shim_now_us() : 0;
 	int ms = *timeout_ms < 0 || *timeout_ms > 200 ? 200 : *timeout_ms;
-	int r;
-	if (shim_cancel_prev == PTHREAD_CANCEL_ENABLE) {
-		/* a blocking socket call is a cancellation point; no lock is held here */
-		int depth = shim_depth;
-		pthread_setcancelstate(PTHREAD_CANCEL_ENABLE, NULL);
-		shim_depth = 0; /* a cancelled thread's handlers call libc as the program */
-		r = real.poll(p, n, ms);
-		int e = errno;
-		shim_depth = depth;
-		pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
-		errno = e;
-	} else {
-		r = real.poll(p, n, ms);
-	}
+	int c = shim_cancel_open();
+	int r = real.poll(p, n, ms);
+	shim_cancel_close(c);
 	if (r < 0 && errno == EINTR)
 		return -EINTR;
 	if (*timeout_ms > 0) {
@@ -75,7 +64,7 @@ int shim_nap(struct pollfd *p, nfds_t n, int *timeout_ms)
 	return 0;
 }
 
-static void *pages(size_t n)
+void *shim_pages(size_t n)
 {
 	void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	return p == MAP_FAILED ? NULL : p;
@@ -752,8 +741,8 @@ int qp_setup(struct sock *s, int fd)
 	}
 retry:
 	if (!s->rx_area) {
-		s->rx_area = pages((size_t)SHIM_RX_SLOTS * SHIM_RX_STRIDE);
-		s->tx_area = pages((size_t)SHIM_TX_SLOTS * SHIM_SLOT);
+		s->rx_area = shim_pages((size_t)SHIM_RX_SLOTS * SHIM_RX_STRIDE);
+		s->tx_area = shim_pages((size_t)SHIM_TX_SLOTS * SHIM_SLOT);
 		if (!s->rx_area || !s->tx_area) {
 			rc = -ENOMEM;
 			goto fail;

@@ -197,6 +197,9 @@ int dgram_shutdown(struct sock *s, int fd, int how);
 int dgram_setopt(struct sock *s, int fd, int level, int name, const void *v, socklen_t l);
 
 uint64_t shim_now_us(void);
+/* n bytes of fresh zeroed pages, resident only as far as they are written (munmap them), or
+ * NULL. */
+void *shim_pages(size_t n);
 /* A detached thread of the shim's, with every signal blocked (the program's are not ours).
  * Returns 0 or -errno. */
 int shim_thread(void *(*fn)(void *), void *arg);

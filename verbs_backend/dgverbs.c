@@ -264,6 +264,14 @@ int dgv_qp_set_rx_cap(struct dgv_qp *qp, unsigned n)
 	return qp->ctx->ops->set_rx_cap ? qp->ctx->ops->set_rx_cap(qp, n) : -EOPNOTSUPP;
 }
 
+int dgv_qp_rx_feed(struct dgv_qp *qp, void *dgram, size_t len, const struct sockaddr *src,
+		   socklen_t srclen)
+{
+	if (!qp || (!dgram && len) || !src || !srclen || srclen > sizeof(union dgv_sockaddr))
+		return -EINVAL;
+	return qp->ctx->ops->qp_rx_feed ? qp->ctx->ops->qp_rx_feed(qp, dgram, len, src, srclen) : -EOPNOTSUPP;
+}
+
 int dgv_qp_peer_gone(struct dgv_qp *qp, const struct sockaddr *to, socklen_t tolen)
 {
 	if (!qp || !to || !tolen)

@@ -103,6 +103,9 @@ enum dgv_cap_flag {
 	DGV_CAP_DGRAM_READ = 1u << 8,
 	/* DGV_SEND_INLINE on UD QPs */
 	DGV_CAP_SEND_INLINE = 1u << 9,
+	/* dgv_qp_rx_feed: the caller may read a datagram off an adopted socket itself (a
+	 * blocking read, the kernel's own wait) and hand it to the QP */
+	DGV_CAP_RX_FEED = 1u << 10,
 };
 
 struct dgv_caps {
@@ -636,6 +639,17 @@ int dgv_qp_set_rx_cap(struct dgv_qp *qp, unsigned n);
  * none is in flight. Returns 0, -EINVAL, -EOPNOTSUPP (not RD, or no such knob).
  */
 int dgv_qp_peer_gone(struct dgv_qp *qp, const struct sockaddr *to, socklen_t tolen);
+
+/*
+ * One datagram the caller read itself from the socket of a queue pair that adopted it
+ * (DGV_CAP_RX_FEED), processed as if the QP had read it (its bytes may be changed): decoded and placed into a posted
+ * receive (or, plain, passed up; or dropped and counted). So a program's blocking receive can
+ * wait in the kernel's own recvfrom (one system call, the kernel's timeouts and signals)
+ * instead of polling the socket and then reading it. The caller must not read more datagrams
+ * than the QP has posted receives (rx_hold). Returns 0, -EINVAL, -EOPNOTSUPP.
+ */
+int dgv_qp_rx_feed(struct dgv_qp *qp, void *dgram, size_t len, const struct sockaddr *src,
+		   socklen_t srclen);
 
 #ifdef __cplusplus
 }

@@ -64,6 +64,9 @@ struct dgv_ops {
 	int (*set_rx_cap)(struct dgv_qp *qp, unsigned n);
 	/* optional (NULL: -EOPNOTSUPP): dgv_qp_peer_gone */
 	int (*qp_peer_gone)(struct dgv_qp *qp, const struct sockaddr *to, socklen_t tolen);
+	/* optional (NULL: -EOPNOTSUPP): dgv_qp_rx_feed */
+	int (*qp_rx_feed)(struct dgv_qp *qp, void *dgram, size_t len, const struct sockaddr *src,
+			  socklen_t srclen);
 	/* connections (RC); NULL in a backend without them: the front end returns -EOPNOTSUPP */
 	int (*cm_create_channel)(struct dgv_context *ctx, struct dgv_cm_channel **out);
 	/* optional (NULL: -EOPNOTSUPP): dgv_cm_create_channel_on_cq */

@@ -306,6 +306,7 @@ static const struct dgv_ops soft_ops = {
 	.peek = soft_peek,
 	.set_rx_cap = soft_set_rx_cap,
 	.qp_peer_gone = soft_qp_peer_gone,
+	.qp_rx_feed = soft_qp_rx_feed,
 	.cm_create_channel = soft_cm_create_channel,
 	.cm_create_channel_on_cq = soft_cm_create_channel_on_cq,
 	.cm_destroy_channel = soft_cm_destroy_channel,
@@ -390,7 +391,7 @@ int dgv_soft_open(const struct dgv_context_attr *attr, struct dgv_context **out)
 		.qp_types = 1u << DGV_QPT_UD | 1u << DGV_QPT_RD | 1u << DGV_QPT_RC,
 		.max_msg_size = 16u << 20, /* a message segments into datagrams (qp.c DEFAULT_MAX_MSG) */
 		.flags = DGV_CAP_ADOPT_FD | DGV_CAP_PEEK | DGV_CAP_BACKGROUND | DGV_CAP_DGRAM_READ |
-			 DGV_CAP_SEND_INLINE,
+			 DGV_CAP_SEND_INLINE | DGV_CAP_RX_FEED,
 	};
 	ctx->progress = attr ? attr->progress : DGV_PROGRESS_AUTO;
 	ctx->loop_epfd = -1;

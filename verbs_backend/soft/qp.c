@@ -1787,6 +1787,16 @@ int soft_qp_progress(struct soft_qp *qp, bool from_app, bool block)
 	return n;
 }
 
+/* What follows received datagrams outside a drain: RD's refused segments may go now, and
+ * the send queue's Read Responses and pumped sends. Needs qp->lock. */
+static void after_rx_locked(struct soft_qp *qp)
+{
+	if (qp->rd)
+		rd_kick(qp->rd);
+	if (qp->sq_pump != qp->sq_tail || qp->ird_count)
+		pump(qp);
+}
+
 /* Test hook, declared by tests/unit/test_verbs.c (not part of soft.h): on, the QP's
  * single-datagram sends find its socket full (-EAGAIN), as a kernel send buffer with no room
  * makes them, so that tests reach what a post leaves queued. */
@@ -1812,11 +1822,32 @@ void soft_qp_test_rx(struct dgv_qp *qpb, uint8_t *buf, size_t len, const union d
 	pthread_mutex_lock(&qp->lock);
 	qp->now_us = 0;
 	rx_datagram(qp, buf, len, from, fromlen);
-	if (qp->rd)
-		rd_kick(qp->rd);
-	if (qp->sq_pump != qp->sq_tail || qp->ird_count)
-		pump(qp);
+	after_rx_locked(qp);
 	pthread_mutex_unlock(&qp->lock);
+}
+
+int soft_qp_rx_feed(struct dgv_qp *qpb, void *dgram, size_t len, const struct sockaddr *src,
+		    socklen_t srclen)
+{
+	struct soft_qp *qp = to_sqp(qpb);
+	if (qp->rc || qp->own_fd)
+		return -EOPNOTSUPP; /* only a socket the caller may read: the program's own */
+	union dgv_sockaddr from;
+	memset(&from, 0, sizeof from);
+	memcpy(&from, src, srclen < sizeof from ? srclen : sizeof from);
+	pthread_mutex_lock(&qp->lock);
+	qp->now_us = 0;
+	if (len > qp->rxbuf_size) {
+		/* what rx_one drops for the kernel's MSG_TRUNC */
+		qp->st.rx_datagrams++;
+		qp->st.malformed_drops++;
+		DG_DBG("datagram larger than the segment size (%u): dropped", qp->rxbuf_size);
+	} else {
+		rx_piece(qp, dgram, len, &from, srclen);
+		after_rx_locked(qp);
+	}
+	pthread_mutex_unlock(&qp->lock);
+	return 0;
 }
 
 /* ------------------------------------------------------------------ verbs */

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# rxwait.sh BUILD_DIR PORT: a blocking receive on a taken UDP socket waits in the kernel's own
+# recvfrom, as natively: one system call per datagram that had to be waited for (issue 14
+# item 3: the one-core ping-pong's cost was its system calls). udpbench pingpong (blocking
+# sendto/recvfrom) against a preloaded Python echo server that answers each datagram 2 ms late,
+# so every receive of the client must wait; the client runs under strace -c. Natively: one
+# recvfrom per round trip and no poll. Under the shim before: a look that found nothing
+# (recvfrom, EAGAIN), a poll, then the read: 2 receives and 1 poll per round trip. The test
+# wants at most 1.2 receive calls and 0.1 polls per round trip, every round trip carried
+# framed (the exit summaries).
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=lib.sh
+. "$here/lib.sh"
+dg_init rxwait "$1" "$2"
+dg_require_shim
+dg_need strace strace
+ub=$DG_BUILD/apps/udpbench
+[ -x "$ub" ] || dg_fail "$ub not built"
+n=200 warm=10
+
+cat >"$DG_TMP/echo.py" <<'EOF'
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("127.0.0.1", int(sys.argv[1])))
+while True:
+    b, a = s.recvfrom(65536)
+    time.sleep(0.002)  # the client's receive must wait for this answer
+    s.sendto(b, a)
+EOF
+dg_bg "$DG_TMP/srv.log" env "${DG_SHIM_ENV[@]}" python3 "$DG_TMP/echo.py" "$DG_PORT"
+srv=$DG_LAST_PID
+dg_wait_udp "$DG_PORT" 10 "$srv" || { dg_tail "$DG_TMP/srv.log"; dg_fail "the echo server did not bind"; }
+
+# the shim's environment for the traced program only (strace itself runs plain)
+senv=()
+for e in "${DG_SHIM_ENV[@]}"; do senv+=(-E "$e"); done
+timeout -k 5 120 strace -f -qq -c -o "$DG_TMP/strace" -e trace=poll,ppoll,select,pselect6,recvfrom,recvmsg,recvmmsg \
+	"${senv[@]}" "$ub" pingpong 127.0.0.1 "$DG_PORT" -s 64 -n "$n" -w "$warm" >"$DG_TMP/cli.out" 2>"$DG_TMP/cli.err" ||
+	{ dg_tail "$DG_TMP/cli.out"; dg_tail "$DG_TMP/cli.err"; dg_fail "udpbench pingpong failed under the shim"; }
+# carried both ways, else the test says nothing about the shim's receive
+dg_check_framed "client sends" "$DG_TMP/cli.err" tx || dg_fail "the client's datagrams were not carried"
+dg_check_framed "client receives" "$DG_TMP/cli.err" rx || dg_fail "the answers were not carried"
+
+# strace -c's table: "% time seconds usecs/call calls [errors] syscall"
+calls() { awk -v want="$1" '$NF ~ want && $4 ~ /^[0-9]+$/ {s += $4} END {print s + 0}' "$DG_TMP/strace"; }
+rt=$((n + warm))
+rx=$(calls '^(recvfrom|recvmsg|recvmmsg)$')
+po=$(calls '^(poll|ppoll|select|pselect6)$')
+dg_log "$rt round trips each waiting 2 ms for its answer: $rx receive calls, $po polls in the client's process (want <= 1.2 and <= 0.1 per round trip)"
+awk -v x="$rx" -v r="$rt" 'BEGIN {exit !(x <= 1.2 * r)}' ||
+	{ cat "$DG_TMP/strace"; dg_fail "$rx receive calls for $rt round trips: the receive looks before it waits"; }
+awk -v x="$po" -v r="$rt" 'BEGIN {exit !(x <= 0.1 * r)}' ||
+	{ cat "$DG_TMP/strace"; dg_fail "$po polls for $rt round trips: the receive waits in poll, not in recvfrom"; }
+dg_log "PASS"
