@@ -549,6 +549,76 @@ Test(ud, adopted_connected_socket)
 	teardown_pair();
 }
 
+/* dgv_qp_rx_feed: a datagram the caller read itself from an adopted rx_hold socket (a
+ * program's blocking receive, the shim's rx_direct) is decoded and placed as if the QP had read
+ * it; a QP on its own socket refuses (nobody else may read that one); arguments are checked;
+ * what exceeds the QP's buffer is dropped and counted, as when the QP reads it. */
+Test(ud, rx_feed_places_a_datagram_read_by_the_caller)
+{
+	setup_pair(DGV_QPT_UD, NULL, 0);
+	struct dgv_caps caps;
+	cr_assert_eq(dgv_query_caps(ctx, &caps), 0);
+	cr_assert_eq(caps.flags & DGV_CAP_RX_FEED, DGV_CAP_RX_FEED);
+	int fd = socket(AF_INET, SOCK_DGRAM, 0);
+	struct sockaddr_in lo = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	cr_assert_eq(bind(fd, (struct sockaddr *)&lo, sizeof lo), 0);
+	static const struct dgv_fault none;
+	struct dgv_qp_init_attr a = {.qp_type = DGV_QPT_UD, .send_cq = B.cq, .recv_cq = B.cq, .max_send_wr = 16,
+				     .max_recv_wr = 16, .rx_hold = 1, .use_adopt_fd = 1, .adopt_fd = fd,
+				     .fault_tx = &none, .fault_rx = &none};
+	struct dgv_qp *q;
+	cr_assert_eq(dgv_create_qp(pd, &a, &q), 0);
+	struct dgv_sge rs = {(uint64_t)(uintptr_t)B.buf, 65536, B.mr->lkey};
+	struct dgv_recv_wr rw = {.wr_id = 77, .sg_list = &rs, .num_sge = 1};
+	cr_assert_eq(dgv_post_recv(q, &rw, NULL), 0);
+	union dgv_sockaddr to;
+	socklen_t tl = sizeof to.sin;
+	cr_assert_eq(getsockname(fd, &to.sa, &tl), 0);
+	struct dgv_ah *ah;
+	cr_assert_eq(dgv_create_ah(pd, &to.sa, tl, &ah), 0);
+	fill(A.buf, 1000, 4);
+	struct dgv_sge sge = {(uint64_t)(uintptr_t)A.buf, 1000, A.mr->lkey};
+	struct dgv_send_wr wr = {.wr_id = 1, .sg_list = &sge, .num_sge = 1, .opcode = DGV_WR_SEND, .ah = ah};
+	cr_assert_eq(dgv_post_send(A.qp, &wr, NULL), 0);
+	/* the caller's blocking read: the datagram, framed, is not the QP's until fed */
+	static uint8_t d[65536];
+	union dgv_sockaddr from;
+	socklen_t fl = sizeof from;
+	ssize_t n = recvfrom(fd, d, sizeof d, 0, &from.sa, &fl);
+	cr_assert_gt(n, 1000, "one framed datagram: header, payload, CRC");
+	struct dgv_wc wc;
+	cr_assert_eq(dgv_poll_cq(B.cq, 1, &wc), 0, "nothing before the feed (the kernel's buffer is empty)");
+	cr_assert_eq(dgv_qp_rx_feed(q, d, (size_t)n, &from.sa, fl), 0);
+	cr_assert_eq(dgv_poll_cq(B.cq, 1, &wc), 1);
+	cr_assert_eq(wc.wr_id, 77);
+	cr_assert_eq(wc.status, DGV_WC_SUCCESS);
+	cr_assert_eq(wc.opcode, DGV_WC_RECV);
+	cr_assert_eq(wc.byte_len, 1000);
+	cr_assert_eq(memcmp(B.buf, A.buf, 1000), 0);
+	union dgv_sockaddr aa;
+	socklen_t al;
+	cr_assert_eq(dgv_qp_local_addr(A.qp, &aa, &al), 0);
+	cr_assert_eq(wc.src.sin.sin_port, aa.sin.sin_port, "the source the caller read");
+	/* larger than any datagram the QP reads: dropped and counted, no completion */
+	struct dgv_qp_stats st0, st1;
+	cr_assert_eq(dgv_qp_stats(q, &st0), 0);
+	cr_assert_eq(dgv_post_recv(q, &rw, NULL), 0);
+	cr_assert_eq(dgv_qp_rx_feed(q, d, 1u << 20, &from.sa, fl), 0);
+	cr_assert_eq(dgv_qp_stats(q, &st1), 0);
+	cr_assert_eq(st1.malformed_drops, st0.malformed_drops + 1);
+	cr_assert_eq(dgv_poll_cq(B.cq, 1, &wc), 0);
+	/* bad arguments; a QP that reads its own socket */
+	cr_assert_eq(dgv_qp_rx_feed(NULL, d, 10, &from.sa, fl), -EINVAL);
+	cr_assert_eq(dgv_qp_rx_feed(q, d, 10, NULL, fl), -EINVAL);
+	cr_assert_eq(dgv_qp_rx_feed(q, d, 10, &from.sa, 0), -EINVAL);
+	cr_assert_eq(dgv_qp_rx_feed(q, NULL, 10, &from.sa, fl), -EINVAL);
+	cr_assert_eq(dgv_qp_rx_feed(B.qp, d, 10, &from.sa, fl), -EOPNOTSUPP);
+	dgv_destroy_ah(ah);
+	cr_assert_eq(dgv_destroy_qp(q), 0);
+	close(fd);
+	teardown_pair();
+}
+
 /* IPv6 queue pairs and address handles. */
 Test(ud, ipv6_send_and_write_record)
 {
