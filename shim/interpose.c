@@ -499,6 +499,8 @@ static ssize_t recv_one(struct sock *s, int fd, void *buf, size_t len, int flags
 {
 	struct iovec v = {buf, len};
 	int mf = 0;
+	if (flags & MSG_ERRQUEUE)
+		return real.recvfrom(fd, buf, len, flags, from, fromlen); /* as recvmsg's */
 	DENTER();
 	ssize_t r = sock_recv(s, fd, &v, 1, flags, from, fromlen, &mf);
 	DLEAVE();
@@ -612,6 +614,10 @@ SHIM_EXPORT ssize_t recvmsg(int fd, struct msghdr *m, int flags)
 	}
 	if (!m)
 		return ret(-EFAULT);
+	/* the kernel socket's error queue (IP_RECVERR, SO_TIMESTAMPING): never a datagram, never a
+	 * wait; before, a blocking socket waited there for a datagram instead */
+	if (flags & MSG_ERRQUEUE)
+		return real.recvmsg(fd, m, flags);
 	DENTER();
 	ssize_t r = recvmsg_one(s, fd, m, flags);
 	DLEAVE();

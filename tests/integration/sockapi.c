@@ -16,6 +16,7 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <linux/errqueue.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -1119,6 +1120,40 @@ static int test_nonblock(int port)
 	m.msg_iovlen = 1;
 	EXPECT_ERR(recvmsg(b, &m, 0), EAGAIN);
 	CHECK_ELAPSED("recvmsg with SO_RCVTIMEO 200 ms", t0, 190, 1500);
+
+	/* MSG_ERRQUEUE: the kernel socket's error queue, at once even on a blocking socket (the
+	 * shim waited 200 ms there for a datagram, or for ever without a timeout); with
+	 * IP_RECVERR a datagram to a closed port comes back there as ECONNREFUSED */
+	t0 = now_ms();
+	EXPECT_ERR(recvmsg(b, &m, MSG_ERRQUEUE), EAGAIN);
+	CHECK_ELAPSED("recvmsg(MSG_ERRQUEUE) on an empty error queue", t0, 0, 150);
+	int closed = udp_bound(AF_INET, 0, 0);
+	struct sockaddr_in cz;
+	socklen_t czl = sizeof cz;
+	MUST(getsockname(closed, (struct sockaddr *)&cz, &czl));
+	close(closed);
+	EXPECT_RET(setsockopt(b, SOL_IP, IP_RECVERR, &one, sizeof one), 0);
+	EXPECT_RET(sendto(b, buf, 20, 0, (struct sockaddr *)&cz, czl), 20);
+	char ctl[512];
+	int got = -1;
+	for (int k = 0; k < 100 && got < 0; k++) {
+		memset(&m, 0, sizeof m);
+		m.msg_iov = &iov;
+		m.msg_iovlen = 1;
+		m.msg_control = ctl;
+		m.msg_controllen = sizeof ctl;
+		if (recvmsg(b, &m, MSG_ERRQUEUE | MSG_DONTWAIT) >= 0)
+			got = 0;
+		else
+			sleep_ms(10);
+	}
+	CHECK(got == 0, "IP_RECVERR: no error queued for a datagram to a closed port");
+	int ee = 0;
+	for (struct cmsghdr *cm = got ? NULL : CMSG_FIRSTHDR(&m); cm; cm = CMSG_NXTHDR(&m, cm))
+		if (cm->cmsg_level == SOL_IP && cm->cmsg_type == IP_RECVERR)
+			ee = (int)((struct sock_extended_err *)(void *)CMSG_DATA(cm))->ee_errno;
+	CHECK(got || ee == ECONNREFUSED, "IP_RECVERR: the queued error says %s, expected ECONNREFUSED",
+	      en(ee));
 	close(a);
 	close(b);
 	close(c);
