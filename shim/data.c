@@ -165,6 +165,16 @@ static ssize_t deliver(const uint8_t *data, uint32_t n, uint32_t msg_len, const 
 	return (flags & MSG_TRUNC) ? (ssize_t)msg_len : (ssize_t)off;
 }
 
+/* The source a receive reports: as much of from as *srclen holds, *srclen set to its length
+ * (as the kernel does); nothing when the caller asked for none. */
+static void give_src(struct sockaddr *src, socklen_t *srclen, const void *from, socklen_t fl)
+{
+	if (!src || !srclen)
+		return;
+	memcpy(src, from, *srclen < fl ? *srclen : fl);
+	*srclen = fl;
+}
+
 /* MSG_PEEK on a shared socket with nothing of its own queued: the provider looks at the
  * kernel's next datagram without taking it, so the next reader, in whichever process, gets
  * it. Needs s->lock (dropped while waiting). Returns what recv returns, or -ENOMSG when the
@@ -180,11 +190,7 @@ static ssize_t peek_shared(struct sock *s, int fd, const struct iovec *iov, int 
 		struct dgv_peek pk;
 		int r = dgv_peek(s->qp, scratch, SHIM_SLOT, &pk);
 		if (r == 0) {
-			if (src && srclen) {
-				socklen_t c = *srclen < pk.src_len ? *srclen : pk.src_len;
-				memcpy(src, &pk.src, c);
-				*srclen = pk.src_len;
-			}
+			give_src(src, srclen, &pk.src, pk.src_len);
 			return deliver(scratch, pk.copied, pk.msg_len, iov, iovcnt, flags, mflags);
 		}
 		if (r != -EAGAIN)
@@ -219,11 +225,7 @@ static ssize_t recv_carry(struct sock *s, const struct iovec *iov, int iovcnt, i
 			  struct sockaddr *src, socklen_t *srclen, int *mflags)
 {
 	ssize_t rc = deliver(s->carry, s->carry_len, s->carry_len, iov, iovcnt, flags, mflags);
-	if (src && srclen) {
-		socklen_t c = *srclen < s->carry_srclen ? *srclen : s->carry_srclen;
-		memcpy(src, &s->carry_src, c);
-		*srclen = s->carry_srclen;
-	}
+	give_src(src, srclen, &s->carry_src, s->carry_srclen);
 	if (!(flags & MSG_PEEK)) {
 		free(s->carry);
 		s->carry = NULL;
@@ -280,7 +282,8 @@ static bool rx_direct_ok(const struct sock *s)
  * Called with s->lock held (rx_direct_ok), returns with it held. Returns -ENOMSG (given to the
  * QP: look at the completions), or what the program's receive returns: -EAGAIN (the socket's
  * timeout), -EINTR, -EBADF (closed meanwhile), another -errno, or the datagram's length when
- * the QP went away meanwhile (a mode change) and the datagram was delivered here as read. */
+ * the QP went away meanwhile (a mode change) and the datagram was delivered here as read. A
+ * datagram the QP refuses is dropped and counted lost, never handed up raw (it may be framed). */
 static ssize_t rx_direct(struct sock *s, int fd, const struct iovec *iov, int iovcnt, int flags,
 			 struct sockaddr *src, socklen_t *srclen, int *mflags)
 {
@@ -300,16 +303,20 @@ static ssize_t rx_direct(struct sock *s, int fd, const struct iovec *iov, int io
 		return -EBADF; /* closed by another thread meanwhile: torn down */
 	if (unlikely(s->gen != G.gen))
 		sock_reset_after_fork(s);
-	if (s->qp && dgv_qp_rx_feed(s->qp, d, (size_t)n, &from.sa, fl) == 0)
+	if (s->qp) {
+		/* never handed up raw: it may be framed */
+		int r = dgv_qp_rx_feed(s->qp, d, (size_t)n, &from.sa, fl);
+		if (unlikely(r)) {
+			s->st->lost++;
+			DG_WARN("fd %d: a datagram read for the queue pair was refused by it (%s): dropped", fd,
+				strerror(-r));
+		}
 		return -ENOMSG;
-	/* no QP now: the datagram is the program's as the kernel gave it */
+	}
+	/* no QP now (a mode change tore it down): the socket is the kernel's, and so is this */
 	uint32_t len = (size_t)n < SHIM_SLOT ? (uint32_t)n : SHIM_SLOT;
 	ssize_t rc = deliver(d, len, (uint32_t)n, iov, iovcnt, flags, mflags);
-	if (src && srclen) {
-		socklen_t cl = *srclen < fl ? *srclen : fl;
-		memcpy(src, &from, cl);
-		*srclen = fl;
-	}
+	give_src(src, srclen, &from, fl);
 	s->st->rx_plain++, s->st->rx_plain_bytes += len;
 	return rc;
 }
@@ -373,6 +380,7 @@ static ssize_t dgram_recv(struct sock *s, int fd, const struct iovec *iov, int i
 			rc = -EAGAIN;
 			goto out;
 		}
+		/* asked again: a look at the completions may have freed receive slots */
 		if (rx_direct_ok(s)) {
 			rc = rx_direct(s, fd, iov, iovcnt, flags, src, srclen, mflags);
 			if (rc == -ENOMSG) {
@@ -393,12 +401,7 @@ static ssize_t dgram_recv(struct sock *s, int fd, const struct iovec *iov, int i
 	}
 	struct pend *p = &s->pend[s->pend_head];
 	rc = deliver(rx_data(s, p->slot), p->len, p->len, iov, iovcnt, flags, mflags);
-	if (src && srclen) {
-		const struct rx_head *h = rx_head(s, p->slot);
-		socklen_t c = *srclen < h->srclen ? *srclen : h->srclen;
-		memcpy(src, &h->src, c);
-		*srclen = h->srclen;
-	}
+	give_src(src, srclen, &rx_head(s, p->slot)->src, rx_head(s, p->slot)->srclen);
 	if (flags & MSG_PEEK) {
 		p->peeked = true;
 	} else {

@@ -816,9 +816,6 @@ static void connect_failed(struct stream *t, int e, const char *why)
 	t->state = SS_DEAD;
 }
 
-/* Writes "stay plain" (a struct stream_rv with port 0 and nothing named) on a device stream's
- * TCP connection: from the server instead of its rendezvous, from the client when it cannot
- * reach the listener named there. Returns whether all of it went. */
 /* "Stay plain": a struct stream_rv naming nothing (wire.h), on TCP or as a Reject's private
  * data. */
 static struct stream_rv stay_rv(void)
@@ -826,6 +823,9 @@ static struct stream_rv stay_rv(void)
 	return (struct stream_rv){.magic = htobe32(STREAM_RV_MAGIC)};
 }
 
+/* Writes "stay plain" (a struct stream_rv with port 0 and nothing named) on a device stream's
+ * TCP connection: from the server instead of its rendezvous, from the client when it cannot
+ * reach the listener named there. Returns whether all of it went. */
 static bool stay_plain_send(int fd)
 {
 	const struct stream_rv stay = stay_rv();

@@ -1560,6 +1560,15 @@ static long rx_gro_size(struct msghdr *mh)
 /* Receive buffer i as the kernel filled it: one datagram, or with GRO a train of datagrams
  * of one sender, each handed on alone with its own boundaries (a plain datagram of a
  * pass_plain QP too). Resets the message header for the next read. */
+/* A datagram larger than the QP's buffer (the kernel truncated it, or a caller's was longer):
+ * counted and dropped. Needs qp->lock. */
+static void drop_oversize(struct soft_qp *qp)
+{
+	qp->st.rx_datagrams++;
+	qp->st.malformed_drops++;
+	DG_DBG("datagram larger than the segment size (%u): dropped", qp->rxbuf_size);
+}
+
 static void rx_one(struct soft_qp *qp, struct rx_batch *b, uint32_t i)
 {
 	struct msghdr *mh = &b->msg[i].msg_hdr;
@@ -1568,9 +1577,7 @@ static void rx_one(struct soft_qp *qp, struct rx_batch *b, uint32_t i)
 	mh->msg_namelen = sizeof b->addr[i];
 	long gso = qp->gro ? rx_gro_size(mh) : 0;
 	if (mh->msg_flags & MSG_TRUNC) {
-		qp->st.rx_datagrams++;
-		qp->st.malformed_drops++;
-		DG_DBG("datagram larger than the segment size (%u): dropped", qp->rxbuf_size);
+		drop_oversize(qp);
 		return;
 	}
 	uint8_t *buf = b->iov[i].iov_base;
@@ -1761,6 +1768,16 @@ bool soft_qp_wants_pollout(struct soft_qp *qp)
 	return __atomic_load_n(&qp->pump_blocked, __ATOMIC_RELAXED);
 }
 
+/* What follows received datagrams: RD's segments refused for want of a slot or a receive may
+ * go now, and the send queue's Read Responses and pumped sends. Needs qp->lock. */
+static void after_rx_locked(struct soft_qp *qp)
+{
+	if (qp->rd)
+		rd_kick(qp->rd);
+	if (qp->sq_pump != qp->sq_tail || qp->ird_count)
+		pump(qp);
+}
+
 int soft_qp_progress(struct soft_qp *qp, bool from_app, bool block)
 {
 	if (qp->rc)
@@ -1779,22 +1796,9 @@ int soft_qp_progress(struct soft_qp *qp, bool from_app, bool block)
 	/* An idle UD QP has no timers: the busy-poll path then reads no clock at all. */
 	if (qp->rd || qp->slots_active || qp->ord_count || qp->ftx.nheld || qp->frx.nheld)
 		run_timers(qp, qp_now(qp));
-	if (qp->rd)
-		rd_kick(qp->rd); /* a slot or receive freed since a segment was refused */
-	if (qp->sq_pump != qp->sq_tail || qp->ird_count)
-		pump(qp);
+	after_rx_locked(qp);
 	pthread_mutex_unlock(&qp->lock);
 	return n;
-}
-
-/* What follows received datagrams outside a drain: RD's refused segments may go now, and
- * the send queue's Read Responses and pumped sends. Needs qp->lock. */
-static void after_rx_locked(struct soft_qp *qp)
-{
-	if (qp->rd)
-		rd_kick(qp->rd);
-	if (qp->sq_pump != qp->sq_tail || qp->ird_count)
-		pump(qp);
 }
 
 /* Test hook, declared by tests/unit/test_verbs.c (not part of soft.h): on, the QP's
@@ -1838,10 +1842,7 @@ int soft_qp_rx_feed(struct dgv_qp *qpb, void *dgram, size_t len, const struct so
 	pthread_mutex_lock(&qp->lock);
 	qp->now_us = 0;
 	if (len > qp->rxbuf_size) {
-		/* what rx_one drops for the kernel's MSG_TRUNC */
-		qp->st.rx_datagrams++;
-		qp->st.malformed_drops++;
-		DG_DBG("datagram larger than the segment size (%u): dropped", qp->rxbuf_size);
+		drop_oversize(qp); /* what the kernel's MSG_TRUNC says when the QP reads */
 	} else {
 		rx_piece(qp, dgram, len, &from, srclen);
 		after_rx_locked(qp);
