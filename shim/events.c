@@ -733,7 +733,7 @@ static void regs_of(struct sock *s, int fd, struct ep **eps, int n, bool keep)
 void ev_sock_gone(struct sock *s, struct ep **eps, int n)
 {
 	/* The kernel drops the socket from its epoll sets when the last descriptor closes (the
-	 * QP's duplicate goes with the socket); drop our registrations and the CQ's. */
+	 * QP runs on the program's own descriptor); drop our registrations and the CQ's. */
 	regs_of(s, -1, eps, n, false);
 }
 

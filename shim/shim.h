@@ -236,6 +236,9 @@ void sock_duped(int fd, int fd2);
 void sock_adopt_fd(int fd);
 /* fd is being closed. Returns 0 (the caller closes the kernel fd). */
 void sock_closing(int fd);
+/* Another of the program's descriptors naming s than fd, or -1. Scans the descriptor table:
+ * for a close while the socket has more references (the rare dup-then-close). */
+int sock_other_fd(struct sock *s, int fd);
 
 /*
  * What a kind of taken socket does with each call a program makes on it: one table per kind,

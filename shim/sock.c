@@ -1,9 +1,8 @@
 /*
  * sock.c - taken UDP sockets: one queue pair per socket on the program's own kernel socket.
  *
- * The QP adopts a private duplicate of the program's descriptor (the same kernel socket, so
- * bind, connect, getsockname, socket options and multicast memberships stay the kernel's),
- * with pass_plain so plain datagrams from unmodified peers come up as receives, and rx_hold so
+ * The QP adopts the program's own descriptor (the kernel socket itself, so bind, connect,
+ * getsockname, socket options and multicast memberships stay the kernel's), with pass_plain so plain datagrams from unmodified peers come up as receives, and rx_hold so
  * the kernel's buffer, not ours, decides what is dropped when the program does not read.
  * Receives land in pre-registered slots and are copied to the program; sends below the
  * zero-copy threshold are copied into registered slots, larger UD sends go from the program's
@@ -613,16 +612,23 @@ void sock_duped(int fd, int fd2)
  * numbers still names the socket: the queue pair moves to that one (a new QP on the same
  * kernel socket, as a mode change makes; what arrived stays queued), so the shim never
  * touches a number the program no longer holds. Takes s->lock. */
+int sock_other_fd(struct sock *s, int fd)
+{
+	for (int x = 0, hi = fd_max(); x <= hi; x++)
+		if (x != fd && fd_sock(x) == s)
+			return x;
+	return -1;
+}
+
 static void qp_move_off(struct sock *s, int fd)
 {
-	if (sock_is_stream(s) || atomic_load(&s->refs) < 2)
+	if (atomic_load(&s->refs) < 2)
 		return; /* the last number: sock_put tears the QP down before the kernel closes */
 	sock_lock(s);
-	if (s->qp && s->qfd == fd) {
-		int other = -1;
-		for (int x = 0, hi = fd_max(); x <= hi && other < 0; x++)
-			if (x != fd && fd_sock(x) == s)
-				other = x;
+	if (sock_is_stream(s)) {
+		stream_fd_closing(s, fd);
+	} else if (s->qp && s->qfd == fd) {
+		int other = sock_other_fd(s, fd);
 		qp_teardown(s, false);
 		if (other >= 0)
 			qp_setup(s, other);
@@ -700,8 +706,8 @@ void sock_post_rx(struct sock *s)
 }
 
 /* Creates the QP (type from the mode): on the RDMA device when dev_get gives one for the
- * socket's address (UD only; RD is the soft provider's), else soft on a private duplicate of
- * fd. A device QP that cannot be made (another address than the device's, no UD) leaves the
+ * socket's address (UD only; RD is the soft provider's), else soft on the program's own
+ * descriptor fd. A device QP that cannot be made (another address than the device's, no UD) leaves the
  * socket to soft, with the reason logged. Needs s->lock. Returns 0 or -errno; on error the
  * socket stays with the OS. */
 int qp_setup(struct sock *s, int fd)

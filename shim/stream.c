@@ -106,7 +106,11 @@ struct stream {
 	struct dgv_cm_channel *ch;
 	struct dgv_qp *qp;
 	struct dgv_cq *cq;
-	int qfd, regfd;          /* regfd: registry entry (listener "rc", client "rcc"), or -1 */
+	/* qfd: the program's descriptor the QP runs on (it moves when the program closes that
+	 * number and keeps another, stream_fd_closing); regfd: registry entry (listener "rc",
+	 * client "rcc"), or -1 */
+	int qfd, regfd;
+	bool qfd_own;            /* qfd is a private duplicate (stream_fd_closing's last resort) */
 	/* listener: its port is named (by this process, or by the parent before a fork: the
 	 * child's accepts still expect MPA from clients that saw the name) */
 	bool named;
@@ -253,15 +257,15 @@ static int high_fd_epoll(void)
  * dev_get has opened). Returns 0 or -errno. */
 static int res_setup(struct stream *t, struct shim_pv *pv)
 {
-	/* its descriptors: a private duplicate and the CQ's event descriptor (which the soft
-	 * provider's connection events share); on a device also the channel's, and an epoll
-	 * descriptor with the provider's own socket */
+	/* its descriptors: the CQ's event descriptor (which the soft provider's connection
+	 * events share); on a device also the channel's, and an epoll descriptor with the
+	 * provider's own socket. The QP runs on the program's own descriptor (no duplicate). */
 	/* the context first: pv's capabilities are set when it opens (another thread may be
 	 * opening it now) */
 	int rc = ctx_get();
 	if (rc)
 		return rc;
-	if (!own_room(pv_can(pv, DGV_CAP_ADOPT_FD) ? 2 : 5, "a TCP connection"))
+	if (!own_room(pv_can(pv, DGV_CAP_ADOPT_FD) ? 1 : 4, "a TCP connection"))
 		return -EMFILE;
 	t->pv = pv;
 	t->own_cm = !pv_can(pv, DGV_CAP_ADOPT_FD);
@@ -324,8 +328,9 @@ static void res_free(struct stream *t)
 		dgv_dereg_mr(t->mr_out), t->mr_out = NULL;
 	if (t->area)
 		munmap(t->area, t->area_len), t->area = NULL;
-	if (t->qfd >= 0)
-		own_close(t->qfd), t->qfd = -1;
+	if (t->qfd >= 0 && t->qfd_own)
+		own_close(t->qfd);
+	t->qfd = -1, t->qfd_own = false; /* else the program's: it closes it */
 	if (t->regfd >= 0)
 		reg_del(t->regfd), t->regfd = -1, t->named = false;
 	if (t->lport_held)
@@ -955,6 +960,38 @@ static int decide(struct stream *t, int role, const union dgv_sockaddr *a, sockl
 	return IWARP_MODE_AUTO;
 }
 
+int stream_fd_closing(struct sock *s, int fd)
+{
+	struct stream *t = s->strm;
+	if (!t || t->qfd != fd)
+		return 0;
+	int other = sock_other_fd(s, fd);
+	int to = other >= 0 ? other : high_fd(fd), rc = 0;
+	if (to < 0)
+		rc = -errno;
+	else if (t->qp && !t->own_cm)
+		rc = dgv_qp_set_fd(t->qp, to);
+	if (rc) {
+		/* cannot happen with the soft provider (the same socket, a QP on the caller's
+		 * descriptor): the connection cannot go on on a number about to be closed */
+		DG_ERR("fd %d: closing one of the connection's descriptors: its queue pair cannot move "
+		       "to fd %d (%s): the connection reads as reset", fd, to, strerror(-rc));
+		if (other < 0 && to >= 0)
+			own_close(to);
+		if (t->qp)
+			dgv_destroy_qp(t->qp), t->qp = NULL;
+		t->qfd = -1, t->qfd_own = false;
+		if (t->state == SS_ESTAB || t->state == SS_CONNECTING)
+			t->state = SS_DEAD, t->err = ECONNRESET, t->tcp_down = true;
+		return rc;
+	}
+	if (t->qfd_own)
+		own_close(t->qfd);
+	t->qfd = to, t->qfd_own = other < 0;
+	DG_DBG("fd %d: the program keeps the connection as fd %d: its queue pair moved there", fd, to);
+	return 0;
+}
+
 void stream_let_go(int fd)
 {
 	struct sock *s = fd_sock(fd);
@@ -1186,11 +1223,7 @@ int stream_connect(struct sock *s, int fd, const struct sockaddr *a, socklen_t l
 		t->regfd = -1;
 		goto fallback;
 	}
-	t->qfd = high_fd(fd);
-	if (t->qfd < 0) {
-		rc = -errno;
-		goto fallback;
-	}
+	t->qfd = fd;
 	/* the kernel connects the program's socket with the program's own blocking mode */
 	bool nb = s->user_nonblock;
 	sock_unlock(s);
@@ -1379,7 +1412,7 @@ static int refuse_plain(struct sock *ns, struct stream *t, int nfd, struct dgv_c
 		else if (rc)
 			dgv_reject(req, NULL, 0);
 	}
-	int lfd = nfd >= 0 ? nfd : t->qfd; /* for the log: the program's, or our duplicate of it */
+	int lfd = nfd >= 0 ? nfd : t->qfd; /* for the log: the program's descriptor */
 	res_free(t);
 	if (rc)
 		return cause;
@@ -1430,8 +1463,8 @@ static int accept_rc(struct sock *ns, int nfd)
 {
 	struct stream *t = ns->strm;
 	int rc = res_setup(t, &G.host);
-	if (!rc && (t->qfd = high_fd(nfd)) < 0)
-		rc = -errno;
+	if (!rc)
+		t->qfd = nfd;
 	struct dgv_conn_req *req = NULL;
 	if (!rc)
 		rc = dgv_conn_req_adopt(t->pv->ctx, t->qfd, t->ch, ns, &req);
@@ -1747,8 +1780,8 @@ static int accept_dev(struct sock *ns, int nfd, struct sock *ls, const union dgv
 {
 	struct stream *t = ns->strm;
 	int rc = res_setup(t, &G.dev);
-	if (!rc && (t->qfd = high_fd(nfd)) < 0)
-		rc = -errno;
+	if (!rc)
+		t->qfd = nfd;
 	if (rc) {
 		res_free(t);
 		if (!stay_plain_send(nfd))

@@ -39,6 +39,11 @@ enum stream_state {
 int stream_attach(struct sock *s);
 /* Last reference gone: sends what is owed (FIN), tears down. Needs s->lock. */
 void stream_teardown(struct sock *s);
+/* The program is closing fd, one of its descriptors of stream socket s, and keeps the socket
+ * by another number: a QP that runs on fd moves there (dgv_qp_set_fd; to a private duplicate
+ * if no other number is found). Needs s->lock. Returns 0, or -errno when it could not move
+ * (the connection is then dead: ECONNRESET, logged). */
+int stream_fd_closing(struct sock *s, int fd);
 void stream_after_fork(struct sock *s);
 /* Fork, once per process: in the parent (child false) after it, in the child before the
  * sockets are reset. */

@@ -272,6 +272,13 @@ int dgv_qp_rx_feed(struct dgv_qp *qp, void *dgram, size_t len, const struct sock
 	return qp->ctx->ops->qp_rx_feed ? qp->ctx->ops->qp_rx_feed(qp, dgram, len, src, srclen) : -EOPNOTSUPP;
 }
 
+int dgv_qp_set_fd(struct dgv_qp *qp, int fd)
+{
+	if (!qp || fd < 0)
+		return -EINVAL;
+	return qp->ctx->ops->qp_set_fd ? qp->ctx->ops->qp_set_fd(qp, fd) : -EOPNOTSUPP;
+}
+
 int dgv_qp_peer_gone(struct dgv_qp *qp, const struct sockaddr *to, socklen_t tolen)
 {
 	if (!qp || !to || !tolen)

@@ -651,6 +651,16 @@ int dgv_qp_peer_gone(struct dgv_qp *qp, const struct sockaddr *to, socklen_t tol
 int dgv_qp_rx_feed(struct dgv_qp *qp, void *dgram, size_t len, const struct sockaddr *src,
 		   socklen_t srclen);
 
+/*
+ * A queue pair that runs on an adopted socket (DGV_CAP_ADOPT_FD) runs on fd from now on, another
+ * descriptor of the same kernel socket: the caller is about to close the one the QP was given
+ * while the socket lives on under another number (a program's dup, then close), so the
+ * provider's threads never touch a number that may be reused once closed. The caller needs no
+ * private duplicate per socket for this. Returns 0, -EINVAL (fd not the same socket, or a QP on
+ * a socket of its own), -EOPNOTSUPP (the provider's QPs do not run on the caller's socket).
+ */
+int dgv_qp_set_fd(struct dgv_qp *qp, int fd);
+
 #ifdef __cplusplus
 }
 #endif

@@ -67,6 +67,8 @@ struct dgv_ops {
 	/* optional (NULL: -EOPNOTSUPP): dgv_qp_rx_feed */
 	int (*qp_rx_feed)(struct dgv_qp *qp, void *dgram, size_t len, const struct sockaddr *src,
 			  socklen_t srclen);
+	/* optional (NULL: -EOPNOTSUPP): dgv_qp_set_fd */
+	int (*qp_set_fd)(struct dgv_qp *qp, int fd);
 	/* connections (RC); NULL in a backend without them: the front end returns -EOPNOTSUPP */
 	int (*cm_create_channel)(struct dgv_context *ctx, struct dgv_cm_channel **out);
 	/* optional (NULL: -EOPNOTSUPP): dgv_cm_create_channel_on_cq */

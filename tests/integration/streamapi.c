@@ -922,10 +922,27 @@ static void c_dup(void)
 	int d = dup(fd);
 	check(d >= 0, "dup", "%d", d);
 	close(fd);
+	/* the closed number is reused at once (the kernel hands out the lowest free one): whatever
+	 * ran on it must have moved to the duplicate, or it now reads and writes this pipe */
+	int pf[2];
+	check(pipe(pf) == 0, "pipe", "%s", strerror(errno));
+	check(write(pf[1], "pipe", 4) == 4, "pipe_write", "%s", strerror(errno));
 	int e;
 	ssize_t n = snd(d, "via dup", 7, 0, &e);
 	check(n == 7, "send_dup", "send through the duplicate after closing the original: %s", res(n, e));
 	hear("dup-read");
+	char b[16] = {0};
+	n = rcv(d, b, sizeof b, 0, &e);
+	check(n == 8 && !memcmp(b, "dup back", 8), "recv_dup", "the answer through the duplicate: %s '%.8s'",
+	      res(n, e), b);
+	memset(b, 0, sizeof b);
+	fcntl(pf[0], F_SETFL, O_NONBLOCK);
+	n = read(pf[0], b, sizeof b);
+	check(n == 4 && !memcmp(b, "pipe", 4), "pipe_intact",
+	      "the pipe on the closed number (fd %d, was the connection's %d) holds what was written: %zd '%.4s'",
+	      pf[0], fd, n, b);
+	close(pf[0]);
+	close(pf[1]);
 	close(d);
 	say("dup-closed");
 	hear("dup-done");
@@ -941,6 +958,8 @@ static void s_dup(int ls)
 	int rev = pollrev(fd, POLLIN | POLLRDHUP, 200);
 	check(rev == 0, "open", "poll(IN|RDHUP) while a duplicate is open: %s (want 0)", pollstr(rev));
 	say("dup-read");
+	n = snd(fd, "dup back", 8, 0, &e);
+	check(n == 8, "send_back", "%s", res(n, e));
 	hear("dup-closed");
 	n = rcv(fd, b, sizeof b, 0, &e);
 	check(n == 0, "recv_eof", "after the last descriptor closed: %s (want 0)", res(n, e));

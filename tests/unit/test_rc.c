@@ -630,6 +630,67 @@ static void tcp_pair(int *ls, int *cs, int *ss)
 	cr_assert(*ss >= 0);
 }
 
+/* dgv_qp_set_fd: a live connection's QPs move to other descriptors of their sockets (a
+ * program's dup, then close of the original); the closed numbers are reused at once by pipes,
+ * which nothing of the provider's touches, and data keeps flowing both ways. A descriptor of
+ * another socket is refused. */
+Test(rc, set_fd_moves_a_live_connection)
+{
+	int ls, cs, ss;
+	tcp_pair(&ls, &cs, &ss);
+	struct dgv_qp_init_attr ca = rc_attr(&C);
+	ca.use_adopt_fd = 1;
+	ca.adopt_fd = cs;
+	cr_assert_eq(dgv_connect(C.pd, &ca, NULL, 0, NULL, &C.qp), 0);
+	struct dgv_conn_req *req;
+	cr_assert_eq(dgv_conn_req_adopt(S.ctx, ss, NULL, &S, &req), 0);
+	wait_ev(S.ch, DGV_CM_CONNECT_REQUEST);
+	struct dgv_qp_init_attr sa = rc_attr(&S);
+	cr_assert_eq(dgv_accept(req, S.pd, &sa, NULL, &S.qp), 0);
+	wait_ev(C.ch, DGV_CM_ESTABLISHED);
+	wait_ev(S.ch, DGV_CM_ESTABLISHED);
+	send_case(5000);
+	cr_assert_eq(dgv_qp_set_fd(C.qp, ls), -EINVAL, "another socket's descriptor");
+	cr_assert_eq(dgv_qp_set_fd(C.qp, -1), -EINVAL);
+	int cd = dup(cs), sd = dup(ss);
+	cr_assert(cd >= 0 && sd >= 0);
+	cr_assert_eq(dgv_qp_set_fd(C.qp, cd), 0);
+	cr_assert_eq(dgv_qp_set_fd(S.qp, sd), 0);
+	close(cs);
+	close(ss);
+	int p1[2], p2[2];
+	cr_assert_eq(pipe(p1), 0);
+	cr_assert_eq(pipe(p2), 0);
+	cr_assert(p1[0] == cs || p1[1] == cs || p2[0] == cs || p2[1] == cs, "the number was reused");
+	cr_assert_eq(write(p1[1], "one", 3), 3);
+	cr_assert_eq(write(p2[1], "two", 3), 3);
+	for (int i = 0; i < 4; i++)
+		send_case(100000 + (uint32_t)i); /* the provider's thread reads the moved descriptor */
+	/* and S -> C: the other direction through the moved QPs */
+	fill(S.buf, 70000, 3);
+	memset(C.buf, 0, 70000);
+	post_recv(&C, 5, 0, 70000);
+	post_send(&S, DGV_WR_SEND, 6, 0, 70000, 0, 0, 0);
+	cr_assert_eq(wait_wc(S.cq).status, DGV_WC_SUCCESS);
+	struct dgv_wc r = wait_wc(C.cq);
+	cr_assert_eq(r.status, DGV_WC_SUCCESS);
+	cr_assert_eq(r.byte_len, 70000);
+	cr_assert(memcmp(C.buf, S.buf, 70000) == 0);
+	char b[8] = {0};
+	fcntl(p1[0], F_SETFL, O_NONBLOCK);
+	fcntl(p2[0], F_SETFL, O_NONBLOCK);
+	cr_assert_eq(read(p1[0], b, sizeof b), 3);
+	cr_assert_str_eq(b, "one");
+	cr_assert_eq(read(p2[0], b, sizeof b), 3);
+	cr_assert_str_eq(b, "two");
+	cr_assert_eq(read(p1[0], b, sizeof b), -1, "nothing else written into the pipe");
+	cr_assert_eq(dgv_destroy_qp(C.qp), 0);
+	cr_assert_eq(dgv_destroy_qp(S.qp), 0);
+	C.qp = S.qp = NULL;
+	close(p1[0]), close(p1[1]), close(p2[0]), close(p2[1]);
+	close(cd), close(sd), close(ls);
+}
+
 /* "stay plain" (dgv_reject_keep): the Reject goes out, the Request and the Reply are the only
  * bytes taken off and put on the connection, and both programs go on with it as plain TCP; the
  * server's first plain bytes, sent right behind the Reply, reach the client's program. */

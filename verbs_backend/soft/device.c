@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "env.h"
@@ -132,6 +133,29 @@ static void *progress_thread(void *arg)
 	return NULL;
 }
 
+/* Lets one iteration of the progress thread pass after a descriptor left libev's epoll set
+ * (libev answers an event it had already taken for it with an epoll_ctl, which must not meet
+ * the number closed or reused). Called with ctx->loop_lock held; releases it. Bounded: the
+ * progress thread may be held up by a lock our caller holds. */
+static void loop_settle_unlock(struct soft_ctx *ctx)
+{
+	unsigned it = ev_iteration(ctx->loop);
+	ev_async_send(ctx->loop, &ctx->wake);
+	bool wait = ctx->thread_running && !soft_in_progress_thread;
+	pthread_mutex_unlock(&ctx->loop_lock);
+	for (int i = 0; wait && i < 2000; i++) {
+		pthread_mutex_lock(&ctx->loop_lock);
+		bool moved = ev_iteration(ctx->loop) != it;
+		pthread_mutex_unlock(&ctx->loop_lock);
+		if (moved)
+			break;
+		if (i < 100)
+			sched_yield();
+		else
+			usleep(25);
+	}
+}
+
 void soft_ctx_add_qp(struct soft_ctx *ctx, struct soft_qp *qp)
 {
 	pthread_mutex_lock(&ctx->loop_lock);
@@ -177,22 +201,48 @@ void soft_ctx_remove_qp(struct soft_ctx *ctx, struct soft_qp *qp)
 	 * then one iteration of the progress thread lets a batch already taken pass. */
 	if (ctx->loop_epfd >= 0)
 		epoll_ctl(ctx->loop_epfd, EPOLL_CTL_DEL, fd, NULL);
-	unsigned it = ev_iteration(ctx->loop);
-	ev_async_send(ctx->loop, &ctx->wake);
-	bool wait = ctx->thread_running && !soft_in_progress_thread;
-	pthread_mutex_unlock(&ctx->loop_lock);
-	/* bounded: the progress thread may be held up by a lock our caller holds */
-	for (int i = 0; wait && i < 2000; i++) {
-		pthread_mutex_lock(&ctx->loop_lock);
-		bool moved = ev_iteration(ctx->loop) != it;
+	loop_settle_unlock(ctx);
+}
+
+/* Moves an adopted QP to fd, another descriptor of the same kernel socket: the caller is about
+ * to close the one the QP ran on while its program keeps the socket by another number (dup,
+ * then close), so from now on nothing of ours touches the old number (it may be reused the
+ * moment it is closed). Returns 0, -EINVAL (not an adopted QP, or fd not the same socket) or
+ * -errno from fstat. Takes the loop lock, then the QP's lock. */
+int soft_qp_set_fd(struct dgv_qp *qpb, int fd)
+{
+	struct soft_qp *qp = to_sqp(qpb);
+	struct soft_ctx *ctx = qp->ctx;
+	struct stat a, b;
+	if (qp->own_fd || qp->fd < 0)
+		return -EINVAL;
+	if (fstat(fd, &a) || fstat(qp->fd, &b))
+		return -errno;
+	if (a.st_dev != b.st_dev || a.st_ino != b.st_ino)
+		return -EINVAL;
+	if (fd == qp->fd)
+		return 0;
+	pthread_mutex_lock(&ctx->loop_lock);
+	bool on = qp->io_on, in_set = qp->io_used || (qp->rc && soft_rc_fd_watched(qp));
+	int old = on ? qp->io.fd : qp->fd;
+	if (on)
+		ev_io_stop(ctx->loop, &qp->io);
+	pthread_mutex_lock(&qp->lock);
+	qp->fd = fd;
+	pthread_mutex_unlock(&qp->lock);
+	ev_io_set(&qp->io, fd, EV_READ);
+	if (on)
+		ev_io_start(ctx->loop, &qp->io);
+	if (!in_set || !ctx->loop) {
 		pthread_mutex_unlock(&ctx->loop_lock);
-		if (moved)
-			break;
-		if (i < 100)
-			sched_yield();
-		else
-			usleep(25);
+		return 0;
 	}
+	/* the old number out of libev's epoll set now, and a batch already taken for it past,
+	 * as when a QP goes (soft_ctx_remove_qp) */
+	if (ctx->loop_epfd >= 0)
+		epoll_ctl(ctx->loop_epfd, EPOLL_CTL_DEL, old, NULL);
+	loop_settle_unlock(ctx);
+	return 0;
 }
 
 static int soft_alloc_pd(struct dgv_context *ctx, struct dgv_pd **out)
@@ -307,6 +357,7 @@ static const struct dgv_ops soft_ops = {
 	.set_rx_cap = soft_set_rx_cap,
 	.qp_peer_gone = soft_qp_peer_gone,
 	.qp_rx_feed = soft_qp_rx_feed,
+	.qp_set_fd = soft_qp_set_fd,
 	.cm_create_channel = soft_cm_create_channel,
 	.cm_create_channel_on_cq = soft_cm_create_channel_on_cq,
 	.cm_destroy_channel = soft_cm_destroy_channel,

@@ -446,6 +446,7 @@ int soft_qp_stats(struct dgv_qp *qp, struct dgv_qp_stats *out);
 int soft_peek(struct dgv_qp *qp, void *buf, size_t len, struct dgv_peek *out);
 int soft_set_rx_cap(struct dgv_qp *qp, unsigned n);
 int soft_qp_peer_gone(struct dgv_qp *qp, const struct sockaddr *to, socklen_t tolen);
+int soft_qp_set_fd(struct dgv_qp *qp, int fd);
 int soft_qp_rx_feed(struct dgv_qp *qp, void *dgram, size_t len, const struct sockaddr *src,
 		    socklen_t srclen);
 /* Receives, runs timers and transmits what is queued. from_app: called by an application
