@@ -8,12 +8,16 @@ shim's descriptor budget (a quarter of RLIMIT_NOFILE, which the test sets low) i
 connection the server speaks first (a banner: bytes right behind the MPA Reply must reach the
 client's program), then echoes what the client sends.
 
-  noroom.py serve PORT N      prints "listening", then "served N BYTES" (exit 0)
-  noroom.py connect PORT N    prints "echoed N BYTES" (exit 0) or what went wrong (exit 1)
+  noroom.py serve PORT N FLAG    prints "listening", waits for the file FLAG (the client has
+                                 started all its connects), then "served N BYTES" (exit 0)
+  noroom.py connect PORT N FLAG  creates FLAG once its N connects are started, then prints
+                                 "echoed N BYTES" (exit 0) or what went wrong (exit 1)
 """
+import os
 import select
 import socket
 import sys
+import time
 
 BANNER = b"noroom banner: the server speaks first\n"
 SIZE = 200_000
@@ -33,12 +37,20 @@ def recv_exact(s, n):
     return bytes(b)
 
 
-def serve(port, n):
+def serve(port, n, flag):
     ls = socket.socket()
     ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     ls.bind(("127.0.0.1", port))
     ls.listen(n + 8)
     print("listening", flush=True)
+    # every client asks for iWARP before the first accept spends the budget (a slow client,
+    # e.g. under ASan, would otherwise find the listener's name withdrawn and connect plain)
+    for _ in range(6000):
+        if os.path.exists(flag):
+            break
+        time.sleep(0.01)
+    else:
+        raise RuntimeError("the client never said its connects were started")
     conns = []
     for _ in range(n):
         c = ls.accept()[0]
@@ -62,7 +74,7 @@ def serve(port, n):
     print(f"served {n} {total}", flush=True)
 
 
-def connect(port, n):
+def connect(port, n, flag):
     socks = []
     for _ in range(n):
         s = socket.socket()
@@ -71,6 +83,7 @@ def connect(port, n):
         if e not in (0, 115):  # EINPROGRESS
             raise RuntimeError(f"connect: errno {e}")
         socks.append(s)
+    open(flag, "w").close()
     p = select.poll()
     for s in socks:
         p.register(s, select.POLLOUT)
@@ -106,9 +119,9 @@ def connect(port, n):
 
 
 if __name__ == "__main__":
-    role, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    role, port, n, flag = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     try:
-        (serve if role == "serve" else connect)(port, n)
+        (serve if role == "serve" else connect)(port, n, flag)
     except Exception as e:  # the script's caller reads the line
         print(f"noroom {role}: FAIL: {e}", flush=True)
         sys.exit(1)

@@ -20,10 +20,11 @@ port=$DG_PORT
 run() { # TAG ENV...: one run; sets $ok
 	local tag=$1 out=$DG_TMP/$1
 	shift
-	env "$@" timeout 90 prlimit --nofile=64:64 python3 "$here/noroom.py" serve "$port" $n >"$out.srv" 2>&1 &
+	rm -f "$out.flag"
+	env "$@" timeout 90 prlimit --nofile=64:64 python3 "$here/noroom.py" serve "$port" $n "$out.flag" >"$out.srv" 2>&1 &
 	local p=$! i
 	for i in $(seq 200); do grep -qs listening "$out.srv" && break; sleep 0.05; done
-	env "$@" timeout 90 python3 "$here/noroom.py" connect "$port" $n >"$out.cli" 2>&1
+	env "$@" timeout 90 python3 "$here/noroom.py" connect "$port" $n "$out.flag" >"$out.cli" 2>&1
 	local crc=$?
 	wait "$p"
 	local src=$?
