@@ -133,12 +133,14 @@ static void *progress_thread(void *arg)
 	return NULL;
 }
 
-/* Lets one iteration of the progress thread pass after a descriptor left libev's epoll set
- * (libev answers an event it had already taken for it with an epoll_ctl, which must not meet
- * the number closed or reused). Called with ctx->loop_lock held; releases it. Bounded: the
- * progress thread may be held up by a lock our caller holds. */
-static void loop_settle_unlock(struct soft_ctx *ctx)
+/* soft.h. One iteration of the progress thread passes after fd left libev's epoll set
+ * because libev answers an event it had already taken for it with an epoll_ctl, which must not
+ * meet the number closed or reused. Bounded: the progress thread may be held up by a lock our
+ * caller holds. */
+void soft_loop_forget_fd_unlock(struct soft_ctx *ctx, int fd)
 {
+	if (ctx->loop_epfd >= 0)
+		epoll_ctl(ctx->loop_epfd, EPOLL_CTL_DEL, fd, NULL);
 	unsigned it = ev_iteration(ctx->loop);
 	ev_async_send(ctx->loop, &ctx->wake);
 	bool wait = ctx->thread_running && !soft_in_progress_thread;
@@ -155,6 +157,7 @@ static void loop_settle_unlock(struct soft_ctx *ctx)
 			usleep(25);
 	}
 }
+
 
 void soft_ctx_add_qp(struct soft_ctx *ctx, struct soft_qp *qp)
 {
@@ -196,12 +199,10 @@ void soft_ctx_remove_qp(struct soft_ctx *ctx, struct soft_qp *qp)
 	qp->io_on = false;
 	/* libev drops a stopped descriptor from its epoll set lazily, at its next iteration, and
 	 * answers an event it had already taken for it with an epoll_ctl: after our caller has
-	 * closed the descriptor (a stream's private duplicate), or on its number reused meanwhile
+	 * closed the descriptor (a stream's, the program's own), or on its number reused meanwhile
 	 * (docs/tsan.md). Out of the set now (libev takes the ENOENT of a later MOD as "gone"),
 	 * then one iteration of the progress thread lets a batch already taken pass. */
-	if (ctx->loop_epfd >= 0)
-		epoll_ctl(ctx->loop_epfd, EPOLL_CTL_DEL, fd, NULL);
-	loop_settle_unlock(ctx);
+	soft_loop_forget_fd_unlock(ctx, fd);
 }
 
 /* Moves an adopted QP to fd, another descriptor of the same kernel socket: the caller is about
@@ -239,9 +240,7 @@ int soft_qp_set_fd(struct dgv_qp *qpb, int fd)
 	}
 	/* the old number out of libev's epoll set now, and a batch already taken for it past,
 	 * as when a QP goes (soft_ctx_remove_qp) */
-	if (ctx->loop_epfd >= 0)
-		epoll_ctl(ctx->loop_epfd, EPOLL_CTL_DEL, old, NULL);
-	loop_settle_unlock(ctx);
+	soft_loop_forget_fd_unlock(ctx, old);
 	return 0;
 }
 

@@ -1239,7 +1239,10 @@ int soft_rc_conn_req_adopt(struct dgv_context *cb, int fd, struct dgv_cm_channel
 }
 
 /* Takes r out of the registry without freeing (accept hands its descriptor to a QP). */
-static void req_detach(struct soft_ctx *ctx, struct soft_conn_req *r)
+/* Takes r out of the lists and stops its watcher. forget: its descriptor is not becoming a
+ * QP's (a reject: the caller keeps it, or it is closed next), so it also leaves libev's epoll
+ * set now, before anyone closes it (soft_loop_forget_fd_unlock). */
+static void req_detach(struct soft_ctx *ctx, struct soft_conn_req *r, bool forget)
 {
 	if (ctx->loop)
 		pthread_mutex_lock(&ctx->loop_lock);
@@ -1254,7 +1257,9 @@ static void req_detach(struct soft_ctx *ctx, struct soft_conn_req *r)
 		r->io_on = false;
 	}
 	pthread_mutex_unlock(&ctx->cm->lock);
-	if (ctx->loop)
+	if (ctx->loop && forget && r->watched)
+		soft_loop_forget_fd_unlock(ctx, r->fd);
+	else if (ctx->loop)
 		pthread_mutex_unlock(&ctx->loop_lock);
 	ch_purge(r->ch, NULL, &r->base);
 	atomic_fetch_sub(&r->ch->refs, 1);
@@ -1274,7 +1279,7 @@ int soft_rc_accept(struct dgv_conn_req *rb, struct dgv_pd *pd, const struct dgv_
 	int err = rc_qp_new(pd, attr, r->fd, r->own_fd, &qp);
 	if (err)
 		return err;
-	req_detach(ctx, r);
+	req_detach(ctx, r, false); /* the QP watches the same descriptor from now on */
 	struct rc_conn *rc = qp->rc;
 	rc->fd_watched = r->watched;
 	apply_param(rc, param);
@@ -1344,7 +1349,7 @@ int soft_rc_reject(struct dgv_conn_req *rb, const void *pdata, uint16_t len)
 	}
 	if (st != REQ_READING)
 		shutdown(r->fd, SHUT_WR);
-	req_detach(ctx, r);
+	req_detach(ctx, r, true);
 	if (r->own_fd)
 		close(r->fd);
 	free(r);
@@ -1385,7 +1390,7 @@ int soft_rc_reject_keep(struct dgv_conn_req *rb, const void *pdata, uint16_t len
 	ssize_t w = send(r->fd, buf, n, MSG_DONTWAIT | MSG_NOSIGNAL);
 	if (w != (ssize_t)n)
 		return w < 0 && errno != EAGAIN && errno != EWOULDBLOCK ? -errno : -EIO;
-	req_detach(ctx, r);
+	req_detach(ctx, r, true);
 	if (r->own_fd)
 		close(r->fd);
 	free(r);

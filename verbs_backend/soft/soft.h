@@ -508,6 +508,10 @@ int soft_rc_conn_info(struct dgv_qp *qp, struct dgv_conn_info *out);
 
 /* device.c */
 void soft_ctx_add_qp(struct soft_ctx *ctx, struct soft_qp *qp);
+/* fd leaves libev's epoll set now, and one iteration of the progress thread passes (an event
+ * it had already taken for fd is answered before the caller closes or hands back the number).
+ * Called with ctx->loop_lock held; releases it. */
+void soft_loop_forget_fd_unlock(struct soft_ctx *ctx, int fd);
 void soft_ctx_remove_qp(struct soft_ctx *ctx, struct soft_qp *qp);
 
 #endif
