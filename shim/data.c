@@ -233,10 +233,9 @@ static ssize_t recv_carry(struct sock *s, const struct iovec *iov, int iovcnt, i
 	return rc;
 }
 
-/* The calling thread's buffer for rx_direct: a receive that waits in the kernel writes there,
- * not into the socket's memory, which another thread's close may unmap meanwhile. 64 KiB
- * mapped per thread that ever waited so (touched as far as datagrams reach), unmapped when the
- * thread exits. NULL when it cannot be had: the caller waits the other way. */
+/* shim.h. A receive that waits in the kernel writes there, not into the socket's memory,
+ * which another thread's close may unmap meanwhile. Mapped per thread that ever waited so
+ * (touched as far as datagrams reach), unmapped when the thread exits. */
 static pthread_key_t rxbuf_key;
 static pthread_once_t rxbuf_once = PTHREAD_ONCE_INIT;
 static bool rxbuf_key_ok;
@@ -245,7 +244,7 @@ static __thread uint8_t *rxbuf;
 static void rxbuf_free(void *p) { munmap(p, SHIM_SLOT); }
 static void rxbuf_key_make(void) { rxbuf_key_ok = pthread_key_create(&rxbuf_key, rxbuf_free) == 0; }
 
-static uint8_t *rxbuf_get(void)
+uint8_t *shim_rxbuf(void)
 {
 	if (likely(rxbuf != NULL))
 		return rxbuf;
@@ -269,7 +268,7 @@ static uint8_t *rxbuf_get(void)
 static bool rx_direct_ok(const struct sock *s)
 {
 	return s->qp && s->qp_type == DGV_QPT_UD && !s->cq_fd && !s->shared && !s->rx_free_n &&
-	       sock_can(s, DGV_CAP_ADOPT_FD) && sock_can(s, DGV_CAP_RX_FEED) && rxbuf_get();
+	       sock_can(s, DGV_CAP_ADOPT_FD) && sock_can(s, DGV_CAP_RX_FEED) && shim_rxbuf();
 }
 
 /* A blocking receive's wait as the kernel's own: one recvfrom on the program's socket, which

@@ -239,6 +239,9 @@ void sock_closing(int fd);
 /* Another of the program's descriptors naming s than fd, or -1. Scans the descriptor table:
  * for a close while the socket has more references (the rare dup-then-close). */
 int sock_other_fd(struct sock *s, int fd);
+/* The calling thread's SHIM_SLOT-byte buffer for a receive that waits in the kernel's own call
+ * (data.c rx_direct, stream.c rx_wait), or NULL when it cannot be had (wait the other way). */
+uint8_t *shim_rxbuf(void);
 
 /*
  * What a kind of taken socket does with each call a program makes on it: one table per kind,

@@ -111,6 +111,7 @@ struct stream {
 	 * client "rcc"), or -1 */
 	int qfd, regfd;
 	bool qfd_own;            /* qfd is a private duplicate (stream_fd_closing's last resort) */
+	bool rx_wait_off;        /* its socket is non-blocking at the kernel: rx_wait cannot wait */
 	/* listener: its port is named (by this process, or by the parent before a fork: the
 	 * child's accepts still expect MPA from clients that saw the name) */
 	bool named;
@@ -2013,6 +2014,77 @@ static ssize_t post_data(struct sock *s, struct stream *t, const struct iovec *i
 	return (ssize_t)done;
 }
 
+/* Whether a blocking receive on t may wait in the kernel's own recv on the program's socket
+ * (rx_wait): an established stream on a provider whose RC QP reads that socket and lets the
+ * caller read it instead (DGV_CAP_RC_RX_FEED), no receive timeout to keep (the kernel's would
+ * restart at each wait), and the thread's buffer at hand. Needs s->lock. */
+static bool rx_wait_ok(const struct sock *s, const struct stream *t)
+{
+	return t->qp && !t->own_cm && t->state == SS_ESTAB && t->qfd >= 0 && !t->rx_wait_off && !t->tcp_down &&
+	       !t->peer_fin && !t->shut_rd && !t->err && s->rcvtimeo_ms <= 0 && pv_can(t->pv, DGV_CAP_RC_RX_FEED) &&
+	       shim_rxbuf();
+}
+
+struct rx_claim {
+	struct sock *s;
+	struct stream *t;
+	struct dgv_qp *qp; /* the QP claimed (t->qp may change: a close tears it down) */
+};
+
+/* Ends a claim nothing was read for. Needs s->lock. */
+static void rx_unclaim(struct rx_claim *c)
+{
+	if (c->qp && !sock_gone(c->s) && c->t->qp == c->qp)
+		dgv_qp_rx_stream_feed(c->qp, NULL, -EAGAIN);
+	c->qp = NULL;
+}
+
+/* Cancellation inside rx_wait's recv (the program's pthread_cancel): the claim must end, or
+ * nothing would read the connection again. Takes s->lock. */
+static void rx_wait_cancelled(void *arg)
+{
+	struct rx_claim *c = arg;
+	sock_lock(c->s);
+	if (c->qp && !sock_gone(c->s) && c->t->qp == c->qp)
+		dgv_qp_rx_stream_feed(c->qp, NULL, -ECANCELED);
+	sock_unlock(c->s);
+}
+
+/*
+ * A blocking receive's wait as the kernel's own: one recv on the program's socket, which
+ * sleeps until TCP brings bytes (signals and cancellation are the kernel's and libc's, as
+ * natively), into the thread's buffer; the QP then takes them (dgv_qp_rx_stream_feed) as if it
+ * had read them. Natively a receive that waits is one system call; a look that found nothing,
+ * a poll and then the provider's read made it three. c holds the QP's claim (room: the most
+ * bytes it takes), which this ends. Called with s->lock held, returns with it held. Returns 0
+ * (look again), -EINTR, -EBADF (closed meanwhile).
+ */
+static int rx_wait(struct rx_claim *c, size_t room)
+{
+	struct sock *s = c->s;
+	struct stream *t = c->t;
+	uint8_t *b = shim_rxbuf();
+	int fd = t->qfd;
+	sock_unlock(s);
+	ssize_t n;
+	pthread_cleanup_push(rx_wait_cancelled, c);
+	int cs = shim_cancel_open();
+	n = real.recvfrom(fd, b, room < SHIM_SLOT ? room : SHIM_SLOT, 0, NULL, NULL);
+	shim_cancel_close(cs);
+	pthread_cleanup_pop(0);
+	int e = errno;
+	sock_lock(s);
+	if (unlikely(sock_gone(s)) || t->qp != c->qp) {
+		c->qp = NULL;
+		return -EBADF; /* closed by another thread meanwhile: torn down, the claim with it */
+	}
+	dgv_qp_rx_stream_feed(c->qp, b, n < 0 ? -e : n);
+	c->qp = NULL;
+	if (n < 0 && (e == EAGAIN || e == EWOULDBLOCK))
+		t->rx_wait_off = true; /* O_NONBLOCK at the kernel (a duplicate's flags): wait by poll */
+	return n < 0 && e == EINTR ? -EINTR : 0;
+}
+
 /* Waits for a connecting stream. Needs s->lock. Returns 0 when established, 1 when the server
  * said "stay plain" (the kernel carries the call), or -errno. */
 static int wait_connected(struct sock *s, struct stream *t, bool nb)
@@ -2195,7 +2267,18 @@ ssize_t stream_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt,
 	bool lowat_expired = false;
 	int timeout = s->rcvtimeo_ms > 0 ? s->rcvtimeo_ms : -1;
 	for (;;) {
+		/* a blocking receive with nothing at hand claims the socket's reading before it looks
+		 * (rx_wait): the look then makes no system call, and when nothing came the wait is
+		 * the one read. With bytes at hand the look reads TCP as far as it can, as before:
+		 * a slow reader's peer must see its data taken off TCP (its close waits for that) */
+		struct rx_claim cl = {s, t, NULL};
+		size_t room = 0;
+		if (!nb && total && t->arrived == t->consumed && rx_wait_ok(s, t) && dgv_qp_rx_claim(t->qp, &room) == 0)
+			cl.qp = t->qp;
 		progress(s, t);
+		if (cl.qp && (t->arrived != t->consumed || t->state != SS_ESTAB || t->peer_fin || t->shut_rd || t->err ||
+			      t->tcp_down))
+			rx_unclaim(&cl); /* no wait follows */
 		/* after shutdown(SHUT_RD) what is queued (and, as Linux, what still comes) is read;
 		 * with nothing queued the read returns 0 instead of waiting */
 		uint64_t avail = t->arrived - t->consumed;
@@ -2248,7 +2331,7 @@ ssize_t stream_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt,
 				rc = -EAGAIN;
 			break;
 		}
-		int w = stream_wait(s, t, &timeout);
+		int w = cl.qp ? rx_wait(&cl, room) : stream_wait(s, t, &timeout);
 		if (w) {
 			if (!done && !(total == 0 && w == -EAGAIN))
 				rc = w;

@@ -272,6 +272,20 @@ int dgv_qp_rx_feed(struct dgv_qp *qp, void *dgram, size_t len, const struct sock
 	return qp->ctx->ops->qp_rx_feed ? qp->ctx->ops->qp_rx_feed(qp, dgram, len, src, srclen) : -EOPNOTSUPP;
 }
 
+int dgv_qp_rx_claim(struct dgv_qp *qp, size_t *room)
+{
+	if (!qp || !room)
+		return -EINVAL;
+	return qp->ctx->ops->qp_rx_claim ? qp->ctx->ops->qp_rx_claim(qp, room) : -EOPNOTSUPP;
+}
+
+int dgv_qp_rx_stream_feed(struct dgv_qp *qp, const void *buf, ssize_t n)
+{
+	if (!qp || (n > 0 && !buf))
+		return -EINVAL;
+	return qp->ctx->ops->qp_rx_stream_feed ? qp->ctx->ops->qp_rx_stream_feed(qp, buf, n) : -EOPNOTSUPP;
+}
+
 int dgv_qp_set_fd(struct dgv_qp *qp, int fd)
 {
 	if (!qp || fd < 0)

@@ -106,6 +106,9 @@ enum dgv_cap_flag {
 	/* dgv_qp_rx_feed: the caller may read a datagram off an adopted socket itself (a
 	 * blocking read, the kernel's own wait) and hand it to the QP */
 	DGV_CAP_RX_FEED = 1u << 10,
+	/* dgv_qp_rx_claim / dgv_qp_rx_stream_feed: the caller may read an adopted RC QP's TCP
+	 * socket itself (a blocking read, the kernel's own wait) and hand the bytes to the QP */
+	DGV_CAP_RC_RX_FEED = 1u << 11,
 };
 
 struct dgv_caps {
@@ -650,6 +653,22 @@ int dgv_qp_peer_gone(struct dgv_qp *qp, const struct sockaddr *to, socklen_t tol
  */
 int dgv_qp_rx_feed(struct dgv_qp *qp, void *dgram, size_t len, const struct sockaddr *src,
 		   socklen_t srclen);
+
+/*
+ * An RC queue pair on an adopted TCP socket (DGV_CAP_RC_RX_FEED), read by the caller itself for
+ * one read: so that a program's blocking receive waits in the kernel's own recv on its socket
+ * (one system call, as natively) instead of in a poll followed by the provider's read.
+ * dgv_qp_rx_claim makes the caller the socket's only reader (the provider's threads and
+ * progress calls read nothing of it meanwhile) and says how many bytes *room it may read; it
+ * fails -EBUSY when another caller holds it, or when the QP reads nothing now (not yet
+ * established, ended, its receive path paused for want of a posted receive): wait as usual
+ * then. The claim ends with dgv_qp_rx_stream_feed(qp, buf, n): n > 0 bytes read (at most
+ * *room), placed and parsed as if the QP had read them; 0 the end of TCP's stream; a negative
+ * n the read's -errno (-EAGAIN, -EINTR, -ECANCELED: nothing read; another: the connection's
+ * error). Returns 0, -EINVAL (no claim held, n above the room: nothing taken), -EOPNOTSUPP.
+ */
+int dgv_qp_rx_claim(struct dgv_qp *qp, size_t *room);
+int dgv_qp_rx_stream_feed(struct dgv_qp *qp, const void *buf, ssize_t n);
 
 /*
  * A queue pair that runs on an adopted socket (DGV_CAP_ADOPT_FD) runs on fd from now on, another

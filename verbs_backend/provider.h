@@ -67,6 +67,9 @@ struct dgv_ops {
 	/* optional (NULL: -EOPNOTSUPP): dgv_qp_rx_feed */
 	int (*qp_rx_feed)(struct dgv_qp *qp, void *dgram, size_t len, const struct sockaddr *src,
 			  socklen_t srclen);
+	/* optional (NULL: -EOPNOTSUPP): dgv_qp_rx_claim, dgv_qp_rx_stream_feed */
+	int (*qp_rx_claim)(struct dgv_qp *qp, size_t *room);
+	int (*qp_rx_stream_feed)(struct dgv_qp *qp, const void *buf, ssize_t n);
 	/* optional (NULL: -EOPNOTSUPP): dgv_qp_set_fd */
 	int (*qp_set_fd)(struct dgv_qp *qp, int fd);
 	/* connections (RC); NULL in a backend without them: the front end returns -EOPNOTSUPP */

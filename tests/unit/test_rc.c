@@ -630,6 +630,94 @@ static void tcp_pair(int *ls, int *cs, int *ss)
 	cr_assert(*ss >= 0);
 }
 
+/* Connects C and S over the test's own TCP pair (adopted descriptors); *cs and *ss stay the
+ * test's. */
+static void adopted_pair(int *ls, int *cs, int *ss)
+{
+	tcp_pair(ls, cs, ss);
+	struct dgv_qp_init_attr ca = rc_attr(&C);
+	ca.use_adopt_fd = 1;
+	ca.adopt_fd = *cs;
+	cr_assert_eq(dgv_connect(C.pd, &ca, NULL, 0, NULL, &C.qp), 0);
+	struct dgv_conn_req *req;
+	cr_assert_eq(dgv_conn_req_adopt(S.ctx, *ss, NULL, &S, &req), 0);
+	wait_ev(S.ch, DGV_CM_CONNECT_REQUEST);
+	struct dgv_qp_init_attr sa = rc_attr(&S);
+	cr_assert_eq(dgv_accept(req, S.pd, &sa, NULL, &S.qp), 0);
+	wait_ev(C.ch, DGV_CM_ESTABLISHED);
+	wait_ev(S.ch, DGV_CM_ESTABLISHED);
+}
+
+/* dgv_qp_rx_claim / dgv_qp_rx_stream_feed: while the caller holds the claim nothing of the
+ * provider's reads the socket (a Send sent meanwhile does not complete), the caller's own
+ * blocking read hands the bytes over and they complete as a receive, byte-exact; one claim at
+ * a time; a feed without a claim or above the room is refused; TCP's end fed as 0 is the
+ * peer's close. */
+Test(rc, rx_claim_and_feed_read_by_the_caller)
+{
+	int ls, cs, ss;
+	adopted_pair(&ls, &cs, &ss);
+	send_case(3000); /* established both ways, the QPs reading their sockets */
+	size_t room = 0, room2 = 0;
+	cr_assert_eq(dgv_qp_rx_claim(S.qp, &room), 0);
+	cr_assert_geq(room, 65536, "room %zu", room);
+	cr_assert_eq(dgv_qp_rx_claim(S.qp, &room2), -EBUSY, "one reader at a time");
+	fill(C.buf, 20000, 5);
+	memset(S.buf, 0, 20000);
+	post_recv(&S, 21, 0, 20000);
+	post_send(&C, DGV_WR_SEND, 22, 0, 20000, 0, 0, 0);
+	cr_assert_eq(wait_wc(C.cq).status, DGV_WC_SUCCESS);
+	struct dgv_wc wc;
+	for (int i = 0; i < 20; i++) {
+		cr_assert_eq(dgv_poll_cq(S.cq, 1, &wc), 0, "completed while the caller held the reading");
+		usleep(5000);
+	}
+	/* the caller's own read, as a blocking program receive makes it */
+	uint8_t *b = malloc(room);
+	size_t got = 0;
+	int polls = 0;
+	for (;;) {
+		cr_assert_lt(got, room);
+		ssize_t n = recv(ss, b + got, room - got, MSG_DONTWAIT);
+		if (n > 0) {
+			got += (size_t)n;
+			polls = 0;
+			continue;
+		}
+		cr_assert(n < 0 && errno == EAGAIN, "recv: %zd %s", n, strerror(errno));
+		if (got && ++polls > 20)
+			break; /* everything of the message is in */
+		usleep(2000);
+	}
+	cr_assert_gt(got, 20000, "the FPDUs' framing comes with the payload: %zu", got);
+	cr_assert_eq(dgv_qp_rx_stream_feed(S.qp, b, (ssize_t)room + 1), -EINVAL, "above the room");
+	cr_assert_eq(dgv_qp_rx_stream_feed(S.qp, b, (ssize_t)got), -EINVAL, "the claim ended with the refusal");
+	cr_assert_eq(dgv_qp_rx_claim(S.qp, &room), 0);
+	cr_assert_eq(dgv_qp_rx_stream_feed(S.qp, b, (ssize_t)got), 0);
+	struct dgv_wc r = wait_wc(S.cq);
+	cr_assert_eq(r.status, DGV_WC_SUCCESS);
+	cr_assert_eq(r.wr_id, 21);
+	cr_assert_eq(r.byte_len, 20000);
+	cr_assert(memcmp(S.buf, C.buf, 20000) == 0, "payload differs");
+	/* nothing claimed now: the provider reads again */
+	send_case(4000);
+	/* an empty claim (a read that found nothing) changes nothing */
+	cr_assert_eq(dgv_qp_rx_claim(S.qp, &room), 0);
+	cr_assert_eq(dgv_qp_rx_stream_feed(S.qp, NULL, -EAGAIN), 0);
+	send_case(5000);
+	/* TCP's end, read by the caller */
+	cr_assert_eq(dgv_qp_rx_claim(S.qp, &room), 0);
+	shutdown(cs, SHUT_WR);
+	char one;
+	cr_assert_eq(recv(ss, &one, 1, 0), 0);
+	cr_assert_eq(dgv_qp_rx_stream_feed(S.qp, NULL, 0), 0);
+	struct dgv_cm_event e = wait_ev(S.ch, DGV_CM_PEER_CLOSED);
+	cr_assert_eq(e.qp, S.qp);
+	cr_assert_eq(dgv_qp_rx_claim(S.qp, &room), -EBUSY, "nothing to read after the end");
+	free(b);
+	close(cs), close(ss), close(ls);
+}
+
 /* dgv_qp_set_fd: a live connection's QPs move to other descriptors of their sockets (a
  * program's dup, then close of the original); the closed numbers are reused at once by pipes,
  * which nothing of the provider's touches, and data keeps flowing both ways. A descriptor of
@@ -637,18 +725,7 @@ static void tcp_pair(int *ls, int *cs, int *ss)
 Test(rc, set_fd_moves_a_live_connection)
 {
 	int ls, cs, ss;
-	tcp_pair(&ls, &cs, &ss);
-	struct dgv_qp_init_attr ca = rc_attr(&C);
-	ca.use_adopt_fd = 1;
-	ca.adopt_fd = cs;
-	cr_assert_eq(dgv_connect(C.pd, &ca, NULL, 0, NULL, &C.qp), 0);
-	struct dgv_conn_req *req;
-	cr_assert_eq(dgv_conn_req_adopt(S.ctx, ss, NULL, &S, &req), 0);
-	wait_ev(S.ch, DGV_CM_CONNECT_REQUEST);
-	struct dgv_qp_init_attr sa = rc_attr(&S);
-	cr_assert_eq(dgv_accept(req, S.pd, &sa, NULL, &S.qp), 0);
-	wait_ev(C.ch, DGV_CM_ESTABLISHED);
-	wait_ev(S.ch, DGV_CM_ESTABLISHED);
+	adopted_pair(&ls, &cs, &ss);
 	send_case(5000);
 	cr_assert_eq(dgv_qp_set_fd(C.qp, ls), -EINVAL, "another socket's descriptor");
 	cr_assert_eq(dgv_qp_set_fd(C.qp, -1), -EINVAL);

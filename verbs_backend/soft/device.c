@@ -42,8 +42,9 @@ static void io_cb(struct ev_loop *loop, ev_io *w, int revents)
 	(void)loop;
 	(void)revents;
 	soft_qp_progress(qp, false, false);
-	/* rx_hold changes under the QP's lock (an RC QP's receive path): read it atomically */
-	if (__atomic_load_n(&qp->rx_hold, __ATOMIC_RELAXED)) {
+	/* rx_hold changes under the QP's lock (an RC QP's receive path): read it atomically; and
+	 * while a caller reads the socket itself (rx_claimed) its readiness is that caller's */
+	if (__atomic_load_n(&qp->rx_hold, __ATOMIC_RELAXED) || __atomic_load_n(&qp->rx_claimed, __ATOMIC_RELAXED)) {
 		ev_io_stop(loop, w);
 		qp->io_on = false;
 	}
@@ -85,7 +86,8 @@ static void tick_cb(struct ev_loop *loop, ev_timer *w, int revents)
 		bool app_active = ctx->progress == DGV_PROGRESS_AUTO &&
 				  (atomic_load(&qp->app_waiting) || qp->quiet_ticks < SOFT_APP_IDLE_TICKS);
 		/* rx_hold: the socket is read only by the program's calls (set under the QP's lock) */
-		bool held = __atomic_load_n(&qp->rx_hold, __ATOMIC_RELAXED);
+		bool held = __atomic_load_n(&qp->rx_hold, __ATOMIC_RELAXED) ||
+			    __atomic_load_n(&qp->rx_claimed, __ATOMIC_RELAXED);
 		if (!app_active && !held && !qp->io_on) {
 			ev_io_start(loop, &qp->io);
 			qp->io_on = qp->io_used = true;
@@ -357,6 +359,8 @@ static const struct dgv_ops soft_ops = {
 	.qp_peer_gone = soft_qp_peer_gone,
 	.qp_rx_feed = soft_qp_rx_feed,
 	.qp_set_fd = soft_qp_set_fd,
+	.qp_rx_claim = soft_qp_rx_claim,
+	.qp_rx_stream_feed = soft_qp_rx_stream_feed,
 	.cm_create_channel = soft_cm_create_channel,
 	.cm_create_channel_on_cq = soft_cm_create_channel_on_cq,
 	.cm_destroy_channel = soft_cm_destroy_channel,
@@ -441,7 +445,7 @@ int dgv_soft_open(const struct dgv_context_attr *attr, struct dgv_context **out)
 		.qp_types = 1u << DGV_QPT_UD | 1u << DGV_QPT_RD | 1u << DGV_QPT_RC,
 		.max_msg_size = 16u << 20, /* a message segments into datagrams (qp.c DEFAULT_MAX_MSG) */
 		.flags = DGV_CAP_ADOPT_FD | DGV_CAP_PEEK | DGV_CAP_BACKGROUND | DGV_CAP_DGRAM_READ |
-			 DGV_CAP_SEND_INLINE | DGV_CAP_RX_FEED,
+			 DGV_CAP_SEND_INLINE | DGV_CAP_RX_FEED | DGV_CAP_RC_RX_FEED,
 	};
 	ctx->progress = attr ? attr->progress : DGV_PROGRESS_AUTO;
 	ctx->loop_epfd = -1;

@@ -529,6 +529,20 @@ static int rx_parse(struct soft_qp *qp)
 	return did;
 }
 
+/* The room at the stream buffer's end, after moving what is unparsed to its start when little
+ * is left. qp->lock held. */
+static uint32_t rx_room(struct rc_conn *rc)
+{
+	if (rc->rx_start == rc->rx_end) {
+		rc->rx_start = rc->rx_end = 0;
+	} else if (RC_RXBUF - rc->rx_end < RC_RX_ROOM) {
+		memmove(rc->rxb, rc->rxb + rc->rx_start, rc->rx_end - rc->rx_start);
+		rc->rx_end -= rc->rx_start;
+		rc->rx_start = 0;
+	}
+	return RC_RXBUF - rc->rx_end;
+}
+
 /* Reads the socket into the stream buffer and parses. Returns >0 if it did something. */
 int rc_rx_pump(struct soft_qp *qp)
 {
@@ -568,14 +582,13 @@ int rc_rx_pump(struct soft_qp *qp)
 		}
 		if (drained)
 			break;
-		if (rc->rx_start == rc->rx_end) {
-			rc->rx_start = rc->rx_end = 0;
-		} else if (RC_RXBUF - rc->rx_end < RC_RX_ROOM) {
-			memmove(rc->rxb, rc->rxb + rc->rx_start, rc->rx_end - rc->rx_start);
-			rc->rx_end -= rc->rx_start;
-			rc->rx_start = 0;
+		if (__atomic_load_n(&qp->rx_claimed, __ATOMIC_RELAXED))
+			break; /* a caller's read is under way (soft_qp_rx_claim): the socket is its */
+		if (rc->skip_read_once) {
+			rc->skip_read_once = false;
+			break;
 		}
-		uint32_t space = RC_RXBUF - rc->rx_end;
+		uint32_t space = rx_room(rc);
 		if (round == 0 && rc->empty_probes >= 4) {
 			/* Busy polling: ask tcp_poll (lockless) first. A recv() on an empty socket
 			 * takes the socket lock, and segments arriving meanwhile wait in the
@@ -614,6 +627,62 @@ int rc_rx_pump(struct soft_qp *qp)
 	return did;
 }
 
+
+int soft_qp_rx_claim(struct dgv_qp *qpb, size_t *room)
+{
+	struct soft_qp *qp = to_sqp(qpb);
+	struct rc_conn *rc = qp->rc;
+	if (!rc)
+		return -EOPNOTSUPP;
+	pthread_mutex_lock(&qp->lock);
+	int r = -EBUSY;
+	/* only while FPDUs flow and nothing holds the reading back (a paused receive path, the
+	 * end seen): anything else is progress's to do, with its own reads */
+	if (!qp->rx_claimed && !rc->ended && rc->phase == PH_RTS && !rc->rx_paused && !rc->eof) {
+		*room = rx_room(rc);
+		__atomic_store_n(&qp->rx_claimed, true, __ATOMIC_RELAXED);
+		r = 0;
+	}
+	pthread_mutex_unlock(&qp->lock);
+	return r;
+}
+
+int soft_qp_rx_stream_feed(struct dgv_qp *qpb, const void *buf, ssize_t n)
+{
+	struct soft_qp *qp = to_sqp(qpb);
+	struct rc_conn *rc = qp->rc;
+	if (!rc)
+		return -EOPNOTSUPP;
+	pthread_mutex_lock(&qp->lock);
+	if (!qp->rx_claimed) {
+		pthread_mutex_unlock(&qp->lock);
+		return -EINVAL;
+	}
+	int r = 0;
+	if (n > 0 && (size_t)n > RC_RXBUF - rc->rx_end) {
+		r = -EINVAL; /* more than the claim's room: nothing of it is taken */
+	} else if (n > 0) {
+		memcpy(rc->rxb + rc->rx_end, buf, (size_t)n);
+		rc->rx_end += (uint32_t)n;
+		rc->empty_probes = 0;
+	} else if (n == 0) {
+		rc->eof = true;
+	} else if (n != -EAGAIN && n != -EWOULDBLOCK && n != -EINTR && n != -ECANCELED && !rc->ended) {
+		DG_WARN("RC QP fd %d: TCP error: %s", qp->fd, strerror((int)-n));
+		rc_fail(qp, (int)n, NULL, false, NULL, 0, 0);
+	}
+	/* parsed while still claimed: rc_rx_pump then reads nothing more (the caller read) */
+	if (!r && n >= 0 && !rc->ended)
+		rc_rx_pump(qp);
+	__atomic_store_n(&qp->rx_claimed, false, __ATOMIC_RELAXED);
+	rc->skip_read_once = !r && n > 0;
+	if (!r && n >= 0 && !rc->ended &&
+	    (rc->b_bytes || rc->term_pending || qp->sq_pump != qp->sq_tail || rc->ird_unbuilt || rc->rtr_pending ||
+	     rc->want_close || rc->cur))
+		rc_tx_pump(qp); /* what the bytes asked for (Read Responses, a Terminate) */
+	pthread_mutex_unlock(&qp->lock);
+	return r;
+}
 
 /* A receive posted after the end completes at once, flushed. qp->lock held (qp.c). */
 void soft_rc_after_post_recv(struct soft_qp *qp)

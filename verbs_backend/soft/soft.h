@@ -226,6 +226,9 @@ struct soft_qp {
 	uint32_t reasm_us;
 	uint32_t max_sge;
 	bool rx_hold;          /* UD: do not drain the socket while no receive is posted */
+	/* RC: a caller reads the socket itself now (dgv_qp_rx_claim .. dgv_qp_rx_stream_feed);
+	 * nobody else reads it meanwhile. Under lock; read atomically by the progress thread. */
+	bool rx_claimed;
 	bool pass_plain;       /* hand non-datagram-iWARP datagrams up (dgv_qp_init_attr) */
 	/* send queue */
 	struct soft_swqe *sq;
@@ -446,6 +449,8 @@ int soft_qp_stats(struct dgv_qp *qp, struct dgv_qp_stats *out);
 int soft_peek(struct dgv_qp *qp, void *buf, size_t len, struct dgv_peek *out);
 int soft_set_rx_cap(struct dgv_qp *qp, unsigned n);
 int soft_qp_peer_gone(struct dgv_qp *qp, const struct sockaddr *to, socklen_t tolen);
+int soft_qp_rx_claim(struct dgv_qp *qp, size_t *room);
+int soft_qp_rx_stream_feed(struct dgv_qp *qp, const void *buf, ssize_t n);
 int soft_qp_set_fd(struct dgv_qp *qp, int fd);
 int soft_qp_rx_feed(struct dgv_qp *qp, void *dgram, size_t len, const struct sockaddr *src,
 		    socklen_t srclen);
