@@ -56,13 +56,19 @@ dg_check_framed "client receives" "$DG_TMP/cli.err" rx || dg_fail "the answers w
 # strace -c's table: "% time seconds usecs/call calls [errors] syscall"
 calls() { awk -v want="$1" '$NF ~ want && $4 ~ /^[0-9]+$/ {s += $4} END {print s + 0}' "$DG_TMP/strace"; }
 rt=$((n + warm))
-rx=$(calls '^(recvfrom|recvmsg|recvmmsg)$')
-po=$(calls '^(poll|ppoll|select|pselect6)$')
-dg_log "$rt round trips each waiting 2 ms for its answer: $rx receive calls, $po polls in the client's process (want <= 1.2 and <= 0.1 per round trip)"
-awk -v x="$rx" -v r="$rt" 'BEGIN {exit !(x <= 1.2 * r)}' ||
-	{ cat "$DG_TMP/strace"; dg_fail "$rx receive calls for $rt round trips: the receive looks before it waits"; }
-awk -v x="$po" -v r="$rt" 'BEGIN {exit !(x <= 0.1 * r)}' ||
-	{ cat "$DG_TMP/strace"; dg_fail "$po polls for $rt round trips: the receive waits in poll, not in recvfrom"; }
+# judge LABEL RECV_RE MAX_PER_RT: the receive calls (matching RECV_RE) and polls the traced
+# client made, at most MAX_PER_RT and 0.1 per round trip
+judge() {
+	local rx po
+	rx=$(calls "$2")
+	po=$(calls '^(poll|ppoll|select|pselect6)$')
+	dg_log "$1$rt round trips each waiting 2 ms for its answer: $rx receive calls, $po polls in the client's process (want <= $3 and <= 0.1 per round trip)"
+	awk -v x="$rx" -v r="$rt" -v m="$3" 'BEGIN {exit !(x <= m * r)}' ||
+		{ cat "$DG_TMP/strace"; dg_fail "$1$rx receive calls for $rt round trips: the receive looks before it waits"; }
+	awk -v x="$po" -v r="$rt" 'BEGIN {exit !(x <= 0.1 * r)}' ||
+		{ cat "$DG_TMP/strace"; dg_fail "$1$po polls for $rt round trips: the receive waits in poll, not in its read"; }
+}
+judge "" '^(recvfrom|recvmsg|recvmmsg)$' 1.2
 
 # ---- TCP: a carried connection, the client's blocking receives
 tport=$((DG_PORT + 1))
@@ -109,11 +115,5 @@ grep -q "^round trips $rt" "$DG_TMP/tcli.out" || { dg_tail "$DG_TMP/tcli.out"; d
 	{ dg_tail "$DG_TMP/tcli.err"; dg_fail "the TCP connection was not carried (rc_conns)"; }
 # CPython's recv is recvfrom; the process's recvmsg calls are netlink dumps at start-up (the
 # provider's device probe: ~200 of them, none per round trip)
-rx=$(calls '^recvfrom$')
-po=$(calls '^(poll|ppoll|select|pselect6)$')
-dg_log "tcp: $rt round trips each waiting 2 ms for its answer: $rx receive calls, $po polls in the client's process (want <= 1.3 and <= 0.1 per round trip)"
-awk -v x="$rx" -v r="$rt" 'BEGIN {exit !(x <= 1.3 * r)}' ||
-	{ cat "$DG_TMP/strace"; dg_fail "tcp: $rx receive calls for $rt round trips: the receive looks before it waits"; }
-awk -v x="$po" -v r="$rt" 'BEGIN {exit !(x <= 0.1 * r)}' ||
-	{ cat "$DG_TMP/strace"; dg_fail "tcp: $po polls for $rt round trips: the receive waits in poll, not in recv"; }
+judge "tcp: " '^recvfrom$' 1.3
 dg_log "PASS"
