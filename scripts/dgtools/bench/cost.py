@@ -364,10 +364,12 @@ def page_section(C, w, fmt, made, summary):
           "is one: its UD queue pair reads the program's own descriptor and, on the soft provider, its "
           "completion queue makes no eventfd (every completion it has is made in the program's own calls, "
           "so a wait watches the socket alone; the registry is one name per process). A carried TCP "
-          "connection holds %s: also its RC queue pair's private duplicate of the socket and its completion "
-          "queue's eventfd (which its connection events share), since the provider's thread moves a "
-          "connection's data while the program is elsewhere. Each is a kernel object the socket keeps while "
-          "it lives; SIPp -t tn at 10 000 calls had to be split over several processes for it (section 5)." % (
+          "connection holds %s: its RC queue pair runs on the program's own descriptor too, but its "
+          "completion queue has an eventfd (which its connection events share) once the connection is waited "
+          "on by poll, epoll, a connect or an accept, since the provider's thread moves a connection's data "
+          "while the program is elsewhere (a connection only ever read by blocking receives waits in the "
+          "kernel's own recv and makes none). Each is a kernel object the socket keeps while it lives; SIPp "
+          "-t tn at 10 000 calls had to be split over several processes for it (section 5)." % (
               " for " + " and ".join(x for x, ok in (("UDP", oku), ("TCP", okt)) if ok is False),
               fmt(su, "", 2), fmt(st, "", 2)))
         w("")

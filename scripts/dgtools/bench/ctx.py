@@ -97,8 +97,9 @@ def failed(section, what):
 
 def raise_nofile():
     """SIPp at 10 000 calls with one socket per call: under the shim a taken UDP socket holds 2
-    descriptors (the program's socket, the CQ's eventfd), a carried TCP connection 3 (socket, the
-    RC QP's private duplicate, the CQ's eventfd, which its CM events share), measured by counting
+    descriptors (the program's socket, the CQ's eventfd) before issue 14, none extra now; a carried
+    TCP connection 3 (socket, the RC QP's private duplicate, the CQ's eventfd, which its CM events
+    share) before, 2 now (the QP runs on the program's socket), measured by counting
     /proc/PID/fd; the bench measures them again (section 5) and splits the calls over as many SIPp
     pairs as the hard limit needs. Raises the soft limit as far as allowed; returns it."""
     try:
