@@ -100,6 +100,10 @@ static struct {
 	union dgv_sockaddr a[32];
 } locals;
 static bool warned_full;
+/* The host's addresses are read at the first question about an address that is not loopback,
+ * not at load: every process the library is preloaded into (a shell pipeline's, a version
+ * manager's wrapper scripts) would pay a netlink conversation (getifaddrs) it never uses. */
+static pthread_once_t locals_once = PTHREAD_ONCE_INIT;
 
 static void load_locals(void)
 {
@@ -118,7 +122,6 @@ void peer_init(void)
 {
 	for (int i = 0; i < PEER_STRIPES; i++)
 		pthread_mutex_init(&stripes[i], NULL);
-	load_locals();
 }
 
 void peer_after_fork(void)
@@ -148,6 +151,7 @@ bool ip_local(const union dgv_sockaddr *a)
 		uint32_t ip = ntohl(a->sin.sin_addr.s_addr);
 		if ((ip >> 24) == 127)
 			return true;
+		pthread_once(&locals_once, load_locals);
 		for (int i = 0; i < locals.n; i++)
 			if (locals.a[i].sa.sa_family == AF_INET && locals.a[i].sin.sin_addr.s_addr == a->sin.sin_addr.s_addr)
 				return true;
@@ -161,6 +165,7 @@ bool ip_local(const union dgv_sockaddr *a)
 		memcpy(&v4.sin.sin_addr, &x->s6_addr[12], 4);
 		return ip_local(&v4);
 	}
+	pthread_once(&locals_once, load_locals);
 	for (int i = 0; i < locals.n; i++)
 		if (locals.a[i].sa.sa_family == AF_INET6 && !memcmp(&locals.a[i].sin6.sin6_addr, x, sizeof *x))
 			return true;

@@ -2057,7 +2057,8 @@ static void rx_wait_cancelled(void *arg)
  * had read them. Natively a receive that waits is one system call; a look that found nothing,
  * a poll and then the provider's read made it three. c holds the QP's claim (room: the most
  * bytes it takes), which this ends. Called with s->lock held, returns with it held. Returns 0
- * (look again), -EINTR, -EBADF (closed meanwhile).
+ * (look again), 1 (look again, reading TCP: the read filled the buffer, more may wait), -EINTR,
+ * -EBADF (closed meanwhile).
  */
 static int rx_wait(struct rx_claim *c, size_t room)
 {
@@ -2067,9 +2068,10 @@ static int rx_wait(struct rx_claim *c, size_t room)
 	int fd = t->qfd;
 	sock_unlock(s);
 	ssize_t n;
+	size_t want = room < SHIM_SLOT ? room : SHIM_SLOT;
 	pthread_cleanup_push(rx_wait_cancelled, c);
 	int cs = shim_cancel_open();
-	n = real.recvfrom(fd, b, room < SHIM_SLOT ? room : SHIM_SLOT, 0, NULL, NULL);
+	n = real.recvfrom(fd, b, want, 0, NULL, NULL);
 	shim_cancel_close(cs);
 	pthread_cleanup_pop(0);
 	int e = errno;
@@ -2082,7 +2084,7 @@ static int rx_wait(struct rx_claim *c, size_t room)
 	c->qp = NULL;
 	if (n < 0 && (e == EAGAIN || e == EWOULDBLOCK))
 		t->rx_wait_off = true; /* O_NONBLOCK at the kernel (a duplicate's flags): wait by poll */
-	return n < 0 && e == EINTR ? -EINTR : 0;
+	return n < 0 && e == EINTR ? -EINTR : (size_t)n == want;
 }
 
 /* Waits for a connecting stream. Needs s->lock. Returns 0 when established, 1 when the server
@@ -2264,17 +2266,22 @@ ssize_t stream_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt,
 		goto out;
 	size_t total = iov_total(iov, iovcnt), done = 0;
 	bool waitall = (flags & MSG_WAITALL) && !(flags & MSG_PEEK);
-	bool lowat_expired = false;
+	bool lowat_expired = false, eager = false;
 	int timeout = s->rcvtimeo_ms > 0 ? s->rcvtimeo_ms : -1;
 	for (;;) {
 		/* a blocking receive with nothing at hand claims the socket's reading before it looks
 		 * (rx_wait): the look then makes no system call, and when nothing came the wait is
 		 * the one read. With bytes at hand the look reads TCP as far as it can, as before:
-		 * a slow reader's peer must see its data taken off TCP (its close waits for that) */
+		 * a slow reader's peer must see its data taken off TCP (its close waits for that; and
+		 * its end of stream, behind the data, stops our credit, which would reach its closed
+		 * socket and reset the connection under data still unread). So after a direct read
+		 * that filled its buffer, the next look reads TCP too (eager). */
 		struct rx_claim cl = {s, t, NULL};
 		size_t room = 0;
-		if (!nb && total && t->arrived == t->consumed && rx_wait_ok(s, t) && dgv_qp_rx_claim(t->qp, &room) == 0)
+		if (!nb && total && !eager && t->arrived == t->consumed && rx_wait_ok(s, t) &&
+		    dgv_qp_rx_claim(t->qp, &room) == 0)
 			cl.qp = t->qp;
+		eager = false;
 		progress(s, t);
 		if (cl.qp && (t->arrived != t->consumed || t->state != SS_ESTAB || t->peer_fin || t->shut_rd || t->err ||
 			      t->tcp_down))
@@ -2332,6 +2339,8 @@ ssize_t stream_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt,
 			break;
 		}
 		int w = cl.qp ? rx_wait(&cl, room) : stream_wait(s, t, &timeout);
+		if (w == 1)
+			eager = true, w = 0;
 		if (w) {
 			if (!done && !(total == 0 && w == -EAGAIN))
 				rc = w;

@@ -107,9 +107,6 @@ struct rc_conn {
 	uint32_t ord_head, ird_head;
 	uint32_t ird_unbuilt;   /* IRD entries whose response is not yet all in a batch */
 	uint32_t empty_probes;  /* recv() calls in a row that found nothing */
-	/* the caller has just read the socket (soft_qp_rx_stream_feed): the next pass reads
-	 * nothing (it would find TCP empty, one system call per message for nothing) */
-	bool skip_read_once;
 	uint32_t msn_send, msn_read, msn_term; /* next MSN per queue, from 1 */
 	/* Terminate going out */
 	bool term_pending, term_sent, shut_after_term;

@@ -584,10 +584,6 @@ int rc_rx_pump(struct soft_qp *qp)
 			break;
 		if (__atomic_load_n(&qp->rx_claimed, __ATOMIC_RELAXED))
 			break; /* a caller's read is under way (soft_qp_rx_claim): the socket is its */
-		if (rc->skip_read_once) {
-			rc->skip_read_once = false;
-			break;
-		}
 		uint32_t space = rx_room(rc);
 		if (round == 0 && rc->empty_probes >= 4) {
 			/* Busy polling: ask tcp_poll (lockless) first. A recv() on an empty socket
@@ -675,7 +671,6 @@ int soft_qp_rx_stream_feed(struct dgv_qp *qpb, const void *buf, ssize_t n)
 	if (!r && n >= 0 && !rc->ended)
 		rc_rx_pump(qp);
 	__atomic_store_n(&qp->rx_claimed, false, __ATOMIC_RELAXED);
-	rc->skip_read_once = !r && n > 0;
 	if (!r && n >= 0 && !rc->ended &&
 	    (rc->b_bytes || rc->term_pending || qp->sq_pump != qp->sq_tail || rc->ird_unbuilt || rc->rtr_pending ||
 	     rc->want_close || rc->cur))
