@@ -2,8 +2,9 @@
  * sock.c - taken UDP sockets: one queue pair per socket on the program's own kernel socket.
  *
  * The QP adopts the program's own descriptor (the kernel socket itself, so bind, connect,
- * getsockname, socket options and multicast memberships stay the kernel's), with pass_plain so plain datagrams from unmodified peers come up as receives, and rx_hold so
- * the kernel's buffer, not ours, decides what is dropped when the program does not read.
+ * getsockname, socket options and multicast memberships stay the kernel's), with pass_plain
+ * so plain datagrams from unmodified peers come up as receives, and rx_hold so the kernel's
+ * buffer, not ours, decides what is dropped when the program does not read.
  * Receives land in pre-registered slots and are copied to the program; sends below the
  * zero-copy threshold are copied into registered slots, larger UD sends go from the program's
  * own buffer through a registration cache. Framed or plain is decided per destination by
@@ -608,10 +609,6 @@ void sock_duped(int fd, int fd2)
 		sock_put((struct sock *)old);
 }
 
-/* The program lets go of fd, the number s's queue pair reads (s->qfd), while another of its
- * numbers still names the socket: the queue pair moves to that one (a new QP on the same
- * kernel socket, as a mode change makes; what arrived stays queued), so the shim never
- * touches a number the program no longer holds. Takes s->lock. */
 int sock_other_fd(struct sock *s, int fd)
 {
 	for (int x = 0, hi = fd_max(); x <= hi; x++)
@@ -620,6 +617,11 @@ int sock_other_fd(struct sock *s, int fd)
 	return -1;
 }
 
+/* The program lets go of fd, the number s's queue pair reads (s->qfd), while another of its
+ * numbers still names the socket: the queue pair moves to that one (a new QP on the same
+ * kernel socket, as a mode change makes; what arrived stays queued), so the shim never
+ * touches a number the program no longer holds; a stream's live QP moves instead
+ * (stream_fd_closing: dgv_qp_set_fd). Takes s->lock. */
 static void qp_move_off(struct sock *s, int fd)
 {
 	if (atomic_load(&s->refs) < 2)
@@ -707,9 +709,9 @@ void sock_post_rx(struct sock *s)
 
 /* Creates the QP (type from the mode): on the RDMA device when dev_get gives one for the
  * socket's address (UD only; RD is the soft provider's), else soft on the program's own
- * descriptor fd. A device QP that cannot be made (another address than the device's, no UD) leaves the
- * socket to soft, with the reason logged. Needs s->lock. Returns 0 or -errno; on error the
- * socket stays with the OS. */
+ * descriptor fd. A device QP that cannot be made (another address than the device's, no UD)
+ * leaves the socket to soft, with the reason logged. Needs s->lock. Returns 0 or -errno; on
+ * error the socket stays with the OS. */
 int qp_setup(struct sock *s, int fd)
 {
 	if (s->qp)

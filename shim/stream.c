@@ -2031,11 +2031,12 @@ struct rx_claim {
 	struct dgv_qp *qp; /* the QP claimed (t->qp may change: a close tears it down) */
 };
 
-/* Ends a claim nothing was read for. Needs s->lock. */
-static void rx_unclaim(struct rx_claim *c)
+/* Ends a claim nothing was read for (why: -EAGAIN, -ECANCELED), unless a close tore its QP
+ * down meanwhile. Needs s->lock. */
+static void rx_unclaim(struct rx_claim *c, int why)
 {
 	if (c->qp && !sock_gone(c->s) && c->t->qp == c->qp)
-		dgv_qp_rx_stream_feed(c->qp, NULL, -EAGAIN);
+		dgv_qp_rx_stream_feed(c->qp, NULL, why);
 	c->qp = NULL;
 }
 
@@ -2045,8 +2046,7 @@ static void rx_wait_cancelled(void *arg)
 {
 	struct rx_claim *c = arg;
 	sock_lock(c->s);
-	if (c->qp && !sock_gone(c->s) && c->t->qp == c->qp)
-		dgv_qp_rx_stream_feed(c->qp, NULL, -ECANCELED);
+	rx_unclaim(c, -ECANCELED);
 	sock_unlock(c->s);
 }
 
@@ -2285,7 +2285,7 @@ ssize_t stream_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt,
 		progress(s, t);
 		if (cl.qp && (t->arrived != t->consumed || t->state != SS_ESTAB || t->peer_fin || t->shut_rd || t->err ||
 			      t->tcp_down))
-			rx_unclaim(&cl); /* no wait follows */
+			rx_unclaim(&cl, -EAGAIN); /* no wait follows */
 		/* after shutdown(SHUT_RD) what is queued (and, as Linux, what still comes) is read;
 		 * with nothing queued the read returns 0 instead of waiting */
 		uint64_t avail = t->arrived - t->consumed;

@@ -160,7 +160,6 @@ void soft_loop_forget_fd_unlock(struct soft_ctx *ctx, int fd)
 	}
 }
 
-
 void soft_ctx_add_qp(struct soft_ctx *ctx, struct soft_qp *qp)
 {
 	pthread_mutex_lock(&ctx->loop_lock);

@@ -780,8 +780,7 @@ int soft_rc_progress(struct soft_qp *qp, bool from_app, bool block)
 			did |= setup_step(qp);
 		if (!rc->ended && rc->phase >= PH_WAIT_RTR) {
 			did |= rc_rx_pump(qp);
-			if (rc->b_bytes || rc->term_pending || qp->sq_pump != qp->sq_tail || rc->ird_unbuilt ||
-			    rc->rtr_pending || rc->want_close || rc->cur)
+			if (rc_tx_owed(qp))
 				did |= rc_tx_pump(qp);
 		}
 		if (!rc->ended && rc->phase < PH_RTS && rc_now(qp) >= rc->deadline_us)
@@ -802,8 +801,7 @@ bool soft_rc_timers_pending(struct soft_qp *qp)
 {
 	struct rc_conn *rc = qp->rc;
 	/* everything soft_rc_progress would send without news from the peer */
-	return (!rc->ended && rc->phase < PH_RTS) || qp->pump_blocked || qp->sq_pump != qp->sq_tail ||
-	       rc->b_bytes || rc->term_pending || rc->ird_unbuilt || rc->rtr_pending || rc->want_close || rc->cur;
+	return (!rc->ended && rc->phase < PH_RTS) || qp->pump_blocked || rc_tx_owed(qp);
 }
 
 uint64_t soft_rc_next_timer_locked(struct soft_qp *qp, uint64_t now)
@@ -1238,8 +1236,7 @@ int soft_rc_conn_req_adopt(struct dgv_context *cb, int fd, struct dgv_cm_channel
 	return 0;
 }
 
-/* Takes r out of the registry without freeing (accept hands its descriptor to a QP). */
-/* Takes r out of the lists and stops its watcher. forget: its descriptor is not becoming a
+/* Takes r out of the lists (without freeing it: accept hands its descriptor to a QP) and stops its watcher. forget: its descriptor is not becoming a
  * QP's (a reject: the caller keeps it, or it is closed next), so it also leaves libev's epoll
  * set now, before anyone closes it (soft_loop_forget_fd_unlock). */
 static void req_detach(struct soft_ctx *ctx, struct soft_conn_req *r, bool forget)

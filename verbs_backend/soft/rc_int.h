@@ -169,6 +169,14 @@ void rc_batch_reset(struct rc_conn *rc);
 ssize_t rc_send_some(struct soft_qp *qp, const struct iovec *iov, int n);
 /* Transmits what is queued. Returns > 0 if something went out. */
 int rc_tx_pump(struct soft_qp *qp);
+/* Whether rc_tx_pump has something to send without news from the peer (queued work requests,
+ * a batch under way, Read Responses, a Terminate, the close). qp->lock held. */
+static inline bool rc_tx_owed(const struct soft_qp *qp)
+{
+	const struct rc_conn *rc = qp->rc;
+	return rc->b_bytes || rc->term_pending || qp->sq_pump != qp->sq_tail || rc->ird_unbuilt || rc->rtr_pending ||
+	       rc->want_close || rc->cur;
+}
 /* Replaces the batch by the rest of the FPDU half on the wire, then a Terminate carrying why
  * and (off_hdr, off_hlen) the offending DDP and RDMAP headers; our direction is shut after it. */
 void rc_tx_terminate(struct soft_qp *qp, const struct dg_reject *why, const uint8_t *off_hdr,

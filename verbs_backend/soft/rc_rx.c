@@ -529,6 +529,13 @@ static int rx_parse(struct soft_qp *qp)
 	return did;
 }
 
+/* A read of the connection's TCP socket failed with err (-errno): the connection ends. */
+static void rx_tcp_error(struct soft_qp *qp, int err)
+{
+	DG_WARN("RC QP fd %d: TCP error: %s", qp->fd, strerror(-err));
+	rc_fail(qp, err, NULL, false, NULL, 0, 0);
+}
+
 /* The room at the stream buffer's end, after moving what is unparsed to its start when little
  * is left. qp->lock held. */
 static uint32_t rx_room(struct rc_conn *rc)
@@ -613,16 +620,13 @@ int rc_rx_pump(struct soft_qp *qp)
 		if (errno == EAGAIN || errno == EWOULDBLOCK) {
 			rc->empty_probes++;
 		} else {
-			int err = -errno;
-			DG_WARN("RC QP fd %d: TCP error: %s", qp->fd, strerror(-err));
-			rc_fail(qp, err, NULL, false, NULL, 0, 0);
+			rx_tcp_error(qp, -errno);
 			return 1;
 		}
 		break;
 	}
 	return did;
 }
-
 
 int soft_qp_rx_claim(struct dgv_qp *qpb, size_t *room)
 {
@@ -664,16 +668,13 @@ int soft_qp_rx_stream_feed(struct dgv_qp *qpb, const void *buf, ssize_t n)
 	} else if (n == 0) {
 		rc->eof = true;
 	} else if (n != -EAGAIN && n != -EWOULDBLOCK && n != -EINTR && n != -ECANCELED && !rc->ended) {
-		DG_WARN("RC QP fd %d: TCP error: %s", qp->fd, strerror((int)-n));
-		rc_fail(qp, (int)n, NULL, false, NULL, 0, 0);
+		rx_tcp_error(qp, (int)n);
 	}
 	/* parsed while still claimed: rc_rx_pump then reads nothing more (the caller read) */
 	if (!r && n >= 0 && !rc->ended)
 		rc_rx_pump(qp);
 	__atomic_store_n(&qp->rx_claimed, false, __ATOMIC_RELAXED);
-	if (!r && n >= 0 && !rc->ended &&
-	    (rc->b_bytes || rc->term_pending || qp->sq_pump != qp->sq_tail || rc->ird_unbuilt || rc->rtr_pending ||
-	     rc->want_close || rc->cur))
+	if (!r && n >= 0 && !rc->ended && rc_tx_owed(qp))
 		rc_tx_pump(qp); /* what the bytes asked for (Read Responses, a Terminate) */
 	pthread_mutex_unlock(&qp->lock);
 	return r;
