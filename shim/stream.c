@@ -52,7 +52,7 @@
 #define RING_DEFAULT (512u << 10)
 #define RING_MIN (16u << 10)
 #define RING_MAX (64u << 20)
-#define CTL_SLOTS 64u
+#define CTL_SLOTS 32u           /* with CTL_SLOT_SZ: half a page (res_setup's layout) */
 #define CTL_SLOT_SZ 64u
 #define MAX_RECS 256u          /* data records a peer may have in flight towards us */
 #define SQ_DEPTH 512u
@@ -274,9 +274,13 @@ static int res_setup(struct stream *t, struct shim_pv *pv)
 	struct dgv_pd *pd = pv->pd;
 	bool drec = pv_can(pv, DGV_CAP_RC_WREC_AS_SEND); /* a receive per record */
 	t->ring = ring_size();
-	size_t half = t->ring + ctl_bytes() + 4096; /* ring, control slots, sentinel (out side) */
-	size_t out = half + (drec ? NDREC * DREC_SZ : 0);
-	t->area_len = half + out;
+	/* [receive ring][control page: slots in | slots out][send ring][sentinel][device
+	 * records]. Both directions' control slots share one page, the last of the receive
+	 * region and the first of the send region: a connection that moved a few bytes each way
+	 * has written the two rings' first pages and this one (issue 14: memory per idle
+	 * connection; a page for each side's slots was 4 kB more). */
+	size_t ctl = ctl_bytes();
+	t->area_len = t->ring + 2 * ctl + t->ring + 4096 + (drec ? NDREC * DREC_SZ : 0);
 	void *p = mmap(NULL, t->area_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
 		       -1, 0);
 	if (p == MAP_FAILED)
@@ -284,13 +288,14 @@ static int res_setup(struct stream *t, struct shim_pv *pv)
 	t->area = p;
 	t->rx = t->area;
 	t->ctl_in = t->rx + t->ring;
-	t->tx = t->area + half;
-	t->ctl_out = t->tx + t->ring;
-	t->sentinel = t->ctl_out + ctl_bytes();
-	t->drec = drec ? t->tx + half : NULL;
-	if ((rc = dgv_reg_mr(pd, t->rx, t->ring + ctl_bytes(),
-			     DGV_ACCESS_LOCAL_WRITE | DGV_ACCESS_REMOTE_WRITE, &t->mr_in)) ||
-	    (rc = dgv_reg_mr(pd, t->tx, out, DGV_ACCESS_LOCAL_WRITE, &t->mr_out)) ||
+	t->ctl_out = t->ctl_in + ctl;
+	t->tx = t->ctl_out + ctl;
+	t->sentinel = t->tx + t->ring;
+	t->drec = drec ? t->sentinel + 4096 : NULL;
+	size_t out = (size_t)(t->area + t->area_len - t->ctl_out);
+	if ((rc = dgv_reg_mr(pd, t->rx, t->ring + ctl, DGV_ACCESS_LOCAL_WRITE | DGV_ACCESS_REMOTE_WRITE,
+			     &t->mr_in)) ||
+	    (rc = dgv_reg_mr(pd, t->ctl_out, out, DGV_ACCESS_LOCAL_WRITE, &t->mr_out)) ||
 	    (rc = dgv_create_cq(ctx, (int)(CQ_DEPTH + (drec ? NDREC + SQ_DEPTH : 0)), &t->cq)))
 		return rc;
 	/* connection events through the CQ's descriptor where the provider can: one descriptor
@@ -427,7 +432,8 @@ static int ctl_send(struct stream *t, uint32_t flags)
 {
 	if (!t->qp || t->tcp_down || !t->p_ring)
 		return -ENOTCONN;
-	if (t->ctl_out_n >= CTL_SLOTS) {
+	/* a slot is not reused, ours or the peer's, before its write completed */
+	if (t->ctl_out_n >= CTL_SLOTS || t->ctl_out_n >= t->p_slots) {
 		t->ctl_owed = true;
 		return -EAGAIN;
 	}

@@ -86,7 +86,7 @@ static int ch_push(struct soft_cm_channel *ch, const struct dgv_cm_event *ev)
 {
 	pthread_mutex_lock(&ch->lock);
 	if (ch->count == ch->cap) {
-		uint32_t ncap = ch->cap ? ch->cap * 2 : 16;
+		uint32_t ncap = ch->cap ? ch->cap * 2 : 4;
 		struct dgv_cm_event *nq = malloc(ncap * sizeof *nq);
 		if (!nq) {
 			pthread_mutex_unlock(&ch->lock);
@@ -353,7 +353,7 @@ static void rc_qp_free(struct soft_qp *qp)
 {
 	struct rc_conn *rc = qp->rc;
 	if (rc) {
-		dg_pages_free(rc->rxb, RC_RXBUF);
+		rc_rxb_put(rc->rxb);
 		free(rc->rx_flat);
 		free(rc->flat);
 		free(rc->marked);
@@ -415,13 +415,13 @@ static int rc_qp_new(struct dgv_pd *pdb, const struct dgv_qp_init_attr *a, int f
 	qp->rq_cap = a->max_recv_wr ? a->max_recv_wr : RC_DEFAULT_WR;
 	soft_sq_alloc(qp);
 	soft_rq_alloc(qp);
-	rc->rxb = dg_pages_alloc(RC_RXBUF);
+	/* rc->rxb: only while bytes wait in it (rc_rxb_get) */
 	rc->ch = ch_or_default(qp->ctx, a->cm_channel);
 	rc->user = a->cm_user;
 	rc->state = DGV_QPS_CONNECTING;
 	rc->msn_send = rc->msn_read = rc->msn_term = 1;
 	rc->exp_msn[0] = rc->exp_msn[1] = rc->exp_msn[2] = 1;
-	if (!qp->sq || !qp->rq || !rc->rxb) {
+	if (!qp->sq || !qp->rq) {
 		rc_qp_free(qp);
 		return -ENOMEM;
 	}
@@ -739,6 +739,10 @@ static int setup_step(struct soft_qp *qp)
 			}
 			if (rc->rx_end >= need) {
 				process_reply(qp, need);
+				return 1;
+			}
+			if (!rc->rxb && !(rc->rxb = rc_rxb_get())) {
+				setup_fail(qp, -ENOMEM, "no memory for the MPA Reply");
 				return 1;
 			}
 			ssize_t n = recv(qp->fd, rc->rxb + rc->rx_end, need - rc->rx_end, MSG_DONTWAIT);
@@ -1469,7 +1473,14 @@ int soft_cm_get_event(struct dgv_cm_channel *cb, struct dgv_cm_event *ev)
 	*ev = ch->q[ch->head];
 	ch->head = (ch->head + 1) % ch->cap;
 	__atomic_store_n(&ch->count, ch->count - 1, __ATOMIC_RELEASE); /* see ch_push */
+	/* an emptied queue goes back to the heap: an event is some 600 bytes (its private data)
+	 * and a connection's channel, after its few events, would otherwise keep 16 of them
+	 * (10 kB of every idle carried TCP connection, issue 14: memory) */
+	struct dgv_cm_event *gone = NULL;
+	if (!ch->count)
+		gone = ch->q, ch->q = NULL, ch->cap = 0, ch->head = 0;
 	pthread_mutex_unlock(&ch->lock);
+	free(gone);
 	if (ch->efd >= 0) {
 		uint64_t v;
 		ssize_t r = read(ch->efd, &v, sizeof v);

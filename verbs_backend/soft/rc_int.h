@@ -190,5 +190,13 @@ void rc_recv_done(struct soft_qp *qp, const struct soft_rwqe *w, enum dgv_wc_sta
 /* Reads the socket into the stream buffer and handles the FPDUs. Returns > 0 if it did
  * something. */
 int rc_rx_pump(struct soft_qp *qp);
+/* A stream receive buffer (RC_RXBUF bytes) from the calling thread's cache, or fresh zeroed
+ * pages; NULL: out of memory. A connection holds one only while bytes wait in it (an MPA frame
+ * in parts, a partial FPDU, a paused receive path): an idle connection holds none, and the
+ * pages the threads' few cached buffers have touched serve every connection (issue 14:
+ * memory per idle connection; a buffer per connection was a page of each one's RSS). */
+uint8_t *rc_rxb_get(void);
+/* Gives b (from rc_rxb_get, or NULL) back to the calling thread's cache, or to the system. */
+void rc_rxb_put(uint8_t *b);
 
 #endif /* DG_SOFT_RC_INT_H */

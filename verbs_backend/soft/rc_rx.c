@@ -10,6 +10,7 @@
 #include <endian.h>
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
 #include <string.h>
 #include <sys/socket.h>
 
@@ -479,12 +480,12 @@ static int rx_parse(struct soft_qp *qp)
 	int did = 0;
 	while (!rc->ended && (rc->phase == PH_RTS || rc->phase == PH_WAIT_RTR)) {
 		uint32_t avail = rc->rx_end - rc->rx_start;
-		uint8_t *p = rc->rxb + rc->rx_start;
 		uint32_t lo = 0; /* offset of the length field */
 		if (rc->info.markers_rx && rc->rx_pos % MPA_MARKER_SPACING == 0)
 			lo = MPA_MARKER_LEN;
 		if (avail < lo + 2)
-			break;
+			break; /* (an empty connection may hold no buffer: rxb NULL) */
+		uint8_t *p = rc->rxb + rc->rx_start;
 		uint32_t ulen = (uint32_t)p[lo] << 8 | p[lo + 1];
 		if (ulen < DDP_TAGGED_HLEN || ulen > rc->rx_max_ulpdu) {
 			static const uint8_t none[1];
@@ -536,6 +537,68 @@ static void rx_tcp_error(struct soft_qp *qp, int err)
 	rc_fail(qp, err, NULL, false, NULL, 0, 0);
 }
 
+/* ---- stream receive buffers: a small cache per thread (rc_rxb_get) */
+
+#define RXB_CACHE 2 /* a thread's spare buffers; more go back to the system */
+
+struct rxb_cache {
+	uint8_t *b[RXB_CACHE];
+	unsigned n;
+};
+static __thread struct rxb_cache rxb_cache;
+static pthread_key_t rxb_key; /* its destructor empties an exiting thread's cache */
+static pthread_once_t rxb_once = PTHREAD_ONCE_INIT;
+static bool rxb_key_ok;
+
+static void rxb_cache_drop(void *arg)
+{
+	struct rxb_cache *c = arg;
+	while (c->n)
+		dg_pages_free(c->b[--c->n], RC_RXBUF);
+}
+
+static void rxb_key_init(void)
+{
+	rxb_key_ok = pthread_key_create(&rxb_key, rxb_cache_drop) == 0;
+}
+
+uint8_t *rc_rxb_get(void)
+{
+	struct rxb_cache *c = &rxb_cache;
+	if (c->n)
+		return c->b[--c->n];
+	return dg_pages_alloc(RC_RXBUF);
+}
+
+void rc_rxb_put(uint8_t *b)
+{
+	if (!b)
+		return;
+	struct rxb_cache *c = &rxb_cache;
+	if (c->n < RXB_CACHE) {
+		pthread_once(&rxb_once, rxb_key_init);
+		if (rxb_key_ok) {
+			if (!c->n)
+				pthread_setspecific(rxb_key, c); /* the destructor runs only for a non-NULL value */
+			c->b[c->n++] = b;
+			return;
+		}
+	}
+	dg_pages_free(b, RC_RXBUF);
+}
+
+/* Gives the connection's receive buffer back once nothing waits in it and no caller's read
+ * (a claim) is about to fill it. qp->lock held. */
+static void rx_buf_settle(struct soft_qp *qp)
+{
+	struct rc_conn *rc = qp->rc;
+	if (rc->rxb && rc->rx_start == rc->rx_end && !__atomic_load_n(&qp->rx_claimed, __ATOMIC_RELAXED)) {
+		rc_rxb_put(rc->rxb);
+		rc->rxb = NULL;
+		rc->rx_start = rc->rx_end = 0;
+	}
+}
+
 /* The room at the stream buffer's end, after moving what is unparsed to its start when little
  * is left. qp->lock held. */
 static uint32_t rx_room(struct rc_conn *rc)
@@ -550,8 +613,8 @@ static uint32_t rx_room(struct rc_conn *rc)
 	return RC_RXBUF - rc->rx_end;
 }
 
-/* Reads the socket into the stream buffer and parses. Returns >0 if it did something. */
-int rc_rx_pump(struct soft_qp *qp)
+/* rc_rx_pump's reading and parsing. Returns >0 if it did something. */
+static int rx_pump(struct soft_qp *qp)
 {
 	struct rc_conn *rc = qp->rc;
 	int did = 0;
@@ -602,6 +665,8 @@ int rc_rx_pump(struct soft_qp *qp)
 			if (poll(&pf, 1, 0) <= 0)
 				break;
 		}
+		if (!rc->rxb && !(rc->rxb = rc_rxb_get()))
+			break; /* out of memory: the bytes stay in TCP, a later call reads them */
 		ssize_t n = recv(qp->fd, rc->rxb + rc->rx_end, space, MSG_DONTWAIT);
 		if (n > 0) {
 			rc->rx_end += (uint32_t)n;
@@ -628,6 +693,14 @@ int rc_rx_pump(struct soft_qp *qp)
 	return did;
 }
 
+/* Reads the socket into the stream buffer and parses. Returns >0 if it did something. */
+int rc_rx_pump(struct soft_qp *qp)
+{
+	int did = rx_pump(qp);
+	rx_buf_settle(qp);
+	return did;
+}
+
 int soft_qp_rx_claim(struct dgv_qp *qpb, size_t *room)
 {
 	struct soft_qp *qp = to_sqp(qpb);
@@ -639,6 +712,11 @@ int soft_qp_rx_claim(struct dgv_qp *qpb, size_t *room)
 	/* only while FPDUs flow and nothing holds the reading back (a paused receive path, the
 	 * end seen): anything else is progress's to do, with its own reads */
 	if (!qp->rx_claimed && !rc->ended && rc->phase == PH_RTS && !rc->rx_paused && !rc->eof) {
+		/* the buffer the feed copies into, held until the claim ends */
+		if (!rc->rxb && !(rc->rxb = rc_rxb_get())) {
+			pthread_mutex_unlock(&qp->lock);
+			return -ENOMEM;
+		}
 		*room = rx_room(rc);
 		__atomic_store_n(&qp->rx_claimed, true, __ATOMIC_RELAXED);
 		r = 0;
@@ -674,6 +752,7 @@ int soft_qp_rx_stream_feed(struct dgv_qp *qpb, const void *buf, ssize_t n)
 	if (!r && n >= 0 && !rc->ended)
 		rc_rx_pump(qp);
 	__atomic_store_n(&qp->rx_claimed, false, __ATOMIC_RELAXED);
+	rx_buf_settle(qp);
 	if (!r && n >= 0 && !rc->ended && rc_tx_owed(qp))
 		rc_tx_pump(qp); /* what the bytes asked for (Read Responses, a Terminate) */
 	pthread_mutex_unlock(&qp->lock);
