@@ -18,11 +18,15 @@ dg_require_shim
 # blocking receive; the CQ eventfd a wait needed was one per socket before issue 14 item 1)
 # UDP_ACTIVE_KB_MAX: the same sockets after each sent a datagram to itself, received it and was
 # waited on (a receive slot, CQ ring entries, a destination, an epoll registration written):
-# 20.3 kB measured; 32.4 before inline sends, the thread's receive batch and the send queue
+# 18.3 kB measured (20.3 before CQ rings grew from a small start); 32.4 before inline sends, the thread's receive batch and the send queue
 # inside the QP. UDP_KB_MAX: 9.3 kB measured, 10.2 while struct sock held every pending
 # datagram's source (now in its receive slot's head: shim/sock.h struct rx_head).
 # TCP_FDS_MAX: 1.0 measured (the CQ's eventfd); 2.0 while the RC QP ran on a private duplicate
-UDP_FDS_MAX=0.1 TCP_FDS_MAX=1.05 UDP_KB_MAX=10 TCP_KB_MAX=55 UDP_ACTIVE_KB_MAX=25
+# TCP_KB_MAX: 30.9 kB measured; 47.6 while every connection kept its channel's event queue
+# (+4.8), a stream receive buffer (+4), a transmit batch (+4), a CQ ring of its whole capacity
+# (+2), its connection state on a page of its own (+2) and a page of control slots each way
+# (+4 with the receive buffer): any of the larger ones back fails here
+UDP_FDS_MAX=0.1 TCP_FDS_MAX=1.05 UDP_KB_MAX=10 TCP_KB_MAX=34 UDP_ACTIVE_KB_MAX=22
 N=${FDCOST_N:-300}
 failed=()
 field() { awk -v k="$2" '{for (i = 1; i < NF; i++) if ($i == k) print $(i + 1)}' "$1" | tail -1; }

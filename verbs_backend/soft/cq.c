@@ -14,6 +14,46 @@
 #include "log.h"
 #include "soft.h"
 
+/* A ring of n entries: packed with other small objects while it is small (two to a page),
+ * else whole zeroed pages (zpages.c). NULL: out of memory. */
+static struct soft_cqe *ring_alloc(uint32_t n)
+{
+	size_t b = (size_t)n * sizeof(struct soft_cqe);
+	return b <= DG_SMALL_MAX ? dg_small_alloc(b) : dg_zalloc(b);
+}
+
+static void ring_free(struct soft_cqe *r, uint32_t n)
+{
+	size_t b = (size_t)n * sizeof(struct soft_cqe);
+	if (b <= DG_SMALL_MAX)
+		dg_small_free(r, b);
+	else
+		dg_zfree(r, b);
+}
+
+/* Makes room for one more entry in a ring that is full (or not made yet) but below the CQ's
+ * capacity: at first what fits a small object (15 entries), then a ring four times larger (at
+ * most cap), the entries in order from its start. Returns 0 or -ENOMEM. cq->lock held. */
+static int ring_grow(struct soft_cq *cq)
+{
+	uint32_t n = (uint32_t)(DG_SMALL_MAX / sizeof *cq->ring);
+	if (cq->phys)
+		n = cq->phys * 4;
+	if (n > cq->cap || cq->phys > cq->cap / 4)
+		n = cq->cap;
+	struct soft_cqe *r = ring_alloc(n);
+	if (!r) {
+		DG_WARN("completion queue: no memory to grow its ring to %u entries", n);
+		return -ENOMEM;
+	}
+	for (uint32_t i = 0; i < cq->count; i++)
+		r[i] = cq->ring[(cq->head + i) % cq->phys];
+	if (cq->ring)
+		ring_free(cq->ring, cq->phys);
+	cq->ring = r, cq->phys = n, cq->head = 0;
+	return 0;
+}
+
 int soft_create_cq(struct dgv_context *ctx, int cqe, struct dgv_cq **out)
 {
 	struct soft_cq *cq = calloc(1, sizeof *cq);
@@ -21,20 +61,22 @@ int soft_create_cq(struct dgv_context *ctx, int cqe, struct dgv_cq **out)
 		return -ENOMEM;
 	cq->base.ctx = ctx;
 	cq->cap = (uint32_t)cqe;
-	/* from whole pages that cost resident memory only once written (zpages.c): an idle CQ's
-	 * ring costs none, a quiet one the page its few entries are on. From the heap a ring of
-	 * a socket's size (80 entries, 9.6 kB) had its first and last pages touched by the chunk
-	 * headers around it: 8 kB of every idle UDP socket's RSS. */
-	size_t rsz = (size_t)cq->cap * sizeof *cq->ring;
-	cq->ring = dg_zalloc(rsz);
+	/* The ring is made by the first completion, with what fits a small object (15 entries),
+	 * and grows when a burst fills it (ring_grow): an idle CQ has none, and most CQs (a
+	 * socket's, a connection's) hold a few completions at a time, the emptied ring starting
+	 * again at its first entry, so they never grow, and two share a page (issue 14: memory
+	 * per idle socket and connection; a ring of the whole capacity cost a page each once
+	 * used). Not from the heap: a ring of a socket's size (80 entries, 9.6 kB) had its first
+	 * and last pages touched by the chunk headers around it. */
+	cq->ring = NULL, cq->phys = 0;
 	/* the eventfd is made when somebody first needs to wait on it (soft_cq_fd): a socket's
 	 * CQ that only its own calls fill (soft_cq_self_driven) never needs one, and a process
 	 * with 10 000 sockets would otherwise hold 10 000 eventfds (issue 14: descriptors) */
 	atomic_init(&cq->efd, -1);
 	cq->qps = cq->qps_inline;
-	if (!cq->ring) {
+	if (!cq->cap) {
 		free(cq);
-		return -ENOMEM;
+		return -EINVAL;
 	}
 	pthread_mutex_init(&cq->lock, NULL);
 	*out = &cq->base;
@@ -54,7 +96,8 @@ int soft_destroy_cq(struct dgv_cq *cqb)
 		close(efd);
 	if (cq->qps != cq->qps_inline)
 		free(cq->qps);
-	dg_zfree(cq->ring, (size_t)cq->cap * sizeof *cq->ring);
+	if (cq->ring)
+		ring_free(cq->ring, cq->phys);
 	free(cq->scratch);
 	pthread_mutex_destroy(&cq->lock);
 	free(cq);
@@ -167,11 +210,11 @@ int soft_cq_push(struct soft_cq *cq, const struct dgv_wc *wc, struct soft_slot *
 		 const struct dgv_range *range)
 {
 	pthread_mutex_lock(&cq->lock);
-	if (cq->count == cq->cap) {
+	if (cq->count == cq->cap || (cq->count == cq->phys && ring_grow(cq))) {
 		pthread_mutex_unlock(&cq->lock);
 		return -ENOSPC;
 	}
-	struct soft_cqe *e = &cq->ring[(cq->head + cq->count) % cq->cap];
+	struct soft_cqe *e = &cq->ring[(cq->head + cq->count) % cq->phys];
 	e->wc = *wc;
 	e->slot = slot;
 	if (slot)
@@ -245,10 +288,10 @@ void soft_cq_detach(struct soft_cq *cq, struct soft_qp *qp)
 		}
 	uint32_t kept = 0;
 	for (uint32_t i = 0; i < cq->count; i++) {
-		struct soft_cqe *e = &cq->ring[(cq->head + i) % cq->cap];
+		struct soft_cqe *e = &cq->ring[(cq->head + i) % cq->phys];
 		if (e->wc.qp == &qp->base && e->slot)
 			continue;
-		cq->ring[(cq->head + kept) % cq->cap] = *e;
+		cq->ring[(cq->head + kept) % cq->phys] = *e;
 		kept++;
 	}
 	__atomic_store_n(&cq->count, kept, __ATOMIC_RELEASE); /* peeked unlocked: soft_cq_push */
@@ -350,7 +393,7 @@ int soft_poll_cq(struct dgv_cq *cqb, int n, struct dgv_wc *wc)
 			}
 		}
 		got++;
-		cq->head = (cq->head + 1) % cq->cap;
+		cq->head = (cq->head + 1) % cq->phys;
 		__atomic_store_n(&cq->count, cq->count - 1, __ATOMIC_RELEASE); /* see soft_cq_push */
 	}
 	/* emptied: the next completion goes to the first entry again, so a CQ that holds a few at

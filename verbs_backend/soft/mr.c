@@ -8,6 +8,7 @@
  * freed before the context, users counts placements in flight and dereg waits for it.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
@@ -140,6 +141,56 @@ void dg_pages_free(void *p, size_t size)
 		free(p);
 	else
 		munmap(p, size);
+}
+
+struct spare_cache {
+	void *b[DG_SPARE_KINDS][DG_SPARES];
+	size_t size[DG_SPARE_KINDS];
+	unsigned n[DG_SPARE_KINDS];
+};
+static __thread struct spare_cache spares;
+static pthread_key_t spare_key; /* its destructor empties an exiting thread's cache */
+static pthread_once_t spare_once = PTHREAD_ONCE_INIT;
+static bool spare_key_ok;
+
+static void spare_drop(void *arg)
+{
+	struct spare_cache *c = arg;
+	for (unsigned k = 0; k < DG_SPARE_KINDS; k++)
+		while (c->n[k])
+			dg_pages_free(c->b[k][--c->n[k]], c->size[k]);
+}
+
+static void spare_key_init(void)
+{
+	spare_key_ok = pthread_key_create(&spare_key, spare_drop) == 0;
+}
+
+void *dg_spare_get(unsigned kind, size_t size)
+{
+	struct spare_cache *c = &spares;
+	if (c->n[kind])
+		return c->b[kind][--c->n[kind]];
+	return dg_pages_alloc(size);
+}
+
+void dg_spare_put(unsigned kind, void *b, size_t size)
+{
+	if (!b)
+		return;
+	struct spare_cache *c = &spares;
+	if (c->n[kind] < DG_SPARES) {
+		pthread_once(&spare_once, spare_key_init);
+		if (spare_key_ok) {
+			/* the destructor runs only for a thread whose value is not NULL */
+			if (!pthread_getspecific(spare_key))
+				pthread_setspecific(spare_key, c);
+			c->size[kind] = size;
+			c->b[kind][c->n[kind]++] = b;
+			return;
+		}
+	}
+	dg_pages_free(b, size);
 }
 
 struct soft_mr *soft_mr_get_remote(struct soft_ctx *ctx, struct soft_pd *pd, uint32_t stag,

@@ -353,12 +353,13 @@ static void rc_qp_free(struct soft_qp *qp)
 {
 	struct rc_conn *rc = qp->rc;
 	if (rc) {
-		rc_rxb_put(rc->rxb);
+		dg_spare_put(DG_SPARE_RC_RXBUF, rc->rxb, RC_RXBUF);
+		dg_spare_put(DG_SPARE_RC_BATCH, rc->bt, sizeof *rc->bt);
 		free(rc->rx_flat);
 		free(rc->flat);
 		free(rc->marked);
 		free(rc->spill);
-		dg_zfree(rc, sizeof *rc);
+		dg_small_free(rc, sizeof *rc);
 	}
 	if (qp->own_fd && qp->fd >= 0)
 		close(qp->fd);
@@ -390,12 +391,13 @@ static int rc_qp_new(struct dgv_pd *pdb, const struct dgv_qp_init_attr *a, int f
 	if (a->max_sge > SOFT_MAX_SGE)
 		return -EINVAL;
 	struct soft_qp *qp = dg_zalloc(sizeof *qp); /* zpages.c: an idle QP touches little of it */
-	/* zeroed pages (zpages.c): most of its 15 kB (batch vectors, markers) an idle
-	 * connection never writes; calloc touched all of it */
-	struct rc_conn *rc = dg_zalloc(sizeof *rc);
+	/* its scalars only (the batch is rc_tx.c's while it is used): two to a page, not the
+	 * program's heap */
+	_Static_assert(sizeof(struct rc_conn) <= DG_SMALL_MAX, "rc_conn fits dg_small_alloc");
+	struct rc_conn *rc = dg_small_alloc(sizeof *rc);
 	if (!qp || !rc) {
 		dg_zfree(qp, sizeof *qp);
-		dg_zfree(rc, sizeof *rc);
+		dg_small_free(rc, sizeof *rc);
 		return -ENOMEM;
 	}
 	qp->base.ctx = pdb->ctx;
@@ -415,7 +417,7 @@ static int rc_qp_new(struct dgv_pd *pdb, const struct dgv_qp_init_attr *a, int f
 	qp->rq_cap = a->max_recv_wr ? a->max_recv_wr : RC_DEFAULT_WR;
 	soft_sq_alloc(qp);
 	soft_rq_alloc(qp);
-	/* rc->rxb: only while bytes wait in it (rc_rxb_get) */
+	/* rc->rxb: only while bytes wait in it (dg_spare_get) */
 	rc->ch = ch_or_default(qp->ctx, a->cm_channel);
 	rc->user = a->cm_user;
 	rc->state = DGV_QPS_CONNECTING;
@@ -463,8 +465,7 @@ int soft_rc_destroy(struct soft_qp *qp)
 	}
 	rc_flush_all(qp, DGV_WC_WR_FLUSH_ERR);
 	/* the batch may point into the program's buffers: nothing more is sent from them */
-	rc->niov = rc->iov_idx = 0;
-	rc->b_bytes = rc->b_sent = 0;
+	rc_batch_reset(rc);
 	pthread_mutex_unlock(&qp->lock);
 	soft_qp_quiesce(qp);
 	ch_purge(rc->ch, &qp->base, NULL);
@@ -741,7 +742,7 @@ static int setup_step(struct soft_qp *qp)
 				process_reply(qp, need);
 				return 1;
 			}
-			if (!rc->rxb && !(rc->rxb = rc_rxb_get())) {
+			if (!rc->rxb && !(rc->rxb = dg_spare_get(DG_SPARE_RC_RXBUF, RC_RXBUF))) {
 				setup_fail(qp, -ENOMEM, "no memory for the MPA Reply");
 				return 1;
 			}

@@ -67,6 +67,16 @@ struct rc_fp {
 	uint32_t idx;   /* SQ index (FP_SQ_DONE) */
 };
 
+/* One transmit batch's vectors and staging: held by a connection only while a batch is being
+ * built or is on its way into TCP (rc_batch_reset gives it back, to a small per-thread cache):
+ * an idle connection holds none (issue 14: memory per idle connection; inside rc_conn they
+ * were a page of every connection's RSS). */
+struct rc_batch {
+	struct iovec iov[RC_IOV];
+	struct rc_fp fp[RC_FPDUS];
+	uint8_t hbuf[RC_HBUF];
+};
+
 struct rc_conn {
 	struct soft_qp *qp;
 	struct rc_conn *next; /* cm->conns */
@@ -114,7 +124,7 @@ struct rc_conn {
 	uint32_t term_len;
 	uint8_t *spill;         /* rest of a half-sent FPDU when the connection fails */
 	/* receive */
-	uint8_t *rxb;
+	uint8_t *rxb;           /* while bytes wait in it (dg_spare_get), else NULL */
 	uint32_t rx_start, rx_end;
 	uint64_t rx_pos;        /* FPDU stream position of rxb[rx_start] */
 	uint8_t *rx_flat;
@@ -132,12 +142,7 @@ struct rc_conn {
 			  * soft_ctx_remove_qp takes it out of libev's set before the close) */
 	bool rx_paused, eof, want_close, wr_closed, peer_closed_told, ended, established;
 	uint8_t term_l, term_t, term_c;
-	/* Last, after every scalar: the object is zeroed pages (dg_zalloc) and a batch writes
-	 * only the first entries of these (13 kB), so a connection that moved a little touches
-	 * two pages, not four */
-	struct iovec iov[RC_IOV];
-	struct rc_fp fp[RC_FPDUS];
-	uint8_t hbuf[RC_HBUF];
+	struct rc_batch *bt;    /* while a batch is built or sent (rc_tx.c batch_get), else NULL */
 };
 
 /* ---- rc_cm.c: connection management and teardown */
@@ -190,13 +195,5 @@ void rc_recv_done(struct soft_qp *qp, const struct soft_rwqe *w, enum dgv_wc_sta
 /* Reads the socket into the stream buffer and handles the FPDUs. Returns > 0 if it did
  * something. */
 int rc_rx_pump(struct soft_qp *qp);
-/* A stream receive buffer (RC_RXBUF bytes) from the calling thread's cache, or fresh zeroed
- * pages; NULL: out of memory. A connection holds one only while bytes wait in it (an MPA frame
- * in parts, a partial FPDU, a paused receive path): an idle connection holds none, and the
- * pages the threads' few cached buffers have touched serve every connection (issue 14:
- * memory per idle connection; a buffer per connection was a page of each one's RSS). */
-uint8_t *rc_rxb_get(void);
-/* Gives b (from rc_rxb_get, or NULL) back to the calling thread's cache, or to the system. */
-void rc_rxb_put(uint8_t *b);
 
 #endif /* DG_SOFT_RC_INT_H */

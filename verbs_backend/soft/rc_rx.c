@@ -10,7 +10,6 @@
 #include <endian.h>
 #include <errno.h>
 #include <poll.h>
-#include <pthread.h>
 #include <string.h>
 #include <sys/socket.h>
 
@@ -537,63 +536,13 @@ static void rx_tcp_error(struct soft_qp *qp, int err)
 	rc_fail(qp, err, NULL, false, NULL, 0, 0);
 }
 
-/* ---- stream receive buffers: a small cache per thread (rc_rxb_get) */
-
-#define RXB_CACHE 2 /* a thread's spare buffers; more go back to the system */
-
-struct rxb_cache {
-	uint8_t *b[RXB_CACHE];
-	unsigned n;
-};
-static __thread struct rxb_cache rxb_cache;
-static pthread_key_t rxb_key; /* its destructor empties an exiting thread's cache */
-static pthread_once_t rxb_once = PTHREAD_ONCE_INIT;
-static bool rxb_key_ok;
-
-static void rxb_cache_drop(void *arg)
-{
-	struct rxb_cache *c = arg;
-	while (c->n)
-		dg_pages_free(c->b[--c->n], RC_RXBUF);
-}
-
-static void rxb_key_init(void)
-{
-	rxb_key_ok = pthread_key_create(&rxb_key, rxb_cache_drop) == 0;
-}
-
-uint8_t *rc_rxb_get(void)
-{
-	struct rxb_cache *c = &rxb_cache;
-	if (c->n)
-		return c->b[--c->n];
-	return dg_pages_alloc(RC_RXBUF);
-}
-
-void rc_rxb_put(uint8_t *b)
-{
-	if (!b)
-		return;
-	struct rxb_cache *c = &rxb_cache;
-	if (c->n < RXB_CACHE) {
-		pthread_once(&rxb_once, rxb_key_init);
-		if (rxb_key_ok) {
-			if (!c->n)
-				pthread_setspecific(rxb_key, c); /* the destructor runs only for a non-NULL value */
-			c->b[c->n++] = b;
-			return;
-		}
-	}
-	dg_pages_free(b, RC_RXBUF);
-}
-
 /* Gives the connection's receive buffer back once nothing waits in it and no caller's read
  * (a claim) is about to fill it. qp->lock held. */
 static void rx_buf_settle(struct soft_qp *qp)
 {
 	struct rc_conn *rc = qp->rc;
 	if (rc->rxb && rc->rx_start == rc->rx_end && !__atomic_load_n(&qp->rx_claimed, __ATOMIC_RELAXED)) {
-		rc_rxb_put(rc->rxb);
+		dg_spare_put(DG_SPARE_RC_RXBUF, rc->rxb, RC_RXBUF);
 		rc->rxb = NULL;
 		rc->rx_start = rc->rx_end = 0;
 	}
@@ -665,7 +614,7 @@ static int rx_pump(struct soft_qp *qp)
 			if (poll(&pf, 1, 0) <= 0)
 				break;
 		}
-		if (!rc->rxb && !(rc->rxb = rc_rxb_get()))
+		if (!rc->rxb && !(rc->rxb = dg_spare_get(DG_SPARE_RC_RXBUF, RC_RXBUF)))
 			break; /* out of memory: the bytes stay in TCP, a later call reads them */
 		ssize_t n = recv(qp->fd, rc->rxb + rc->rx_end, space, MSG_DONTWAIT);
 		if (n > 0) {
@@ -713,7 +662,7 @@ int soft_qp_rx_claim(struct dgv_qp *qpb, size_t *room)
 	 * end seen): anything else is progress's to do, with its own reads */
 	if (!qp->rx_claimed && !rc->ended && rc->phase == PH_RTS && !rc->rx_paused && !rc->eof) {
 		/* the buffer the feed copies into, held until the claim ends */
-		if (!rc->rxb && !(rc->rxb = rc_rxb_get())) {
+		if (!rc->rxb && !(rc->rxb = dg_spare_get(DG_SPARE_RC_RXBUF, RC_RXBUF))) {
 			pthread_mutex_unlock(&qp->lock);
 			return -ENOMEM;
 		}

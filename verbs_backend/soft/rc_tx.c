@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 
 #include "crc.h"
+#include "log.h"
 #include "mpa.h"
 #include "rc_int.h"
 
@@ -59,7 +60,7 @@ static uint8_t *hstage(struct rc_conn *rc, uint32_t n)
 {
 	if (rc->hused + n > RC_HBUF)
 		return NULL;
-	uint8_t *p = rc->hbuf + rc->hused;
+	uint8_t *p = rc->bt->hbuf + rc->hused;
 	rc->hused += n;
 	return p;
 }
@@ -71,13 +72,26 @@ void rc_batch_reset(struct rc_conn *rc)
 	rc->b_bytes = rc->b_sent = 0;
 	rc->nfp = rc->fp_done = 0;
 	rc->hused = 0;
+	dg_spare_put(DG_SPARE_RC_BATCH, rc->bt, sizeof *rc->bt);
+	rc->bt = NULL;
+}
+
+/* The batch's vectors and staging, attached if they are not. Returns false when there is no
+ * memory for them (the caller builds nothing: what is queued waits for a later pump). */
+static bool batch_get(struct rc_conn *rc)
+{
+	if (!rc->bt && !(rc->bt = dg_spare_get(DG_SPARE_RC_BATCH, sizeof *rc->bt))) {
+		DG_WARN("RC connection: no memory for a transmit batch");
+		return false;
+	}
+	return true;
 }
 
 /* The FPDU just added completes something when its last byte is handed to TCP. */
 static void fp_mark_last(struct rc_conn *rc, uint8_t kind, uint32_t idx)
 {
-	rc->fp[rc->nfp - 1].kind = kind;
-	rc->fp[rc->nfp - 1].idx = idx;
+	rc->bt->fp[rc->nfp - 1].kind = kind;
+	rc->bt->fp[rc->nfp - 1].idx = idx;
 }
 
 /* Adds one FPDU to the batch: hdr (DDP header + RDMAP header, hlen bytes) and the payload
@@ -100,9 +114,9 @@ static int batch_fpdu(struct soft_qp *qp, const void *hdr, uint32_t hlen, const 
 			o += (uint32_t)pl[i].iov_len;
 		}
 		size_t n = mpa_fpdu_build(rc->marked, rc->flat, (uint16_t)ulen, rc->info.crc, (int64_t)rc->tx_pos);
-		rc->iov[rc->niov++] = (struct iovec){rc->marked, n};
+		rc->bt->iov[rc->niov++] = (struct iovec){rc->marked, n};
 		rc->b_bytes += n;
-		rc->fp[rc->nfp++] = (struct rc_fp){.end = rc->b_bytes, .kind = FP_NONE};
+		rc->bt->fp[rc->nfp++] = (struct rc_fp){.end = rc->b_bytes, .kind = FP_NONE};
 		rc->tx_pos += n;
 		qp->st.tx_datagrams++;
 		qp->st.tx_bytes += n;
@@ -128,13 +142,13 @@ static int batch_fpdu(struct soft_qp *qp, const void *hdr, uint32_t hlen, const 
 		crc = dg_crc32c_final(s);
 	}
 	mpa_crc_put(t + pad, crc);
-	rc->iov[rc->niov++] = (struct iovec){h, 2 + hlen};
+	rc->bt->iov[rc->niov++] = (struct iovec){h, 2 + hlen};
 	for (int i = 0; i < npl; i++)
-		rc->iov[rc->niov++] = pl[i];
-	rc->iov[rc->niov++] = (struct iovec){t, pad + MPA_CRC_LEN};
+		rc->bt->iov[rc->niov++] = pl[i];
+	rc->bt->iov[rc->niov++] = (struct iovec){t, pad + MPA_CRC_LEN};
 	uint32_t flen = mpa_fpdu_len(ulen);
 	rc->b_bytes += flen;
-	rc->fp[rc->nfp++] = (struct rc_fp){.end = rc->b_bytes, .kind = FP_NONE};
+	rc->bt->fp[rc->nfp++] = (struct rc_fp){.end = rc->b_bytes, .kind = FP_NONE};
 	rc->tx_pos += flen;
 	qp->st.tx_datagrams++;
 	qp->st.tx_bytes += flen;
@@ -270,11 +284,13 @@ static int emit_rtr(struct soft_qp *qp)
 static void batch_build(struct soft_qp *qp)
 {
 	struct rc_conn *rc = qp->rc;
+	if (!batch_get(rc))
+		return;
 	if (rc->term_pending) {
-		rc->iov[rc->niov++] = (struct iovec){rc->term_fpdu, rc->term_len};
+		rc->bt->iov[rc->niov++] = (struct iovec){rc->term_fpdu, rc->term_len};
 		rc->b_bytes += rc->term_len;
 		rc->tx_pos += rc->term_len;
-		rc->fp[rc->nfp++] = (struct rc_fp){.end = rc->b_bytes, .kind = FP_TERM};
+		rc->bt->fp[rc->nfp++] = (struct rc_fp){.end = rc->b_bytes, .kind = FP_TERM};
 		rc->term_pending = false;
 		return;
 	}
@@ -367,13 +383,13 @@ static int batch_send(struct soft_qp *qp)
 {
 	struct rc_conn *rc = qp->rc;
 	while (rc->b_sent < rc->b_bytes) {
-		ssize_t n = rc_send_some(qp, rc->iov + rc->iov_idx, rc->niov - rc->iov_idx);
+		ssize_t n = rc_send_some(qp, rc->bt->iov + rc->iov_idx, rc->niov - rc->iov_idx);
 		if (n <= 0)
 			return (int)n;
 		rc->b_sent += (uint64_t)n;
 		size_t left = (size_t)n;
 		while (left) {
-			struct iovec *v = &rc->iov[rc->iov_idx];
+			struct iovec *v = &rc->bt->iov[rc->iov_idx];
 			if (left >= v->iov_len) {
 				left -= v->iov_len;
 				rc->iov_idx++;
@@ -383,11 +399,11 @@ static int batch_send(struct soft_qp *qp)
 				left = 0;
 			}
 		}
-		while (rc->fp_done < rc->nfp && rc->fp[rc->fp_done].end <= rc->b_sent)
-			fp_complete(qp, &rc->fp[rc->fp_done++]);
+		while (rc->fp_done < rc->nfp && rc->bt->fp[rc->fp_done].end <= rc->b_sent)
+			fp_complete(qp, &rc->bt->fp[rc->fp_done++]);
 	}
 	while (rc->fp_done < rc->nfp)
-		fp_complete(qp, &rc->fp[rc->fp_done++]);
+		fp_complete(qp, &rc->bt->fp[rc->fp_done++]);
 	rc_batch_reset(rc);
 	__atomic_store_n(&qp->pump_blocked, false, __ATOMIC_RELAXED);
 	return 1;
@@ -437,8 +453,10 @@ int rc_tx_pump(struct soft_qp *qp)
 			shutdown(qp->fd, SHUT_WR);
 		}
 		batch_build(qp);
-		if (!rc->b_bytes)
+		if (!rc->b_bytes) {
+			rc_batch_reset(rc); /* nothing to send: the batch's memory goes back */
 			break;
+		}
 	}
 	maybe_close_write(qp);
 	return did;
@@ -507,8 +525,8 @@ static uint64_t keep_cut_fpdu(struct rc_conn *rc)
 {
 	uint64_t cut = rc->b_sent;
 	for (uint32_t i = rc->fp_done; i < rc->nfp; i++)
-		if (rc->fp[i].end > rc->b_sent) {
-			cut = rc->fp[i].end;
+		if (rc->bt->fp[i].end > rc->b_sent) {
+			cut = rc->bt->fp[i].end;
 			break;
 		}
 	if (rc->b_sent == 0 || rc->b_sent == rc->b_bytes)
@@ -517,18 +535,20 @@ static uint64_t keep_cut_fpdu(struct rc_conn *rc)
 	if (rest && (rc->spill || (rc->spill = malloc(RC_FLAT)))) {
 		uint64_t o = 0;
 		for (int i = rc->iov_idx; i < rc->niov && o < rest; i++) {
-			size_t take = rc->iov[i].iov_len < rest - o ? rc->iov[i].iov_len : (size_t)(rest - o);
-			memcpy(rc->spill + o, rc->iov[i].iov_base, take);
+			size_t take = rc->bt->iov[i].iov_len < rest - o ? rc->bt->iov[i].iov_len : (size_t)(rest - o);
+			memcpy(rc->spill + o, rc->bt->iov[i].iov_base, take);
 			o += take;
 		}
 	} else {
 		rest = 0;
 	}
 	rc_batch_reset(rc);
+	if (rest && !batch_get(rc))
+		rest = 0;
 	if (rest) {
-		rc->iov[rc->niov++] = (struct iovec){rc->spill, rest};
+		rc->bt->iov[rc->niov++] = (struct iovec){rc->spill, rest};
 		rc->b_bytes = rest;
-		rc->fp[rc->nfp++] = (struct rc_fp){.end = rest, .kind = FP_NONE};
+		rc->bt->fp[rc->nfp++] = (struct rc_fp){.end = rest, .kind = FP_NONE};
 	}
 	return rest;
 }

@@ -88,6 +88,7 @@ struct soft_cq {
 	pthread_mutex_t lock;
 	struct soft_cqe *ring;
 	uint32_t cap, head, count; /* count: changed under lock by atomic stores, peeked without */
+	uint32_t phys;            /* entries the ring has now (<= cap: cq.c ring_grow) */
 	_Atomic int efd;          /* -1 until soft_cq_fd makes it */
 	atomic_int armed;         /* 1 any, 2 solicited only */
 	const void *armer;        /* the thread that armed it (cq_armer_many: several); lock */
@@ -344,6 +345,16 @@ static inline struct soft_mr *to_smr(struct dgv_mr *m) { return (struct soft_mr 
  * dg_pages_free needs the size given to dg_pages_alloc. */
 void *dg_pages_alloc(size_t size);
 void dg_pages_free(void *p, size_t size);
+/* Buffers a connection needs only while bytes are in them (an RC stream's receive buffer, its
+ * transmit batch), from a cache of DG_SPARES of each kind per thread: getting and giving back
+ * costs no system call, and an idle connection holds none. dg_spare_get: a buffer of size
+ * bytes (the same size for every call of a kind), not zeroed, or NULL (out of memory);
+ * dg_spare_put: b back (NULL: nothing), to the caller's cache or the system. A thread's cache
+ * goes back to the system when it exits. No lock: the cache is the calling thread's. */
+enum { DG_SPARE_RC_RXBUF, DG_SPARE_RC_BATCH, DG_SPARE_KINDS };
+#define DG_SPARES 2
+void *dg_spare_get(unsigned kind, size_t size);
+void dg_spare_put(unsigned kind, void *b, size_t size);
 /* zpages.c: a zeroed object whose pages cost resident memory only once written (per-QP state
  * of which an idle QP touches little); dg_zfree needs the size given to dg_zalloc. NULL: out
  * of memory. */
@@ -384,7 +395,7 @@ static inline void soft_sq_free(struct soft_qp *qp)
 /* Zeroed objects of at most DG_SMALL_MAX bytes packed into pages of zpages.c's chunks (not the
  * program's heap); dg_small_free needs the size given to dg_small_alloc. NULL: out of memory
  * or too large. Free objects are kept by size for reuse, never returned to the system. */
-#define DG_SMALL_MAX 256
+#define DG_SMALL_MAX 2048
 void *dg_small_alloc(size_t size);
 void dg_small_free(void *p, size_t size);
 
