@@ -147,8 +147,10 @@ struct spare_cache {
 	void *b[DG_SPARE_KINDS][DG_SPARES];
 	size_t size[DG_SPARE_KINDS];
 	unsigned n[DG_SPARE_KINDS];
+	bool keyed; /* the destructor's key is set for this thread */
 };
-static __thread struct spare_cache spares;
+/* initial-exec: a get and a put come with every message (no __tls_get_addr call) */
+static __thread struct spare_cache spares __attribute__((tls_model("initial-exec")));
 static pthread_key_t spare_key; /* its destructor empties an exiting thread's cache */
 static pthread_once_t spare_once = PTHREAD_ONCE_INIT;
 static bool spare_key_ok;
@@ -159,6 +161,7 @@ static void spare_drop(void *arg)
 	for (unsigned k = 0; k < DG_SPARE_KINDS; k++)
 		while (c->n[k])
 			dg_pages_free(c->b[k][--c->n[k]], c->size[k]);
+	c->keyed = false; /* the key's value is NULL now: a later put sets it again */
 }
 
 static void spare_key_init(void)
@@ -180,11 +183,12 @@ void dg_spare_put(unsigned kind, void *b, size_t size)
 		return;
 	struct spare_cache *c = &spares;
 	if (c->n[kind] < DG_SPARES) {
-		pthread_once(&spare_once, spare_key_init);
-		if (spare_key_ok) {
+		if (!c->keyed) {
+			pthread_once(&spare_once, spare_key_init);
 			/* the destructor runs only for a thread whose value is not NULL */
-			if (!pthread_getspecific(spare_key))
-				pthread_setspecific(spare_key, c);
+			c->keyed = spare_key_ok && pthread_setspecific(spare_key, c) == 0;
+		}
+		if (c->keyed) {
 			c->size[kind] = size;
 			c->b[kind][c->n[kind]++] = b;
 			return;

@@ -68,7 +68,7 @@ struct rc_fp {
 };
 
 /* One transmit batch's vectors and staging: held by a connection only while a batch is being
- * built or is on its way into TCP (rc_batch_reset gives it back, to a small per-thread cache):
+ * built or is on its way into TCP (rc_tx_pump gives it back, to a small per-thread cache):
  * an idle connection holds none (issue 14: memory per idle connection; inside rc_conn they
  * were a page of every connection's RSS). */
 struct rc_batch {

@@ -72,8 +72,15 @@ void rc_batch_reset(struct rc_conn *rc)
 	rc->b_bytes = rc->b_sent = 0;
 	rc->nfp = rc->fp_done = 0;
 	rc->hused = 0;
-	dg_spare_put(DG_SPARE_RC_BATCH, rc->bt, sizeof *rc->bt);
-	rc->bt = NULL;
+}
+
+/* An empty batch's memory goes back to the thread's spares (rc_tx_pump, when it is done). */
+static void batch_release(struct rc_conn *rc)
+{
+	if (rc->bt && !rc->b_bytes) {
+		dg_spare_put(DG_SPARE_RC_BATCH, rc->bt, sizeof *rc->bt);
+		rc->bt = NULL;
+	}
 }
 
 /* The batch's vectors and staging, attached if they are not. Returns false when there is no
@@ -453,11 +460,10 @@ int rc_tx_pump(struct soft_qp *qp)
 			shutdown(qp->fd, SHUT_WR);
 		}
 		batch_build(qp);
-		if (!rc->b_bytes) {
-			rc_batch_reset(rc); /* nothing to send: the batch's memory goes back */
+		if (!rc->b_bytes)
 			break;
-		}
 	}
+	batch_release(rc); /* all of it is in TCP: held only while a batch waits */
 	maybe_close_write(qp);
 	return did;
 }
