@@ -1964,11 +1964,10 @@ static size_t tx_room(const struct stream *t)
 	return (size_t)(win - used);
 }
 
-/* Copies up to n bytes of iov (from offset skip) into the send ring and posts them. Returns
- * bytes posted (> 0) or -errno. */
-/* Posts up to n bytes of iov (from byte skip) as data records, as far as the window lets.
- * sig_last: the record that ends the n bytes asks for a completion (on a device most do not).
- * Returns the bytes posted, or -errno when none was. Needs s->lock. */
+/* Copies up to n bytes of iov (from byte skip) into the send ring and posts them as data
+ * records, as far as the window lets. Where completions cost (DGV_CAP_SIGNAL_COSTS) one record
+ * in SIGNAL_EVERY asks for one, and with sig_last the one that ends the n bytes (a later
+ * completion retires the records before it); elsewhere every record does. Returns the bytes posted, or -errno when none was. Needs s->lock. */
 static ssize_t post_data(struct sock *s, struct stream *t, const struct iovec *iov, int iovcnt, size_t skip,
 			 size_t n, bool sig_last)
 {
@@ -2179,9 +2178,9 @@ ssize_t stream_send(struct sock *s, int fd, const struct iovec *iov, int iovcnt,
 		size_t room = tx_room(t);
 		if (room) {
 			size_t want = total - done < room ? total - done : room;
-			/* a blocking write on a device waits for its last record's completion (below):
-			 * that record must ask for one */
-			ssize_t p = want ? post_data(s, t, iov, iovcnt, done, want, !nb && t->own_cm) : 0;
+			/* a blocking write waits for its last record's completion (below): that record
+			 * must ask for one */
+			ssize_t p = want ? post_data(s, t, iov, iovcnt, done, want, !nb) : 0;
 			if (p < 0) {
 				if (p != -ENOMEM && p != -EAGAIN) {
 					rc = p;
@@ -2211,7 +2210,7 @@ ssize_t stream_send(struct sock *s, int fd, const struct iovec *iov, int iovcnt,
 	 * device waits for its last record's completion (siw: handed to TCP; rxe: acknowledged by
 	 * the peer, one round trip per write). Not when that record could not ask for one (the
 	 * write ended early on an error). */
-	while (done && !nb && t->tx_out && (!t->own_cm || t->sig_seq == t->data_seq) && !t->err && !t->tcp_down) {
+	while (done && !nb && t->tx_out && t->sig_seq == t->data_seq && !t->err && !t->tcp_down) {
 		progress(s, t);
 		if (!t->tx_out || t->err || t->tcp_down)
 			break;
@@ -2679,9 +2678,14 @@ void stream_teardown(struct sock *s)
 			ctl_send(t, CTL_ABORT); /* handed to TCP before the program's close resets it */
 		else if (t->own_cm && !t->tcp_down && !abort && t->tx_out && !t->ctl_out_n)
 			ctl_send(t, 0); /* a signaled record: it retires the unsignaled data before it */
-		/* queued data goes out before the QP: wait for our sends, bounded */
+		/* queued data goes out before the QP: wait for our sends, bounded. Unsignaled data
+		 * records complete only with a later record that asks for a completion: with none
+		 * after them (the soft provider's, to a peer that closed: no control message goes
+		 * to it) they are not waited for; the provider hands them to TCP as they are posted. */
+		bool tail = t->sig_seq == t->data_seq || t->ctl_out_n;
 		uint64_t end = shim_now_us() + 2000000;
-		while (((t->tx_out && !(abort && t->own_cm)) || t->ctl_out_n) && !t->tcp_down && shim_now_us() < end) {
+		while (((t->tx_out && tail && !(abort && t->own_cm)) || t->ctl_out_n) && !t->tcp_down &&
+		       shim_now_us() < end) {
 			dgv_cq_wait(t->cq, 10);
 			progress(s, t);
 		}

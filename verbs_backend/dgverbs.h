@@ -90,8 +90,9 @@ enum dgv_cap_flag {
 	DGV_CAP_BUSY_POLL = 1u << 3,
 	/* dgv_cq_notify_background: the provider's thread progresses a QP nobody polls */
 	DGV_CAP_BACKGROUND = 1u << 4,
-	/* each signalled completion wakes a program waiting on the channel (an interrupt's
-	 * worth): signal one send in several where in-order completion allows */
+	/* each signalled completion may wake a program waiting on the channel (a device's
+	 * interrupt; on the soft provider an eventfd write when the CQ is armed, and its read):
+	 * signal one send in several where in-order completion allows */
 	DGV_CAP_SIGNAL_COSTS = 1u << 5,
 	/* RC: a Write-Record goes as a Write and a Send (two send queue entries), and consumes a
 	 * posted receive at the target (docs/design.md "The ibverbs provider") */

@@ -95,6 +95,7 @@ struct soft_cq {
 	bool deferred;            /* the armer's own progress fired the arm inside its poll; lock */
 	atomic_int waiters;       /* threads blocked in cq_wait */
 	atomic_bool bg_notify;    /* dgv_cq_notify_background */
+	atomic_bool kicked;       /* the eventfd may be readable (cq.c soft_cq_ack_event) */
 	atomic_int pollers;       /* threads inside cq_progress (detach waits for 0) */
 	/* QPs feeding this CQ (progress is driven from poll): qps_inline, or SOFT_CQ_MAX_QPS
 	 * entries made when a fifth attaches (a socket's CQ has one or two; 64 inline were half a
