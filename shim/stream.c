@@ -2287,7 +2287,18 @@ ssize_t stream_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt,
 		    dgv_qp_rx_claim(t->qp, &room) == 0)
 			cl.qp = t->qp;
 		eager = false;
-		progress(s, t);
+		/* Bytes at hand and no credit due after taking them: the look at TCP is skipped, and
+		 * the call returns what is at hand (a short read, as the kernel's when that is all it
+		 * has). The readiness check that woke the program has just read TCP dry, and the
+		 * look found nothing: a recv for nothing per request of an epoll server. A credit is
+		 * never sent without the look: the peer's close may be behind the data in TCP. */
+		uint64_t have = t->arrived - t->consumed;
+		size_t take = total - done < have ? total - done : (size_t)have;
+		if (!cl.qp && have && !(flags & MSG_PEEK) && !t->ctl_owed && t->state == SS_ESTAB && !t->rv_wait &&
+		    t->consumed + take - t->adv_consumed < t->ring / 4 && t->recs_polled - t->adv_recs < MAX_RECS / 4)
+			;
+		else
+			progress(s, t);
 		if (cl.qp && (t->arrived != t->consumed || t->state != SS_ESTAB || t->peer_fin || t->shut_rd || t->err ||
 			      t->tcp_down))
 			rx_unclaim(&cl, -EAGAIN); /* no wait follows */
