@@ -2271,7 +2271,7 @@ ssize_t stream_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt,
 		goto out;
 	size_t total = iov_total(iov, iovcnt), done = 0;
 	bool waitall = (flags & MSG_WAITALL) && !(flags & MSG_PEEK);
-	bool lowat_expired = false, eager = false, waited = false;
+	bool lowat_expired = false, eager = false;
 	int timeout = s->rcvtimeo_ms > 0 ? s->rcvtimeo_ms : -1;
 	for (;;) {
 		/* a blocking receive with nothing at hand claims the socket's reading before it looks
@@ -2287,20 +2287,7 @@ ssize_t stream_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt,
 		    dgv_qp_rx_claim(t->qp, &room) == 0)
 			cl.qp = t->qp;
 		eager = false;
-		/* Bytes at hand and no credit due after taking them: the look at TCP is skipped, and
-		 * the call returns what is at hand (a short read, as the kernel's when that is all it
-		 * has). The readiness check that woke the program has just read TCP dry, and the
-		 * look found nothing: a recv for nothing per request of an epoll server. A credit is
-		 * never sent without the look: the peer's close may be behind the data in TCP. Only
-		 * before this call waited: after a wait (SO_RCVLOWAT's, MSG_WAITALL's) the look is
-		 * what it waited for. */
-		uint64_t have = t->arrived - t->consumed;
-		size_t take = total - done < have ? total - done : (size_t)have;
-		if (!waited && !cl.qp && have && !(flags & MSG_PEEK) && !t->ctl_owed && t->state == SS_ESTAB && !t->rv_wait &&
-		    t->consumed + take - t->adv_consumed < t->ring / 4 && t->recs_polled - t->adv_recs < MAX_RECS / 4)
-			;
-		else
-			progress(s, t);
+		progress(s, t);
 		if (cl.qp && (t->arrived != t->consumed || t->state != SS_ESTAB || t->peer_fin || t->shut_rd || t->err ||
 			      t->tcp_down))
 			rx_unclaim(&cl, -EAGAIN); /* no wait follows */
@@ -2312,7 +2299,6 @@ ssize_t stream_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt,
 		if (avail && !done && !waitall && !nb && !lowat_expired && avail < lowat_target(t, total) &&
 		    !t->peer_fin && !t->shut_rd && !t->err && !t->tcp_down) {
 			int w = stream_wait(s, t, &timeout);
-			waited = true;
 			if (w == -EAGAIN)
 				lowat_expired = true; /* the timeout: what is there is returned */
 			else if (w) {
@@ -2358,7 +2344,6 @@ ssize_t stream_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt,
 			break;
 		}
 		int w = cl.qp ? rx_wait(&cl, room) : stream_wait(s, t, &timeout);
-		waited = true;
 		if (w == 1)
 			eager = true, w = 0;
 		if (w) {
