@@ -46,6 +46,18 @@ enum { CAP_UD = 1, CAP_RD = 2, CAP_UDV = 4, CAP_RC = 8 };
 #define RETRY_NO_REMOTE_US 1000000u
 static _Atomic int asked; /* questions outstanding, so a sender reads answers only then */
 #define RETRY_DEV_US 1000000u   /* a device peer that refused SIDR: asked again after this */
+
+/* The clock of every time a destination's entry keeps (checked_us, the lease, the questions,
+ * the sweep): the coarse monotonic clock (the kernel's tick, 1-4 ms), read from the vDSO's data
+ * without the TSC, because route_once reads it for every datagram sent and peer_heard for every
+ * one received, and every period it is compared with is at least a millisecond. Never mixed
+ * with shim_now_us. */
+static inline uint64_t peer_clock(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
 enum { RULE_AUTO = 0, RULE_OFF = 1, RULE_TRUST = 2 };
 
 struct peer {
@@ -346,7 +358,7 @@ again:
 				break;
 			/* a new destination: the time to forget the idle ones (the clock is read
 			 * here only, not per datagram) */
-			uint64_t now = shim_now_us();
+			uint64_t now = peer_clock();
 			bool full = (t->n + 1) * 4 > t->cap * 3;
 			if (!swept && (!t->swept_us || now - t->swept_us >= idle_us() ||
 				       (full && now - t->swept_us >= 1000000u))) {
@@ -444,7 +456,7 @@ static void on_answer(const union dgv_sockaddr *from, unsigned port, uint64_t no
 	pthread_mutex_lock(m);
 	struct peer *p = find(&a, al, h, false);
 	if (p && p->nonce && p->nonce == nonce) {
-		uint64_t now = shim_now_us();
+		uint64_t now = peer_clock();
 		uint8_t had = p->caps;
 		p->caps = caps_of_disco(caps);
 		p->nonce = 0;
@@ -469,7 +481,7 @@ static void on_answer(const union dgv_sockaddr *from, unsigned port, uint64_t no
  * what was said. Needs p's stripe lock. */
 static void remote_check(struct peer *p, const union dgv_sockaddr *to)
 {
-	uint64_t now = shim_now_us();
+	uint64_t now = peer_clock();
 	if (p->nonce && now - p->asked_us > ASK_WAIT_US) {
 		p->nonce = 0; /* no answer: nobody there speaks it (or it was lost) */
 		atomic_fetch_sub(&asked, 1);
@@ -520,7 +532,7 @@ static struct dgv_ah *route_once(const union dgv_sockaddr *to, socklen_t tolen, 
 		goto out;
 	} else if (p->rule != RULE_TRUST) {
 		if (p->local) {
-			uint64_t now = shim_now_us();
+			uint64_t now = peer_clock();
 			if (now - p->checked_us > (p->caps & want ? LEASE_LOCAL_US : RECHECK_NO_US)) {
 				p->checked_us = now;
 				uint8_t had = p->caps;
@@ -543,7 +555,7 @@ static struct dgv_ah *route_once(const union dgv_sockaddr *to, socklen_t tolen, 
 		if (!p->dah || p->dah_gen != G.gen) {
 			/* SIDR asks the destination's device for its QP: one round trip, made once
 			 * per destination; a refusal is believed for RETRY_DEV_US */
-			uint64_t now = shim_now_us();
+			uint64_t now = peer_clock();
 			p->dah = NULL;
 			if (p->dah_fail_us && now - p->dah_fail_us < RETRY_DEV_US)
 				goto out;
@@ -582,11 +594,15 @@ static bool answer_wait(int family, uint64_t until)
 
 struct dgv_ah *peer_route(const union dgv_sockaddr *to, socklen_t tolen, int svc, int wait_ms)
 {
-	uint64_t until = shim_now_us() + (uint64_t)wait_ms * 1000;
+	uint64_t until = 0; /* read only when an answer is awaited: not per datagram */
 	for (;;) {
 		bool pending = false;
 		struct dgv_ah *ah = route_once(to, tolen, svc, &pending);
-		if (ah || !pending || !wait_ms || !answer_wait(to->sa.sa_family, until))
+		if (ah || !pending || !wait_ms)
+			return ah;
+		if (!until)
+			until = shim_now_us() + (uint64_t)wait_ms * 1000;
+		if (!answer_wait(to->sa.sa_family, until))
 			return ah;
 	}
 }
@@ -602,7 +618,7 @@ void peer_heard(const union dgv_sockaddr *from, socklen_t fromlen, bool framed, 
 	if (p) {
 		if (framed) {
 			p->caps |= cap_of(svc);
-			p->checked_us = shim_now_us();
+			p->checked_us = peer_clock();
 			if (!p->local)
 				p->lease_until_us = p->checked_us + (uint64_t)DISCO_LEASE_MS * 1000;
 		} else if (p->caps) {
@@ -634,7 +650,7 @@ void peer_failed(const union dgv_sockaddr *to, socklen_t tolen)
 	struct peer *p = find(to, tolen, h, false);
 	if (p) {
 		p->caps = 0;
-		p->checked_us = shim_now_us(); /* plain for one lease, then ask again */
+		p->checked_us = peer_clock(); /* plain for one lease, then ask again */
 		if (p->rule == RULE_TRUST)
 			p->rule = RULE_AUTO;
 	}

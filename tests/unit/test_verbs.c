@@ -883,6 +883,44 @@ Test(ud, inline_send_from_unregistered_memory)
 	teardown_pair();
 }
 
+/* An inline Send posted while an earlier one waits in the queue (its socket was full) goes
+ * behind it, not straight to UDP as a Send into an empty queue does; a signaled one sent at once
+ * still completes. */
+Test(ud, inline_send_queues_behind_a_waiting_one)
+{
+	setup_pair(DGV_QPT_UD, NULL, 0);
+	char m1[64], m2[64];
+	memset(m1, 'a', sizeof m1);
+	memset(m2, 'b', sizeof m2);
+	struct dgv_sge s1 = {(uint64_t)(uintptr_t)m1, sizeof m1, 0}, s2 = {(uint64_t)(uintptr_t)m2, sizeof m2, 0};
+	struct dgv_send_wr w1 = {.wr_id = 1, .sg_list = &s1, .num_sge = 1, .opcode = DGV_WR_SEND,
+				 .send_flags = DGV_SEND_INLINE, .ah = A.ah_peer},
+			   w2 = {.wr_id = 2, .sg_list = &s2, .num_sge = 1, .opcode = DGV_WR_SEND,
+				 .send_flags = DGV_SEND_INLINE | DGV_SEND_SIGNALED, .ah = A.ah_peer};
+	struct dgv_wc wc;
+	for (int round = 0; round < 2; round++) {
+		post_recv(&B, 0, 4096, 20);
+		post_recv(&B, 4096, 4096, 21);
+		soft_qp_test_block_tx(A.qp, round == 1); /* round 0: both go at once */
+		cr_assert_eq(dgv_post_send(A.qp, &w1, NULL), 0);
+		soft_qp_test_block_tx(A.qp, false);
+		cr_assert_eq(dgv_post_send(A.qp, &w2, NULL), 0);
+		for (int k = 0; k < 2; k++) {
+			cr_assert(wait_wc(&B, &wc, 3000), "round %d: datagram %d arrived", round, k);
+			cr_assert_eq(wc.status, DGV_WC_SUCCESS);
+			cr_assert_eq(wc.byte_len, sizeof m1);
+			cr_assert_eq(B.buf[wc.wr_id == 20 ? 0 : 4096], k ? 'b' : 'a',
+				     "round %d: the datagrams arrive in the order posted", round);
+		}
+		cr_assert(wait_wc(&A, &wc, 3000), "round %d: the signaled send completes", round);
+		cr_assert_eq(wc.wr_id, 2);
+		cr_assert_eq(wc.status, DGV_WC_SUCCESS);
+		cr_assert_eq(wc.byte_len, sizeof m2);
+		cr_assert_eq(dgv_poll_cq(A.cq, 1, &wc), 0, "round %d: the unsignaled one made none", round);
+	}
+	teardown_pair();
+}
+
 /* Asynchronous progress: the target application never calls in, yet one-sided Write-Records
  * are placed and RD acknowledgements flow, so the source's work completes. */
 Test(rd, async_progress_without_target_polling)

@@ -13,6 +13,7 @@
 
 #include "log.h"
 #include "soft.h"
+#include "sys.h"
 
 /* A ring of n entries: packed with other small objects while it is small (two to a page),
  * else whole zeroed pages (zpages.c). NULL: out of memory. */
@@ -179,8 +180,7 @@ void soft_cq_kick(struct soft_cq *cq)
 	if (fd < 0)
 		return; /* nobody waits on an eventfd not made yet (soft_cq_fd looks at the ring) */
 	uint64_t one = 1;
-	ssize_t w = write(fd, &one, sizeof one);
-	(void)w;
+	(void)dg_sys_write(fd, &one, sizeof one);
 	/* after the write: a reader that finds the flag set finds the count there too, and one
 	 * that comes between the two skips a read the next event's look makes (the descriptor
 	 * stays readable until then) */
@@ -193,7 +193,7 @@ static ssize_t efd_drain(struct soft_cq *cq, int fd)
 {
 	atomic_store(&cq->kicked, false);
 	uint64_t v;
-	return read(fd, &v, sizeof v);
+	return dg_sys_read(fd, &v, sizeof v);
 }
 
 /* Reads the eventfd only when a kick may have made it readable: a wake-up that came through

@@ -22,6 +22,7 @@
 #include "env.h"
 #include "log.h"
 #include "soft.h"
+#include "sys.h"
 
 #define DEFAULT_WR 256
 #define DEFAULT_MAX_MSG (16u << 20)
@@ -100,15 +101,16 @@ static void udp_emit(void *arg, const struct dg_pkt *pkt)
 			off += pkt->iov[i].iov_len;
 		}
 		do
-			r = sendto(t->qp->fd, flat, off, MSG_DONTWAIT | MSG_NOSIGNAL, mh.msg_name, mh.msg_namelen);
-		while (r < 0 && errno == EINTR);
+			r = dg_sys_sendto(t->qp->fd, flat, off, MSG_DONTWAIT | MSG_NOSIGNAL, mh.msg_name,
+					  mh.msg_namelen);
+		while (r == -EINTR);
 	} else {
 		do
-			r = sendmsg(t->qp->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
-		while (r < 0 && errno == EINTR);
+			r = dg_sys_sendmsg(t->qp->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+		while (r == -EINTR);
 	}
 	if (r < 0) {
-		t->err = -errno;
+		t->err = (int)r;
 		return;
 	}
 	t->qp->st.tx_datagrams++;
@@ -378,13 +380,13 @@ static int pump_ud_batched(struct soft_qp *qp, uint32_t idx, uint8_t op, bool ta
 			pos += plen;
 			n++;
 		}
-		int sent = sendmmsg(qp->fd, mm, (unsigned)n, MSG_DONTWAIT | MSG_NOSIGNAL);
+		int sent = dg_sys_sendmmsg(qp->fd, mm, (unsigned)n, MSG_DONTWAIT | MSG_NOSIGNAL);
 		if (sent < 0) {
-			if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS || errno == EINTR) {
-				__atomic_store_n(&qp->pump_blocked, errno != EINTR, __ATOMIC_RELAXED);
+			if (sent == -EAGAIN || sent == -EWOULDBLOCK || sent == -ENOBUFS || sent == -EINTR) {
+				__atomic_store_n(&qp->pump_blocked, sent != -EINTR, __ATOMIC_RELAXED);
 				return -EAGAIN;
 			}
-			int err = -errno;
+			int err = sent;
 			DG_WARN("send to peer failed: %s", strerror(-err));
 			w->all_sent = true;
 			sq_complete(qp, idx, DGV_WC_GENERAL_ERR, w->sent);
@@ -474,10 +476,10 @@ static int pump_ud_gso(struct soft_qp *qp, uint32_t idx, uint8_t op, bool tagged
 				    .msg_controllen = sizeof ctl.buf};
 		ssize_t r;
 		do
-			r = sendmsg(qp->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
-		while (r < 0 && errno == EINTR);
+			r = dg_sys_sendmsg(qp->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+		while (r == -EINTR);
 		if (r < 0) {
-			int e = errno;
+			int e = (int)-r;
 			if (e == EAGAIN || e == EWOULDBLOCK || e == ENOBUFS) {
 				__atomic_store_n(&qp->pump_blocked, true, __ATOMIC_RELAXED);
 				return -EAGAIN;
@@ -1611,7 +1613,7 @@ static int rx_drain_into(struct soft_qp *qp, struct rx_batch *b, int budget)
 	if (qp->rx_vlen <= 1 && qp->gro) {
 		/* GRO: the segment size comes in a control message, which needs recvmsg */
 		b->msg[0].msg_hdr.msg_controllen = RXCTL_LEN;
-		ssize_t r = recvmsg(qp->fd, &b->msg[0].msg_hdr, MSG_DONTWAIT);
+		ssize_t r = dg_sys_recvmsg(qp->fd, &b->msg[0].msg_hdr, MSG_DONTWAIT);
 		if (r < 0) {
 			qp->rx_streak = 0;
 			return 0;
@@ -1626,7 +1628,8 @@ static int rx_drain_into(struct soft_qp *qp, struct rx_batch *b, int budget)
 		/* recvfrom: no message header for the kernel to import; MSG_TRUNC returns the real
 		 * length, so an oversized datagram is still recognised */
 		socklen_t al = sizeof b->addr[0];
-		ssize_t r = recvfrom(qp->fd, b->buf, qp->rxbuf_size, MSG_DONTWAIT | MSG_TRUNC, &b->addr[0].sa, &al);
+		ssize_t r = dg_sys_recvfrom(qp->fd, b->buf, qp->rxbuf_size, MSG_DONTWAIT | MSG_TRUNC,
+					    &b->addr[0].sa, &al);
 		if (r < 0) {
 			qp->rx_streak = 0;
 			return 0;
@@ -1653,7 +1656,7 @@ static int rx_drain_into(struct soft_qp *qp, struct rx_batch *b, int budget)
 		/* the batch serves every QP of this thread: a control buffer only for GRO's */
 		for (uint32_t i = 0; i < vlen; i++)
 			b->msg[i].msg_hdr.msg_controllen = qp->gro ? RXCTL_LEN : 0;
-		int n = recvmmsg(qp->fd, b->msg, vlen, MSG_DONTWAIT, NULL);
+		int n = dg_sys_recvmmsg(qp->fd, b->msg, vlen, MSG_DONTWAIT);
 		if (n <= 0)
 			break;
 		for (int i = 0; i < n; i++)
@@ -2179,6 +2182,40 @@ static void inline_keep(struct soft_qp *qp, uint32_t first)
 	}
 }
 
+/* UD's common case: one inline Send that fits one segment, nothing queued before it (no send,
+ * no Read Response) and no fault injection. The datagram is built on the stack and handed to
+ * UDP during the post, with no send-queue entry written, pumped and retired: a stream of small
+ * datagrams pays only the system call (issue 14 item 4). Returns true when the post is done
+ * (sent, or completed with an error), false when the queued way must take it (the socket is
+ * full, or more than one segment). Needs qp->lock. */
+static bool ud_send_now(struct soft_qp *qp, const struct dgv_send_wr *wr)
+{
+	uint64_t total = 0;
+	if (check_send_wr(qp, wr, &total))
+		return false; /* the queued way says why */
+	uint32_t segsz = seg_payload(qp, DG_UNTAGGED_HLEN);
+	uint32_t ps = qp->seg_path ? ((const struct soft_ah *)wr->ah)->path_seg : 0;
+	if (ps > qp->seg_size)
+		segsz += ps - qp->seg_size;
+	if (total > segsz)
+		return false;
+	struct iovec pl[SOFT_MAX_SGE];
+	int npl = soft_sge_iov(wr->sg_list, (uint32_t)wr->num_sge, 0, (uint32_t)total, pl, SOFT_MAX_SGE);
+	struct dg_untagged_hdr h;
+	uint32_t msn = qp->msn_send;
+	dg_put_untagged(&h, wr->opcode == DGV_WR_SEND ? RDMAP_SEND : RDMAP_SEND_SE, true, DDP_QN_SEND, msn,
+			0, (uint32_t)total, (uint16_t)segsz, 0);
+	int rc = tx_segment(qp, &h, sizeof h, pl, npl, &wr->ah->addr, wr->ah->addrlen, 0);
+	if (rc == -EAGAIN)
+		return false; /* queued (its payload copied) until the socket has room */
+	qp->msn_send++;
+	if (rc)
+		DG_WARN("send to peer failed: %s", strerror(-rc));
+	send_cqe(qp, wr->wr_id, wr->opcode, wr->send_flags & DGV_SEND_SIGNALED,
+		 rc ? DGV_WC_GENERAL_ERR : DGV_WC_SUCCESS, rc ? 0 : (uint32_t)total, msn);
+	return true;
+}
+
 int soft_post_send(struct dgv_qp *qpb, struct dgv_send_wr *wr, struct dgv_send_wr **bad)
 {
 	struct soft_qp *qp = to_sqp(qpb);
@@ -2186,6 +2223,12 @@ int soft_post_send(struct dgv_qp *qpb, struct dgv_send_wr *wr, struct dgv_send_w
 	if (qp->rc)
 		return soft_rc_post_send(qp, wr, bad);
 	pthread_mutex_lock(&qp->lock);
+	if (qp->base.type == DGV_QPT_UD && wr && !wr->next && (wr->send_flags & DGV_SEND_INLINE) &&
+	    qp->sq_head == qp->sq_tail && !qp->ird_count && !qp->ftx.active && ud_send_now(qp, wr)) {
+		pthread_mutex_unlock(&qp->lock);
+		*bad = NULL;
+		return 0;
+	}
 	/* an empty ring starts again at its first entry: a socket that sends a datagram at a time
 	 * then writes one page of it, not each of its pages in turn (each entry was retired: no
 	 * cookie or read names one) */

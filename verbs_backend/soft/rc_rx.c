@@ -17,6 +17,7 @@
 #include "log.h"
 #include "mpa.h"
 #include "rc_int.h"
+#include "sys.h"
 
 /* ------------------------------------------------------------------ completions */
 
@@ -616,7 +617,7 @@ static int rx_pump(struct soft_qp *qp)
 		}
 		if (!rc->rxb && !(rc->rxb = dg_spare_get(DG_SPARE_RC_RXBUF, RC_RXBUF)))
 			break; /* out of memory: the bytes stay in TCP, a later call reads them */
-		ssize_t n = recv(qp->fd, rc->rxb + rc->rx_end, space, MSG_DONTWAIT);
+		ssize_t n = dg_sys_recvfrom(qp->fd, rc->rxb + rc->rx_end, space, MSG_DONTWAIT, NULL, NULL);
 		if (n > 0) {
 			rc->rx_end += (uint32_t)n;
 			rc->empty_probes = 0;
@@ -629,12 +630,12 @@ static int rx_pump(struct soft_qp *qp)
 			rc->eof = true;
 			continue;
 		}
-		if (errno == EINTR)
+		if (n == -EINTR)
 			continue;
-		if (errno == EAGAIN || errno == EWOULDBLOCK) {
+		if (n == -EAGAIN || n == -EWOULDBLOCK) {
 			rc->empty_probes++;
 		} else {
-			rx_tcp_error(qp, -errno);
+			rx_tcp_error(qp, (int)n);
 			return 1;
 		}
 		break;

@@ -17,6 +17,7 @@
 #include "log.h"
 #include "mpa.h"
 #include "rc_int.h"
+#include "sys.h"
 
 /* ------------------------------------------------------------------ completions */
 
@@ -371,16 +372,16 @@ ssize_t rc_send_some(struct soft_qp *qp, const struct iovec *iov, int n)
 {
 	struct msghdr m = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)n};
 	for (;;) {
-		ssize_t r = sendmsg(qp->fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
+		ssize_t r = dg_sys_sendmsg(qp->fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
 		if (r >= 0)
 			return r;
-		if (errno == EINTR)
+		if (r == -EINTR)
 			continue;
-		if (errno == EAGAIN || errno == EWOULDBLOCK) {
+		if (r == -EAGAIN || r == -EWOULDBLOCK) {
 			__atomic_store_n(&qp->pump_blocked, true, __ATOMIC_RELAXED);
 			return 0;
 		}
-		return -errno;
+		return r;
 	}
 }
 
