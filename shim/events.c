@@ -563,9 +563,13 @@ static void reg_cq_late(struct ep *ep, struct reg *r, uint32_t idx, uint64_t d)
 }
 
 /* Makes r a taken socket's registration (its CQ's descriptor registered too) once the socket
- * has a queue pair: at ADD, or at its first event when it was added before bind. Needs
+ * has a queue pair: at ADD (in_kernel false: the caller then adds the socket to `inner` with
+ * kernel_events, which now are the attached ones), or at its first event when it was added
+ * before bind (in_kernel: a stream's registration there is changed to them). A stream is
+ * checked without a read of TCP: the kernel's ADD of its registration reports the data waiting
+ * there (edge-triggered, a ready file's ADD queues an event), whose translation reads it. Needs
  * ep->lock. Returns true when r is (now) a taken socket's. */
-static bool reg_attach(struct ep *ep, struct reg *r, uint32_t idx)
+static bool reg_attach(struct ep *ep, struct reg *r, uint32_t idx, bool in_kernel)
 {
 	if (r->s)
 		return true;
@@ -573,8 +577,9 @@ static bool reg_attach(struct ep *ep, struct reg *r, uint32_t idx)
 	int qfd, cqfd;
 	if (!s || s != r->ps || sock_id(s) != r->sid)
 		return false;
-	if (sock_poll_in(s, r->fd) < 0 || sock_wait_fds(s, &qfd, &cqfd)) {
-		pending_set(ep, r, sock_is_stream(s)); /* a stream may connect later */
+	bool strm = sock_is_stream(s);
+	if ((strm ? sock_poll_in_queued(s, r->fd) : sock_poll_in(s, r->fd)) < 0 || sock_wait_fds(s, &qfd, &cqfd)) {
+		pending_set(ep, r, strm); /* a stream may connect later */
 		return false;
 	}
 	pending_set(ep, r, false);
@@ -582,7 +587,7 @@ static bool reg_attach(struct ep *ep, struct reg *r, uint32_t idx)
 	r->s = s;
 	__atomic_store_n(&r->kick, true, __ATOMIC_RELAXED);
 	atomic_fetch_add(&ep->ntaken, 1);
-	if (sock_is_stream(s)) {
+	if (strm && in_kernel) {
 		struct epoll_event kev = {.events = kernel_events(r), .data.u64 = tag(r, idx, false)};
 		real.epoll_ctl(ep->inner, EPOLL_CTL_MOD, r->fd, &kev);
 	}
@@ -662,24 +667,33 @@ int ev_epoll_ctl(struct ep *ep, int epfd, int op, int fd, struct epoll_event *ev
 		r->last_in = 0;
 		atomic_fetch_add(&r->gen, 1); /* odd: in use */
 		atomic_fetch_add(&ep->nlive, 1);
+		/* attached first: the kernel's registration is made once, with the events it keeps */
+		reg_attach(ep, r, idx, false);
 		struct epoll_event kev = {.events = kernel_events(r), .data.u64 = tag(r, idx, false)};
 		if (real.epoll_ctl(ep->inner, EPOLL_CTL_ADD, fd, &kev) < 0) {
 			rc = -errno;
 			sock_ep_link(s, ep, 0);
-			reg_release(ep, r, idx);
+			reg_drop(ep, r, idx); /* the CQ's descriptor, when attached */
 			break;
 		}
-		reg_attach(ep, r, idx);
 		break;
 	}
 	case EPOLL_CTL_MOD: {
+		/* A carried stream's kernel registration only wakes the wait (kernel_events): a MOD
+		 * that leaves what it asks of the kernel as it was (a program switching EPOLLOUT
+		 * on and off around each write, as hiredis does) leaves the kernel's alone. What a
+		 * MOD reports at once is the shim's to report (kick: ep_rescan), and every edge the
+		 * kernel gave was read by its translation. A one-shot one is armed again by it. */
+		uint32_t was_k = r->s ? kernel_events(r) : 0, was = r->events;
 		r->events = ev->events, r->data = ev->data.u64;
 		r->armed = true;
 		__atomic_store_n(&r->kick, true, __ATOMIC_RELAXED);
+		bool same = r->s && sock_is_stream(r->s) && !((was | ev->events) & EPOLLONESHOT) &&
+			    kernel_events(r) == was_k;
 		struct epoll_event kev = {.events = kernel_events(r), .data.u64 = tag(r, idx, false)};
-		if (real.epoll_ctl(ep->inner, EPOLL_CTL_MOD, fd, &kev) < 0)
+		if (!same && real.epoll_ctl(ep->inner, EPOLL_CTL_MOD, fd, &kev) < 0)
 			rc = -errno;
-		if (r->cqfd >= 0) {
+		if (r->cqfd >= 0 && !(same && !((was ^ ev->events) & EPOLLET))) {
 			struct epoll_event cev = {.events = EPOLLIN | (ev->events & EPOLLET),
 						  .data.u64 = tag(r, idx, true)};
 			real.epoll_ctl(ep->inner, EPOLL_CTL_MOD, r->cqfd, &cev);
@@ -787,7 +801,7 @@ static int ep_rescan(struct ep *ep, struct epoll_event *evs, int max, uint32_t r
 			shim_depth++;
 			pthread_mutex_lock(&ep->lock);
 			if ((atomic_load(&r->gen) & 1) && !r->s)
-				reg_attach(ep, r, i);
+				reg_attach(ep, r, i, true);
 			pthread_mutex_unlock(&ep->lock);
 			shim_depth--;
 		}
@@ -844,7 +858,7 @@ static void ep_translate(struct ep *ep, const struct epoll_event *k, int n, stru
 		if (!r->s) {
 			pthread_mutex_lock(&ep->lock);
 			if (atomic_load(&r->gen) == (uint32_t)(d >> 32))
-				reg_attach(ep, r, i);
+				reg_attach(ep, r, i, true);
 			pthread_mutex_unlock(&ep->lock);
 		}
 		if (r->s) {
@@ -942,6 +956,12 @@ int ev_epoll_wait(struct ep *ep, int epfd, struct epoll_event *evs, int max, int
 		out = 0;
 		if (atomic_load(&ep->ntaken) || atomic_load(&ep->npending))
 			out = ep_rescan(ep, evs, max, round);
+		/* The rescan found events (what a program's ADD or MOD made ready, data already
+		 * taken off TCP): returned without asking the kernel, whose events stay queued for
+		 * the next wait, except every fourth round, so that a program which re-registers at
+		 * every turn of its loop (hiredis) still sees its own descriptors promptly. */
+		if (out && (round & 3))
+			break;
 		int wt = out ? 0 : t;
 		int kmax = max - out > 0 ? max - out : 1;
 		int n = mask ? real.epoll_pwait(epfd, k, kmax, wt, mask) : real.epoll_wait(epfd, k, kmax, wt);
