@@ -324,6 +324,9 @@ int ev_select(int nfds, fd_set *r, fd_set *w, fd_set *x, const struct timespec *
 /* The event data of `inner` inside the program's instance: not a user-space address (bits
  * 63..47 differ) nor a small number, so no program's own data is mistaken for it. */
 #define EP_INNER_TAG 0xd95a1f2e6b3c7081ull
+/* Registrations deleted by the program kept in `inner` until the next wait (struct reg's
+ * parked): hiredis deletes and adds its connection around every request. */
+#define EP_PARKED 16
 
 struct reg {
 	_Atomic uint32_t gen; /* odd: in use */
@@ -347,6 +350,11 @@ struct reg {
 	 * nothing new for the reader (a control record, credit) does not report it again, as the
 	 * kernel reports an edge-triggered read once per arrival */
 	uint64_t last_in;
+	/* Deleted by the program, still in `inner` (a carried stream's, ep->parked): an ADD of
+	 * the same socket before the next wait takes it back without a system call. Ignored by
+	 * the waits meanwhile. Written under ep->lock, read atomically without it. */
+	bool parked;
+	bool fresh; /* taken back: the next rescan reads TCP (its edges were ignored) */
 };
 
 struct ep {
@@ -362,6 +370,8 @@ struct ep {
 	_Atomic int ntaken;   /* registrations attached to a taken socket */
 	_Atomic int npending; /* registrations with pending set */
 	_Atomic uint32_t round;
+	uint32_t parked[EP_PARKED]; /* indices of parked registrations */
+	_Atomic int nparked;
 };
 
 static inline struct reg *reg_at(struct ep *ep, uint32_t i)
@@ -449,9 +459,26 @@ static void pending_set(struct ep *ep, struct reg *r, bool on)
 	atomic_fetch_add(&ep->npending, on ? 1 : -1);
 }
 
+/* r (index i) no longer parked. Needs ep->lock. */
+static void parked_forget(struct ep *ep, struct reg *r, uint32_t i)
+{
+	if (!r->parked)
+		return;
+	int n = atomic_load(&ep->nparked);
+	for (int k = 0; k < n; k++)
+		if (ep->parked[k] == i) {
+			ep->parked[k] = ep->parked[--n];
+			break;
+		}
+	atomic_store(&ep->nparked, n);
+	__atomic_store_n(&r->parked, false, __ATOMIC_RELEASE);
+}
+
 /* Frees r's slot (the kernel's registrations are the caller's business). Needs ep->lock. */
 static void reg_release(struct ep *ep, struct reg *r, uint32_t i)
 {
+	parked_forget(ep, r, i);
+	__atomic_store_n(&r->fresh, false, __ATOMIC_RELAXED);
 	atomic_fetch_add(&r->gen, 1); /* even: free; stale kernel events no longer match */
 	atomic_fetch_sub(&ep->nlive, 1);
 	pending_set(ep, r, false);
@@ -612,6 +639,46 @@ static bool reg_current(const struct reg *r)
 	return s && s == r->ps && sock_id(s) == r->sid;
 }
 
+/* An ADD of a parked registration's socket: taken back with the program's new events and data
+ * when the kernel's registrations need no change (a one-shot or exclusive one is made anew).
+ * Its next rescan reports what is ready, reading TCP first (the edges that came while it was
+ * parked were ignored). Needs ep->lock. Returns whether it was taken back. */
+static bool unpark(struct ep *ep, struct reg *r, uint32_t idx, const struct epoll_event *ev)
+{
+	uint32_t was_k = kernel_events(r), was = r->events;
+	if ((ev->events & (EPOLLONESHOT | EPOLLEXCLUSIVE)) || ((was ^ ev->events) & EPOLLET))
+		return false;
+	r->events = ev->events;
+	if (kernel_events(r) != was_k) {
+		r->events = was;
+		return false;
+	}
+	r->data = ev->data.u64;
+	r->armed = true;
+	r->round = 0;
+	r->last_in = 0;
+	__atomic_store_n(&r->fresh, true, __ATOMIC_RELAXED);
+	__atomic_store_n(&r->kick, true, __ATOMIC_RELAXED);
+	parked_forget(ep, r, idx); /* last: a rescan that sees it unparked sees the rest */
+	return true;
+}
+
+/* Parked registrations not taken back before this wait: deleted now. Takes ep->lock. */
+static void parked_purge(struct ep *ep)
+{
+	pthread_mutex_lock(&ep->lock);
+	int n;
+	while ((n = atomic_load(&ep->nparked)) > 0) {
+		uint32_t i = ep->parked[n - 1];
+		struct reg *r = reg_at(ep, i);
+		struct sock *old = r->ps;
+		reg_drop(ep, r, i); /* forgets it from ep->parked */
+		if (!ep_watches(ep, old))
+			sock_ep_link(old, ep, 0);
+	}
+	pthread_mutex_unlock(&ep->lock);
+}
+
 int ev_epoll_ctl(struct ep *ep, int epfd, int op, int fd, struct epoll_event *ev)
 {
 	if (op != EPOLL_CTL_DEL && !ev)
@@ -627,6 +694,24 @@ int ev_epoll_ctl(struct ep *ep, int epfd, int op, int fd, struct epoll_event *ev
 		if (!ep_watches(ep, old))
 			sock_ep_link(old, ep, 0);
 		r = NULL;
+	}
+	if (r && r->parked) {
+		/* deleted by the program: MOD and DEL find nothing, as natively; an ADD takes it
+		 * back when the kernel's registrations can stay as they are */
+		if (op != EPOLL_CTL_ADD) {
+			pthread_mutex_unlock(&ep->lock);
+			return -ENOENT;
+		}
+		if (!ev || !unpark(ep, r, idx, ev)) {
+			struct sock *old = r->ps;
+			reg_drop(ep, r, idx);
+			if (!ep_watches(ep, old))
+				sock_ep_link(old, ep, 0);
+			r = NULL;
+		} else {
+			pthread_mutex_unlock(&ep->lock);
+			return 0;
+		}
 	}
 	struct sock *s = r ? r->ps : fd_sock(fd);
 	if (!r && (!s || op != EPOLL_CTL_ADD)) {
@@ -647,6 +732,14 @@ int ev_epoll_ctl(struct ep *ep, int epfd, int op, int fd, struct epoll_event *ev
 		}
 		if ((rc = inner_get(ep)))
 			break;
+		/* a parked registration of the same socket under another number (a dup) holds the
+		 * CQ's descriptor in `inner`: deleted first, so this one can register it */
+		for (int k = atomic_load(&ep->nparked) - 1; k >= 0; k--) {
+			uint32_t pi = ep->parked[k];
+			struct reg *pr = reg_at(ep, pi);
+			if (pr->ps == s)
+				reg_drop(ep, pr, pi);
+		}
 		if (!sock_ep_link(s, ep, 1)) {
 			/* watched by too many instances to be told when it goes: the kernel's
 			 * readiness serves it here */
@@ -701,6 +794,15 @@ int ev_epoll_ctl(struct ep *ep, int epfd, int op, int fd, struct epoll_event *ev
 		break;
 	}
 	case EPOLL_CTL_DEL: {
+		/* a carried stream's registrations stay in `inner` until the next wait, parked: an
+		 * ADD of it meanwhile (hiredis's next request) takes them back for nothing */
+		int np = atomic_load(&ep->nparked);
+		if (r->s && sock_is_stream(r->s) && !(r->events & EPOLLONESHOT) && np < EP_PARKED) {
+			ep->parked[np] = idx;
+			atomic_store(&ep->nparked, np + 1);
+			__atomic_store_n(&r->parked, true, __ATOMIC_RELEASE);
+			break;
+		}
 		struct sock *old = r->ps;
 		reg_drop(ep, r, idx);
 		if (!ep_watches(ep, old))
@@ -731,7 +833,7 @@ static void regs_of(struct sock *s, int fd, struct ep **eps, int n, bool keep)
 				any_left = true;
 				continue;
 			}
-			if (keep) {
+			if (keep && !r->parked) {
 				struct epoll_event pev = {.events = r->events, .data.u64 = r->data};
 				if (!(r->events & EPOLLONESHOT) || r->armed)
 					real.epoll_ctl(ep->epfd, EPOLL_CTL_ADD, r->fd, &pev);
@@ -794,7 +896,7 @@ static int ep_rescan(struct ep *ep, struct epoll_event *evs, int max, uint32_t r
 	uint32_t nr = __atomic_load_n(&ep->nregs, __ATOMIC_ACQUIRE);
 	for (uint32_t i = 0; i < nr && out < max; i++) {
 		struct reg *r = reg_at(ep, i);
-		if (!r || !(atomic_load(&r->gen) & 1))
+		if (!r || !(atomic_load(&r->gen) & 1) || __atomic_load_n(&r->parked, __ATOMIC_ACQUIRE))
 			continue;
 		if (r->pending && !r->s) {
 			/* a stream that connected since it was added: carried from now on */
@@ -816,7 +918,8 @@ static int ep_rescan(struct ep *ep, struct epoll_event *evs, int max, uint32_t r
 		if (sock_is_stream(r->s)) {
 			uint32_t own;
 			shim_depth++;
-			got = shim_ready(r, e & (EPOLLIN | EPOLLOUT), &own, true);
+			bool fresh = __atomic_exchange_n(&r->fresh, false, __ATOMIC_RELAXED);
+			got = shim_ready(r, e & (EPOLLIN | EPOLLOUT), &own, !fresh);
 			if (!own && let_go_plain(r)) {
 				shim_depth--;
 				continue;
@@ -852,8 +955,8 @@ static void ep_translate(struct ep *ep, const struct epoll_event *k, int n, stru
 		uint32_t i = (uint32_t)(d & 0xffffffffu) >> 1;
 		bool cq = d & 1;
 		struct reg *r = reg_at(ep, i);
-		if (!r || atomic_load(&r->gen) != (uint32_t)(d >> 32))
-			continue; /* a registration removed since */
+		if (!r || atomic_load(&r->gen) != (uint32_t)(d >> 32) || __atomic_load_n(&r->parked, __ATOMIC_ACQUIRE))
+			continue; /* a registration removed (or deleted by the program) since */
 		uint32_t e = k[j].events;
 		if (!r->s) {
 			pthread_mutex_lock(&ep->lock);
@@ -949,6 +1052,8 @@ int ev_epoll_wait(struct ep *ep, int epfd, struct epoll_event *evs, int max, int
 		errno = ENOMEM;
 		return -1;
 	}
+	if (atomic_load(&ep->nparked))
+		parked_purge(ep);
 	uint64_t deadline = timeout_ms > 0 ? shim_now_us() + (uint64_t)timeout_ms * 1000 : 0;
 	int t = timeout_ms, out = 0;
 	for (;;) {
