@@ -632,6 +632,16 @@ static bool ep_watches(struct ep *ep, struct sock *s)
 	return false;
 }
 
+/* reg_drop, and the socket no longer tells ep when it goes unless another registration of it
+ * stays. Needs ep->lock. */
+static void reg_drop_unlink(struct ep *ep, struct reg *r, uint32_t i)
+{
+	struct sock *old = r->ps;
+	reg_drop(ep, r, i);
+	if (!ep_watches(ep, old))
+		sock_ep_link(old, ep, 0);
+}
+
 /* r still names the socket it was added for (not a closed one whose number came back). */
 static bool reg_current(const struct reg *r)
 {
@@ -670,11 +680,7 @@ static void parked_purge(struct ep *ep)
 	int n;
 	while ((n = atomic_load(&ep->nparked)) > 0) {
 		uint32_t i = ep->parked[n - 1];
-		struct reg *r = reg_at(ep, i);
-		struct sock *old = r->ps;
-		reg_drop(ep, r, i); /* forgets it from ep->parked */
-		if (!ep_watches(ep, old))
-			sock_ep_link(old, ep, 0);
+		reg_drop_unlink(ep, reg_at(ep, i), i); /* forgets it from ep->parked */
 	}
 	pthread_mutex_unlock(&ep->lock);
 }
@@ -689,10 +695,7 @@ int ev_epoll_ctl(struct ep *ep, int epfd, int op, int fd, struct epoll_event *ev
 	struct reg *r = reg_find(ep, fd, &idx);
 	if (r && !reg_current(r)) {
 		/* the socket went away behind the shim's back (a close it did not see) */
-		struct sock *old = r->ps;
-		reg_drop(ep, r, idx);
-		if (!ep_watches(ep, old))
-			sock_ep_link(old, ep, 0);
+		reg_drop_unlink(ep, r, idx);
 		r = NULL;
 	}
 	if (r && r->parked) {
@@ -703,10 +706,7 @@ int ev_epoll_ctl(struct ep *ep, int epfd, int op, int fd, struct epoll_event *ev
 			return -ENOENT;
 		}
 		if (!ev || !unpark(ep, r, idx, ev)) {
-			struct sock *old = r->ps;
-			reg_drop(ep, r, idx);
-			if (!ep_watches(ep, old))
-				sock_ep_link(old, ep, 0);
+			reg_drop_unlink(ep, r, idx);
 			r = NULL;
 		} else {
 			pthread_mutex_unlock(&ep->lock);
@@ -803,10 +803,7 @@ int ev_epoll_ctl(struct ep *ep, int epfd, int op, int fd, struct epoll_event *ev
 			__atomic_store_n(&r->parked, true, __ATOMIC_RELEASE);
 			break;
 		}
-		struct sock *old = r->ps;
-		reg_drop(ep, r, idx);
-		if (!ep_watches(ep, old))
-			sock_ep_link(old, ep, 0);
+		reg_drop_unlink(ep, r, idx);
 		break;
 	}
 	default:

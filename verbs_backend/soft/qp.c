@@ -182,6 +182,16 @@ static uint32_t seg_payload(const struct soft_qp *qp, uint32_t hlen)
 	return qp->seg_size - over;
 }
 
+/* Payload bytes per segment of send wr: seg_payload, grown to the route's MTU when the QP
+ * sizes segments by path (seg_path). */
+static uint32_t wr_seg_payload(const struct soft_qp *qp, const struct dgv_send_wr *wr)
+{
+	bool tagged = wr->opcode == DGV_WR_WRITE || wr->opcode == DGV_WR_WRITE_RECORD;
+	uint32_t segsz = seg_payload(qp, tagged ? DG_TAGGED_HLEN : DG_UNTAGGED_HLEN);
+	uint32_t ps = qp->seg_path ? ((const struct soft_ah *)wr->ah)->path_seg : 0;
+	return ps > qp->seg_size ? segsz + (ps - qp->seg_size) : segsz;
+}
+
 static void send_terminate(struct soft_qp *qp, const union dgv_sockaddr *to, socklen_t tolen,
 			   const struct dg_reject *why, const uint8_t *hdr, uint32_t hlen,
 			   uint32_t seglen, const uint8_t *rdmahdr)
@@ -2197,10 +2207,7 @@ static bool ud_send_now(struct soft_qp *qp, const struct dgv_send_wr *wr)
 	uint64_t total = 0;
 	if (check_send_wr(qp, wr, &total))
 		return false; /* the queued way says why */
-	uint32_t segsz = seg_payload(qp, DG_UNTAGGED_HLEN);
-	uint32_t ps = qp->seg_path ? ((const struct soft_ah *)wr->ah)->path_seg : 0;
-	if (ps > qp->seg_size)
-		segsz += ps - qp->seg_size;
+	uint32_t segsz = wr_seg_payload(qp, wr);
 	if (total > segsz)
 		return false;
 	struct iovec pl[SOFT_MAX_SGE];
@@ -2261,11 +2268,7 @@ int soft_post_send(struct dgv_qp *qpb, struct dgv_send_wr *wr, struct dgv_send_w
 					.dst = wr->ah->addr, .dstlen = wr->ah->addrlen, .gen = gen};
 		if (wr->num_sge)
 			memcpy(w->sge, wr->sg_list, (size_t)wr->num_sge * sizeof *w->sge);
-		bool tagged = wr->opcode == DGV_WR_WRITE || wr->opcode == DGV_WR_WRITE_RECORD;
-		w->segsz = seg_payload(qp, tagged ? DG_TAGGED_HLEN : DG_UNTAGGED_HLEN);
-		uint32_t ps = qp->seg_path ? ((const struct soft_ah *)wr->ah)->path_seg : 0;
-		if (ps > qp->seg_size)
-			w->segsz += ps - qp->seg_size;
+		w->segsz = wr_seg_payload(qp, wr);
 		switch (wr->opcode) {
 		case DGV_WR_SEND:
 		case DGV_WR_SEND_SE:
