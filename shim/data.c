@@ -494,12 +494,13 @@ static int dgram_poll_in_queued(struct sock *s, int fd)
 	return r;
 }
 
-static int dgram_wait_fds(struct sock *s, int *qfd, int *cqfd)
+static int dgram_wait_fds(struct sock *s, int *qfd, short *qev, int *cqfd)
 {
 	pthread_mutex_lock(&s->lock);
 	int r = -1;
 	if (s->qp) {
 		*qfd = s->qfd; /* -1 unless adopting: the program's own descriptor is watched anyway */
+		*qev = POLLIN;
 		*cqfd = sock_cqfd(s);
 		cq_arm(s->cq, s->pv, &s->armed); /* ARM_ONCE: sock_poll_in before this armed it */
 		r = 0;

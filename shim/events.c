@@ -12,6 +12,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -87,10 +88,14 @@ static void poll_bufs_free(struct pollfd *p, struct pollfd *stack, int32_t *read
  * (no malloc per call) and every phase indexes all of them. Returns what poll returns. */
 int ev_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 {
-	nfds_t ntaken = 0;
-	for (nfds_t i = 0; i < n; i++)
-		if (fd_sock(fds[i].fd))
+	nfds_t ntaken = 0, nstream = 0;
+	for (nfds_t i = 0; i < n; i++) {
+		struct sock *s = fd_sock(fds[i].fd);
+		if (s) {
 			ntaken++;
+			nstream += sock_is_stream(s);
+		}
+	}
 	if (!ntaken) {
 		if (mask) {
 			struct timespec ts = {timeout_ms / 1000, (long)(timeout_ms % 1000) * 1000000};
@@ -102,8 +107,9 @@ int ev_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 	int32_t sready[POLL_STACK];
 	uint8_t sisq[POLL_STACK];
 	nfds_t sqidx[POLL_STACK];
-	/* each taken socket may add its CQ's descriptor and, for a stream, its TCP socket */
-	nfds_t cap = n + 2 * ntaken;
+	/* each taken socket may add its CQ's descriptor and, for a stream, its TCP socket; and
+	 * the bell of a wait on streams (shim.h "Waking a waiter") */
+	nfds_t cap = n + 2 * ntaken + 1;
 	struct pollfd *p = cap <= POLL_STACK ? stack : malloc(cap * sizeof *p);
 	/* per entry: -1 the kernel decides everything; else the events the shim decides (high
 	 * half) and those of them ready (low half) */
@@ -119,11 +125,15 @@ int ev_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 	}
 	uint64_t deadline = timeout_ms > 0 ? shim_now_us() + (uint64_t)timeout_ms * 1000 : 0;
 	int t = timeout_ms, rc;
+	struct bell *bell = nstream && timeout_ms != 0 ? bell_take() : NULL;
 	for (;;) {
 		nfds_t m = n;
 		bool any_ready = false;
 		int ndev = 0;
 		shim_depth++;
+		bell_clear(bell); /* rung for the last round (no stream of it on the bell now) */
+		shim_wait_bell = bell; /* the streams' checks register it (check_begin) */
+		shim_wait_sliced = !bell && nstream;
 		for (nfds_t i = 0; i < n; i++) {
 			p[i] = fds[i];
 			ready[i] = -1;
@@ -160,7 +170,8 @@ int ev_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 				continue;
 			}
 			int qfd, cqfd;
-			if (sock_wait_fds(s, &qfd, &cqfd) == 0) {
+			short qev;
+			if (sock_wait_fds(s, &qfd, &qev, &cqfd) == 0) {
 				if (cqfd == -1 && !sock_is_stream(s)) {
 					/* no CQ to watch (dgv_cq_self_driven): the kernel socket's room
 					 * is the send room, and what arrives there is read by the check
@@ -168,22 +179,34 @@ int ev_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 					p[i].events = (short)(p[i].events | (fds[i].events & POLLOUT));
 					continue;
 				}
-				isq[m] = 0;
-				qidx[m] = i;
-				p[m++] = (struct pollfd){.fd = cqfd, .events = POLLIN};
+				if (cqfd >= 0) {
+					isq[m] = 0;
+					qidx[m] = i;
+					p[m++] = (struct pollfd){.fd = cqfd, .events = POLLIN};
+				}
 				/* a stream's TCP data wakes this thread, which then processes it itself
-				 * (the provider's thread would only after the program looks idle) */
+				 * (the provider's thread would only after the program looks idle); a
+				 * stream whose CQ makes no eventfd (stream_wait_fds) waits here alone,
+				 * with the room the provider waits for */
 				if (qfd >= 0 && sock_is_stream(s)) {
 					isq[m] = 1;
 					qidx[m] = i;
-					p[m++] = (struct pollfd){.fd = qfd, .events = POLLIN};
+					p[m++] = (struct pollfd){.fd = qfd, .events = qev};
 				}
 			}
 		}
 		shim_depth--;
+		shim_wait_bell = NULL;
+		if (bell) {
+			isq[m] = 2;
+			qidx[m] = n;
+			p[m++] = (struct pollfd){.fd = bell_fd(bell), .events = POLLIN};
+		}
 		if (!any_ready && t != 0 && ndev)
 			any_ready = spin_ready(fds, n, ready);
 		int wt = any_ready ? 0 : t;
+		if (shim_wait_sliced && (wt < 0 || wt > BELL_SLICE_MS))
+			wt = BELL_SLICE_MS; /* a stream it could not ring: looked at again after this */
 		int r;
 		if (mask) {
 			struct timespec ts = {wt / 1000, (long)(wt % 1000) * 1000000};
@@ -191,6 +214,12 @@ int ev_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 		} else {
 			r = real.poll(p, m, wt);
 		}
+		if (bell)
+			for (nfds_t i = 0; i < n; i++) {
+				struct sock *s = ready[i] >= 0 ? fd_sock(fds[i].fd) : NULL;
+				if (s && sock_is_stream(s))
+					stream_unwait(s, bell);
+			}
 		if (r < 0) {
 			rc = -1;
 			break;
@@ -198,10 +227,17 @@ int ev_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 		int count = 0;
 		shim_depth++;
 		/* which entries' own descriptors reported something: only those are looked at again
-		 * with I/O (the others' readiness was current before the wait) */
-		for (nfds_t j = n; j < m; j++)
-			if (p[j].revents && ready[qidx[j]] >= 0)
+		 * with I/O (the others' readiness was current before the wait); the bell: another
+		 * thread took news of a stream, each is looked at again */
+		for (nfds_t j = n; j < m; j++) {
+			if (isq[j] == 2 && p[j].revents) {
+				for (nfds_t i = 0; i < n; i++)
+					if (ready[i] >= 0)
+						ready[i] |= POLL_FIRED;
+			} else if (isq[j] != 2 && p[j].revents && ready[qidx[j]] >= 0) {
 				ready[qidx[j]] |= POLL_FIRED;
+			}
+		}
 		for (nfds_t i = 0; i < n; i++) {
 			short rev = p[i].revents;
 			if (ready[i] >= 0) {
@@ -226,7 +262,7 @@ int ev_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 				count++;
 		}
 		for (nfds_t j = n; j < m; j++) {
-			struct sock *s = (p[j].revents & POLLIN) && !isq[j] ? fd_sock(fds[qidx[j]].fd) : NULL;
+			struct sock *s = (p[j].revents & POLLIN) && isq[j] == 0 ? fd_sock(fds[qidx[j]].fd) : NULL;
 			if (s)
 				sock_cq_ack(s); /* the provider's way: a device counts its events */
 		}
@@ -237,6 +273,7 @@ int ev_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 			break;
 		}
 	}
+	bell_put(bell);
 	poll_bufs_free(p, stack, ready, sready, isq, sisq, qidx, sqidx);
 	return rc;
 }
@@ -319,11 +356,78 @@ int ev_select(int nfds, fd_set *r, fd_set *w, fd_set *x, const struct timespec *
  * segment of a message), so they are checked before the program sees them. Entries live in
  * chunks that never move, so epoll_wait reads them without the instance's lock.
  */
+/* ------------------------------------------------------------------ bells (shim.h) */
+
+struct bell {
+	int fd;
+	_Atomic bool rung;
+	struct bell *next;
+};
+
+static pthread_mutex_t bell_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct bell *bell_free; /* under bell_lock; as many as waits ever overlapped */
+__thread struct bell *shim_wait_bell __attribute__((tls_model("initial-exec")));
+__thread struct ep *shim_ep_check __attribute__((tls_model("initial-exec")));
+__thread bool shim_wait_sliced __attribute__((tls_model("initial-exec")));
+
+struct bell *bell_take(void)
+{
+	pthread_mutex_lock(&bell_lock);
+	struct bell *b = bell_free;
+	if (b)
+		bell_free = b->next;
+	pthread_mutex_unlock(&bell_lock);
+	if (!b) {
+		int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+		if (fd < 0 || !(b = calloc(1, sizeof *b))) {
+			if (fd >= 0)
+				close(fd);
+			return NULL;
+		}
+		b->fd = fd_to_high(fd);
+	}
+	bell_clear(b); /* a ring its last wait did not take */
+	return b;
+}
+
+void bell_clear(struct bell *b)
+{
+	if (b && atomic_exchange(&b->rung, false)) {
+		uint64_t v;
+		ssize_t r = real.read(b->fd, &v, sizeof v);
+		(void)r;
+	}
+}
+
+void bell_put(struct bell *b)
+{
+	if (!b)
+		return;
+	pthread_mutex_lock(&bell_lock);
+	b->next = bell_free;
+	bell_free = b;
+	pthread_mutex_unlock(&bell_lock);
+}
+
+int bell_fd(const struct bell *b) { return b->fd; }
+
+void bell_ring(struct bell *b)
+{
+	if (atomic_exchange(&b->rung, true))
+		return; /* readable already */
+	uint64_t one = 1;
+	ssize_t r = real.write(b->fd, &one, sizeof one);
+	(void)r;
+}
+
 #define REG_CHUNK 1024
 #define REG_CHUNKS 256
 /* The event data of `inner` inside the program's instance: not a user-space address (bits
  * 63..47 differ) nor a small number, so no program's own data is mistaken for it. */
 #define EP_INNER_TAG 0xd95a1f2e6b3c7081ull
+/* The event data of the instance's bell in `inner` (never a registration's: generation 2^32-1
+ * is even, and even generations are not in use). */
+#define EP_BELL_TAG (~0ull)
 /* Registrations deleted by the program kept in `inner` until the next wait (struct reg's
  * parked): hiredis deletes and adds its connection around every request. */
 #define EP_PARKED 16
@@ -355,6 +459,9 @@ struct reg {
 	 * the waits meanwhile. Written under ep->lock, read atomically without it. */
 	bool parked;
 	bool fresh; /* taken back: the next rescan reads TCP (its edges were ignored) */
+	/* a carried stream: its stream_kicks() when this instance last looked at it; a change
+	 * means another call found news the kernel will not report (rescanned) */
+	_Atomic uint32_t kicks_seen;
 };
 
 struct ep {
@@ -372,6 +479,10 @@ struct ep {
 	_Atomic uint32_t round;
 	uint32_t parked[EP_PARKED]; /* indices of parked registrations */
 	_Atomic int nparked;
+	/* threads inside epoll_wait from before their rescan until the kernel's wait returned,
+	 * and the bell ep_ring writes for them (-1 until a carried stream is attached) */
+	_Atomic int sleepers;
+	_Atomic int bell;
 };
 
 static inline struct reg *reg_at(struct ep *ep, uint32_t i)
@@ -388,6 +499,7 @@ void ev_epoll_created(int epfd)
 	ep->ent.kind = ENT_EPOLL;
 	ep->epfd = epfd;
 	ep->inner = -1;
+	ep->bell = -1;
 	pthread_mutex_init(&ep->lock, NULL);
 	struct ent *old = fd_set_ent(epfd, &ep->ent);
 	if (old && old->kind == ENT_SOCK)
@@ -401,6 +513,36 @@ static void ep_free(struct ep *ep)
 	free(ep->free_idx);
 	pthread_mutex_destroy(&ep->lock);
 	free(ep);
+}
+
+void ep_ring(struct ep *ep)
+{
+	/* after the caller's kick (stream_kicks): a thread that counted itself in before that
+	 * rescans after it, or is counted here and woken (seq_cst both ways) */
+	if (!atomic_load(&ep->sleepers))
+		return;
+	int fd = atomic_load(&ep->bell);
+	uint64_t one = 1;
+	if (fd >= 0 && real.write(fd, &one, sizeof one) < 0)
+		DG_DBG("epoll instance %d: its bell: %s", ep->epfd, strerror(errno));
+}
+
+/* The instance's bell, made and registered in `inner` on first need (a carried stream
+ * attached). Edge-triggered: never read, every write is one wake-up. Needs ep->lock. */
+static void ep_bell_make(struct ep *ep)
+{
+	if (atomic_load(&ep->bell) >= 0 || ep->inner < 0)
+		return;
+	int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (fd < 0)
+		return; /* its waits then see another thread's news at their next event */
+	fd = fd_to_high(fd);
+	struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.u64 = EP_BELL_TAG};
+	if (real.epoll_ctl(ep->inner, EPOLL_CTL_ADD, fd, &ev)) {
+		own_close(fd);
+		return;
+	}
+	atomic_store(&ep->bell, fd);
 }
 
 void ev_epoll_closing(int epfd)
@@ -417,6 +559,8 @@ void ev_epoll_closing(int epfd)
 	}
 	if (ep->inner >= 0)
 		own_close(ep->inner);
+	if (ep->bell >= 0)
+		own_close(ep->bell);
 	/* a concurrent epoll_wait on a closing instance is the program's race; the kernel makes
 	 * that wait return EBADF before it reads our entries */
 	ep_free(ep);
@@ -542,7 +686,7 @@ static int inner_get(struct ep *ep)
 static uint32_t kernel_events(const struct reg *r)
 {
 	if (r->s && sock_is_stream(r->s))
-		return (r->events & ~(uint32_t)(EPOLLOUT | EPOLLRDHUP)) | EPOLLIN | EPOLLET;
+		return (r->events & ~(uint32_t)EPOLLRDHUP) | EPOLLIN | EPOLLOUT | EPOLLET;
 	return r->events;
 }
 
@@ -575,13 +719,15 @@ static void reg_add_cq(struct ep *ep, struct reg *r, uint32_t idx, int cqfd)
 		r->cqfd = cqfd;
 }
 
-/* A datagram socket registered while its CQ needed no eventfd whose CQ needs one now (its mode
- * became RD: a queue pair the provider's thread reads): the eventfd joins the registration at
- * the socket's next event. Takes ep->lock. */
-static void reg_cq_late(struct ep *ep, struct reg *r, uint32_t idx, uint64_t d)
+/* A socket registered while its CQ needed no eventfd whose CQ needs one now (a datagram
+ * socket's mode became RD: a queue pair the provider's thread reads; a stream whose send TCP
+ * refused, which the thread finishes): the eventfd joins the registration at the socket's
+ * next event. cqfd: the one sock_wait_fds gave, -1 to ask. Takes ep->lock. */
+static void reg_cq_late(struct ep *ep, struct reg *r, uint32_t idx, uint64_t d, int cqfd)
 {
-	int qfd, cqfd;
-	if (sock_wait_fds(r->s, &qfd, &cqfd) || cqfd < 0)
+	int qfd;
+	short qev;
+	if (cqfd < 0 && (sock_wait_fds(r->s, &qfd, &qev, &cqfd) || cqfd < 0))
 		return;
 	pthread_mutex_lock(&ep->lock);
 	if (atomic_load(&r->gen) == (uint32_t)(d >> 32) && r->cqfd < 0)
@@ -602,15 +748,21 @@ static bool reg_attach(struct ep *ep, struct reg *r, uint32_t idx, bool in_kerne
 		return true;
 	struct sock *s = fd_sock(r->fd);
 	int qfd, cqfd;
+	short qev;
 	if (!s || s != r->ps || sock_id(s) != r->sid)
 		return false;
 	bool strm = sock_is_stream(s);
-	if ((strm ? sock_poll_in_queued(s, r->fd) : sock_poll_in(s, r->fd)) < 0 || sock_wait_fds(s, &qfd, &cqfd)) {
+	if ((strm ? sock_poll_in_queued(s, r->fd) : sock_poll_in(s, r->fd)) < 0 ||
+	    sock_wait_fds(s, &qfd, &qev, &cqfd)) {
 		pending_set(ep, r, strm); /* a stream may connect later */
 		return false;
 	}
 	pending_set(ep, r, false);
 	reg_add_cq(ep, r, idx, cqfd);
+	if (strm) {
+		ep_bell_make(ep);
+		atomic_store(&r->kicks_seen, stream_kicks(s));
+	}
 	r->s = s;
 	__atomic_store_n(&r->kick, true, __ATOMIC_RELAXED);
 	atomic_fetch_add(&ep->ntaken, 1);
@@ -910,9 +1062,19 @@ static int ep_rescan(struct ep *ep, struct epoll_event *evs, int max, uint32_t r
 		/* taken once: two threads waiting on this epoll instance rescan at the same time
 		 * (ThreadSanitizer: they raced on it, and both could report the one event) */
 		bool kick = __atomic_exchange_n(&r->kick, false, __ATOMIC_RELAXED);
+		bool strm = sock_is_stream(r->s);
+		if (strm) {
+			/* news another call took off TCP (shim.h "Waking a waiter") */
+			uint32_t k = stream_kicks(r->s);
+			if (atomic_exchange(&r->kicks_seen, k) != k) {
+				kick = true;
+				if (r->cqfd < 0)
+					reg_cq_late(ep, r, i, tag(r, i, false), -1); /* its CQ needs one now */
+			}
+		}
 		if (((e & EPOLLET) && !kick) || ((e & EPOLLONESHOT) && !r->armed))
 			continue;
-		if (sock_is_stream(r->s)) {
+		if (strm) {
 			uint32_t own;
 			shim_depth++;
 			bool fresh = __atomic_exchange_n(&r->fresh, false, __ATOMIC_RELAXED);
@@ -949,6 +1111,8 @@ static void ep_translate(struct ep *ep, const struct epoll_event *k, int n, stru
 	shim_depth++;
 	for (int j = 0; j < n && out < max; j++) {
 		uint64_t d = k[j].data.u64;
+		if (d == EP_BELL_TAG)
+			continue; /* another thread took a stream's news: the next rescan finds it */
 		uint32_t i = (uint32_t)(d & 0xffffffffu) >> 1;
 		bool cq = d & 1;
 		struct reg *r = reg_at(ep, i);
@@ -982,7 +1146,9 @@ static void ep_translate(struct ep *ep, const struct epoll_event *k, int n, stru
 				 * room), is reported now: else an edge-triggered program (nginx)
 				 * waits for an edge that already went. */
 				int qfd_, cqfd_;
-				sock_wait_fds(r->s, &qfd_, &cqfd_);
+				short qev_;
+				if (sock_wait_fds(r->s, &qfd_, &qev_, &cqfd_) == 0 && cqfd_ >= 0 && r->cqfd < 0)
+					reg_cq_late(ep, r, i, d, cqfd_);
 				rdy |= shim_ready(r, r->events & (EPOLLIN | EPOLLOUT), &own2, true);
 				if ((r->events & EPOLLET) && (rdy & EPOLLIN)) {
 					uint64_t nw = stream_news(r->s);
@@ -993,7 +1159,7 @@ static void ep_translate(struct ep *ep, const struct epoll_event *k, int n, stru
 				e = (e & ~own) | rdy;
 			} else if ((e & EPOLLIN) || cq) {
 				if (r->cqfd < 0 && sock_cqfd_made(r->s))
-					reg_cq_late(ep, r, i, d);
+					reg_cq_late(ep, r, i, d, -1);
 				int in = (r->events & EPOLLIN) ? sock_poll_in(r->s, r->fd) : 0;
 				if (in >= 0) /* < 0: the OS carries it, the kernel's word stands */
 					e = (e & ~EPOLLIN) | (in > 0 ? EPOLLIN : 0);
@@ -1053,20 +1219,29 @@ int ev_epoll_wait(struct ep *ep, int epfd, struct epoll_event *evs, int max, int
 		parked_purge(ep);
 	uint64_t deadline = timeout_ms > 0 ? shim_now_us() + (uint64_t)timeout_ms * 1000 : 0;
 	int t = timeout_ms, out = 0;
+	struct ep *was = shim_ep_check;
 	for (;;) {
 		uint32_t round = atomic_fetch_add(&ep->round, 1) + 1;
 		out = 0;
+		/* counted in before the rescan looks at the streams' kicks: another thread's news
+		 * after that look rings the bell (ep_ring) */
+		atomic_fetch_add(&ep->sleepers, 1);
+		shim_ep_check = ep;
 		if (atomic_load(&ep->ntaken) || atomic_load(&ep->npending))
 			out = ep_rescan(ep, evs, max, round);
+		shim_ep_check = was;
 		/* The rescan found events (what a program's ADD or MOD made ready, data already
 		 * taken off TCP): returned without asking the kernel, whose events stay queued for
 		 * the next wait, except every fourth round, so that a program which re-registers at
 		 * every turn of its loop (hiredis) still sees its own descriptors promptly. */
-		if (out && (round & 3))
+		if (out && (round & 3)) {
+			atomic_fetch_sub(&ep->sleepers, 1);
 			break;
+		}
 		int wt = out ? 0 : t;
 		int kmax = max - out > 0 ? max - out : 1;
 		int n = mask ? real.epoll_pwait(epfd, k, kmax, wt, mask) : real.epoll_wait(epfd, k, kmax, wt);
+		atomic_fetch_sub(&ep->sleepers, 1);
 		if (n < 0) {
 			if (out)
 				break; /* report what we have; the error will come again */
@@ -1082,8 +1257,10 @@ int ev_epoll_wait(struct ep *ep, int epfd, struct epoll_event *evs, int max, int
 				evs[out++] = k[j]; /* the program's own registration, as the kernel says */
 		}
 		int in = inner && out < max ? real.epoll_wait(ep->inner, k, max - out, 0) : 0;
+		shim_ep_check = ep;
 		if (in > 0)
 			ep_translate(ep, k, in, evs, &out, max, round);
+		shim_ep_check = was;
 		t = remaining(deadline, timeout_ms);
 		if (out || t == 0)
 			break;

@@ -285,8 +285,10 @@ struct sock_ops {
 	 * always the kernel's */
 	int (*poll_out)(struct sock *s, int fd);
 	int (*poll_out_queued)(struct sock *s, int fd);
-	/* the descriptors to wait on for input: the kernel socket (or -1) and the CQ's; -1: none */
-	int (*wait_fds)(struct sock *s, int *qfd, int *cqfd);
+	/* the descriptors to wait on: the kernel socket (or -1) with the poll events to ask of it
+	 * (*qev), and the CQ's (or -1: a CQ whose completions the socket's own readiness
+	 * announces, dgv_cq_self_driven). Returns 0, or -1 when there is nothing to wait on. */
+	int (*wait_fds)(struct sock *s, int *qfd, short *qev, int *cqfd);
 	/* after the CQ's descriptor polled readable */
 	void (*cq_ack)(struct sock *s);
 	/* 1 when bytes the kernel wrote on its own (sendfile) would land inside the shim's
@@ -328,7 +330,10 @@ static inline int sock_poll_out_queued(struct sock *s, int fd)
 {
 	return sock_ops(s)->poll_out_queued ? sock_ops(s)->poll_out_queued(s, fd) : -1;
 }
-static inline int sock_wait_fds(struct sock *s, int *qfd, int *cqfd) { return sock_ops(s)->wait_fds(s, qfd, cqfd); }
+static inline int sock_wait_fds(struct sock *s, int *qfd, short *qev, int *cqfd)
+{
+	return sock_ops(s)->wait_fds(s, qfd, qev, cqfd);
+}
 static inline void sock_cq_ack(struct sock *s) { sock_ops(s)->cq_ack(s); }
 /* True when fd is a socket whose POLLIN/POLLOUT the shim decides entirely (a carried stream:
  * the kernel socket's own readiness says nothing the program should see). */
@@ -347,6 +352,42 @@ int sock_eps(struct sock *s, struct ep **eps);
 /* A number that names s alone for the life of the process (a socket made again at the same
  * address is another one). */
 uint64_t sock_id(const struct sock *s);
+
+/*
+ * Waking a waiter whose news another call took (events.c). A carried stream whose completions
+ * only our calls make (stream.c stream_self) is waited on through its TCP socket alone; when a
+ * call other than the wait itself reads that socket and finds something a waiter wants (data,
+ * credit, the end), the kernel will not report those bytes again. Such a call tells:
+ *  - the threads asleep in a poll, select or blocking call on the stream, each through its
+ *    bell (an eventfd taken from a process-wide pool for the length of one wait, registered
+ *    on the streams it waits on: stream_bell_add, stream_bell_drop);
+ *  - the epoll instances watching it (ep_ring: the instance's bell, a descriptor of its own
+ *    registered edge-triggered in its private instance, written only while a thread sleeps
+ *    there), whose next rescan looks at the stream again (stream_kicks changed).
+ * A single-threaded program never rings: nobody sleeps while it calls.
+ */
+struct bell;
+/* A bell for one wait, or NULL (no descriptor could be made: the wait naps in slices). */
+struct bell *bell_take(void);
+void bell_put(struct bell *b);
+/* Takes a ring off b (NULL: nothing), for its next round of the same wait. */
+void bell_clear(struct bell *b);
+/* A wait whose bell a stream could not hold sleeps this long at most per round. */
+#define BELL_SLICE_MS 20
+int bell_fd(const struct bell *b);
+/* Makes b's descriptor readable (once until it is taken again). Needs the lock under which b
+ * was registered, so that it is not rung after its wait put it back. */
+void bell_ring(struct bell *b);
+/* Wakes the threads asleep in epoll_wait on ep (none: nothing). */
+void ep_ring(struct ep *ep);
+/* The bell of the poll or select this thread is gathering (check_begin registers it on the
+ * streams it looks at), and the epoll instance whose wait is looking at sockets now (news a
+ * check of it finds is its own to report): NULL outside those. */
+extern __thread struct bell *shim_wait_bell __attribute__((tls_model("initial-exec")));
+extern __thread struct ep *shim_ep_check __attribute__((tls_model("initial-exec")));
+/* Set by a check that could not register shim_wait_bell (the stream has as many as it holds):
+ * that poll then sleeps in slices. */
+extern __thread bool shim_wait_sliced __attribute__((tls_model("initial-exec")));
 
 /* Fork: the child starts over with fresh queue pairs on the same kernel sockets; in both
  * processes every UDP socket is shared from then on (sock.h `shared`). */

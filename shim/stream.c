@@ -89,6 +89,10 @@ enum { WR_DATA = 1, WR_CTL = 2, WR_SENTINEL = 3 };
 #define DREC_SZ 64u
 #define RV_WAIT_MS 5000        /* a device listener's connection request for a rendezvous */
 #define RV_STASH 16            /* requests waiting for their accept() on a device listener */
+/* Threads asleep at once in a poll or blocking call on one stream with their bells: more wait
+ * in slices of BELL_SLICE_MS (a stream watched by that many threads is rare) */
+#define STREAM_BELLS 4
+enum { CHECK_IO = 1, CHECK_QUEUED = 2 }; /* struct stream's look */
 
 struct stream {
 	enum stream_state state;
@@ -168,6 +172,15 @@ struct stream {
 	bool reset;              /* ended as by a TCP reset (readiness: both directions over) */
 	bool end_counted;        /* in the rc_reset or rc_peer_gone total */
 	uint64_t fin_total;
+	/* Waking another thread's wait (shim.h "Waking a waiter"): completions and connection
+	 * events taken so far (progress compares), bumped by tell_waiters when a call took some
+	 * while a wait watches the stream (read without the lock by epoll rescans), and the
+	 * bells of the polls and blocking calls asleep on it now */
+	uint64_t took;
+	uint8_t look;            /* progress_for_check's kind of look (drain_cq), else 0 */
+	_Atomic uint32_t kicks;
+	uint8_t nbells;
+	struct bell *bells[STREAM_BELLS];
 };
 
 static struct {
@@ -419,8 +432,10 @@ static struct dgv_qp_init_attr rc_attr(struct stream *t, struct sock *s)
 				     .max_send_wr = drec ? 2 * SQ_DEPTH : SQ_DEPTH,
 				     .max_recv_wr = drec ? NDREC + 4 : 4, .max_sge = 2, .cm_channel = t->ch,
 				     .cm_user = s};
+	/* rx_hold: only our calls read the connection (the thread writes for it), so a wait on
+	 * it needs the program's own descriptor alone while TCP takes every send (stream_self) */
 	if (!t->own_cm)
-		a.use_adopt_fd = 1, a.adopt_fd = t->qfd;
+		a.use_adopt_fd = 1, a.adopt_fd = t->qfd, a.rx_hold = 1;
 	return a;
 }
 
@@ -536,8 +551,15 @@ static int drain_cq(struct sock *s, struct stream *t)
 {
 	struct dgv_wc wc[16];
 	int n, got = 0;
+	/* the provider reads TCP inside a poll that finds the CQ empty: one that found it holding
+	 * completions (our sends') did not. A readiness check after a wake-up (look: CHECK_IO)
+	 * must read what woke it (an edge-triggered wait gets no second edge for it); a check
+	 * without I/O of its own (CHECK_QUEUED) takes only what is queued; other calls read TCP
+	 * next anyway (a receive) or look again after their wait */
+	bool asked = t->look != CHECK_IO || dgv_cq_ready(t->cq) == 0;
 	while ((n = dgv_poll_cq(t->cq, 16, wc)) > 0) {
 		got += n;
+		t->took += (uint64_t)n;
 		for (int i = 0; i < n; i++) {
 			struct dgv_wc *w = &wc[i];
 			if (w->opcode == DGV_WC_RECV_WRITE_RECORD) {
@@ -590,8 +612,9 @@ static int drain_cq(struct sock *s, struct stream *t)
 		}
 		/* A short batch with nothing left queued: the provider was just asked. Polling
 		 * again would only make it read the empty TCP socket once more. */
-		if (n < 16 && !dgv_cq_ready(t->cq))
+		if (n < 16 && !dgv_cq_ready(t->cq) && asked)
 			return got;
+		asked = true; /* the next poll, finding the CQ empty, asks it */
 	}
 	if (n < 0)
 		fail(t, -n, "completion queue error");
@@ -610,7 +633,37 @@ static bool stay_plain_said(const uint8_t *pd, unsigned len)
 	return len == sizeof(struct stream_rv) && stream_rv_decode(pd, len, &z) == 0 && z.port == 0;
 }
 
+/* What the stream's waits on other threads and epoll instances must hear of: this call took
+ * completions or connection events off a stream whose TCP socket alone they watch (those
+ * bytes will not wake them). Needs s->lock (the bells and s->eps are read under it). */
+static void tell_waiters(struct sock *s, struct stream *t)
+{
+	bool other = false;
+	for (int i = 0; i < s->neps; i++)
+		other |= s->eps[i] != shim_ep_check; /* the instance checking now reports it itself */
+	if (!t->nbells && !other)
+		return;
+	atomic_fetch_add(&t->kicks, 1);
+	for (unsigned i = 0; i < t->nbells; i++)
+		bell_ring(t->bells[i]);
+	for (int i = 0; i < s->neps; i++)
+		if (s->eps[i] != shim_ep_check)
+			ep_ring(s->eps[i]);
+}
+
+static void progress_take(struct sock *s, struct stream *t);
+
+/* Drives the stream: completions and connection events taken, and told to the waits of other
+ * threads and instances (tell_waiters) when there were any. Needs s->lock. */
 static void progress(struct sock *s, struct stream *t)
+{
+	uint64_t took = t->took;
+	progress_take(s, t);
+	if (t->took != took && (t->nbells || s->neps))
+		tell_waiters(s, t);
+}
+
+static void progress_take(struct sock *s, struct stream *t)
 {
 	if (!t->cq)
 		return;
@@ -646,6 +699,7 @@ static void progress(struct sock *s, struct stream *t)
 	bool tcp_eof = false, stay = false;
 	int unreached = 0;
 	while (!unreached && !stay && dgv_cm_get_event(t->ch, &ev) == 0) {
+		t->took++;
 		if (ev.type == DGV_CM_CONNECT_ERROR && ev.local && t->own_cm && t->state == SS_CONNECTING) {
 			unreached = ev.status < 0 ? ev.status : -EIO; /* the server never heard of it */
 			break;
@@ -754,19 +808,86 @@ static void progress(struct sock *s, struct stream *t)
 		credit_maybe(t);
 }
 
+/* Whether every completion and connection event of t comes from our own calls as they read
+ * its TCP socket (a soft QP read by nobody else, dgv_cq_self_driven): a wait then watches that
+ * socket alone and the CQ makes no eventfd. Not before the QP exists (a device's rendezvous,
+ * a connect still looking for its peer). Needs s->lock. */
+static bool stream_self(const struct stream *t)
+{
+	return !t->own_cm && t->qp && dgv_cq_self_driven(t->cq);
+}
+
+/* Registers b for a wait on t (tell_waiters rings it); when t has no room left, the wait
+ * naps in slices instead (shim_wait_sliced). Needs s->lock. */
+static void bell_add(struct stream *t, struct bell *b)
+{
+	for (unsigned i = 0; i < t->nbells; i++)
+		if (t->bells[i] == b)
+			return;
+	if (t->nbells < STREAM_BELLS)
+		t->bells[t->nbells++] = b;
+	else
+		shim_wait_sliced = true;
+}
+
+/* Needs s->lock. */
+static void bell_drop(struct stream *t, struct bell *b)
+{
+	for (unsigned i = 0; i < t->nbells; i++)
+		if (t->bells[i] == b) {
+			t->bells[i] = t->bells[--t->nbells];
+			return;
+		}
+}
+
+void stream_unwait(struct sock *s, struct bell *b)
+{
+	sock_lock(s);
+	if (s->strm)
+		bell_drop(s->strm, b);
+	sock_unlock(s);
+}
+
+uint32_t stream_kicks(struct sock *s)
+{
+	struct stream *t = __atomic_load_n(&s->strm, __ATOMIC_ACQUIRE);
+	return t ? atomic_load(&t->kicks) : 0;
+}
+
+/* The TCP socket a wait on t watches, and (*ev) for what: its data (our progress reads it),
+ * and its room while the provider waits for it (dgv_qp_socket_events: a connect under way, a
+ * send TCP refused); -1: none. Not its data once TCP has ended (it would stay readable). On a
+ * device it carries only the rendezvous. Needs s->lock; read before the wait's last look. */
+static int tcp_wait(const struct stream *t, short *ev)
+{
+	*ev = 0;
+	if (!t->cq || t->tcp_down || (t->own_cm && !t->rv_wait))
+		return -1;
+	*ev = (short)((t->peer_fin ? 0 : POLLIN) | (t->qp && !t->own_cm ? dgv_qp_socket_events(t->qp) : 0));
+	return *ev ? t->qfd : -1;
+}
+
 /* Waits until the CQ or the connection has news, the timeout passes (-EAGAIN) or a signal
  * (-EINTR). Called with s->lock held; drops it while waiting. */
 static int stream_wait(struct sock *s, struct stream *t, int *timeout_ms)
 {
 	if (!t->cq)
 		return -ENOTCONN;
-	int cqfd = dgv_cq_fd(t->cq), chfd = t->ch ? dgv_cm_channel_fd(t->ch) : -1;
+	/* the TCP socket too: data that arrives is then processed by this thread at once (one
+	 * wake-up, as a plain TCP read) instead of by the provider's thread and then us */
+	short qev;
+	int qfd = tcp_wait(t, &qev);
+	bool self = stream_self(t);
+	int cqfd = self ? -1 : dgv_cq_fd(t->cq), chfd = t->ch && !self ? dgv_cm_channel_fd(t->ch) : -1;
 	if (chfd == cqfd)
 		chfd = -1; /* the channel signals through the CQ's descriptor */
-	/* the TCP socket too: data that arrives is then processed by this thread at once (one
-	 * wake-up, as a plain TCP read) instead of by the provider's thread and then us; not once
-	 * TCP has ended, when it stays readable. On a device it carries only the rendezvous. */
-	int qfd = t->tcp_down || t->peer_fin || (t->own_cm && !t->rv_wait) ? -1 : t->qfd;
+	/* watched through TCP alone: another thread's call that takes this stream's news off
+	 * TCP rings the bell instead (the CQ's descriptor's place) */
+	struct bell *bell = self ? bell_take() : NULL;
+	if (bell) {
+		bell_add(t, bell);
+		chfd = bell_fd(bell);
+	}
 	if (pv_can(t->pv, DGV_CAP_BUSY_POLL) && t->qp && t->state == SS_ESTAB && *timeout_ms != 0) {
 		/* a device completes within microseconds: look for a while before sleeping, as a
 		 * wake-up through the channel costs more than that (DGSHIM_SPIN_US) */
@@ -779,9 +900,13 @@ static int stream_wait(struct sock *s, struct stream *t, int *timeout_ms)
 		return 0;
 	sock_unlock(s);
 	struct pollfd p[3] = {{.fd = cqfd, .events = POLLIN}, {.fd = chfd, .events = POLLIN},
-			      {.fd = qfd, .events = POLLIN}};
+			      {.fd = qfd, .events = qev}};
 	int r = shim_nap(p, 3, timeout_ms);
 	sock_lock(s);
+	if (bell) {
+		bell_drop(t, bell); /* t's memory outlives a close meanwhile (stream_teardown) */
+		bell_put(bell);
+	}
 	if (unlikely(sock_gone(s)))
 		return -EBADF; /* another thread closed its last descriptor meanwhile: t is dead */
 	if ((p[0].revents & POLLIN) && t->cq) {
@@ -2154,6 +2279,9 @@ ssize_t stream_send(struct sock *s, int fd, const struct iovec *iov, int iovcnt,
 		goto out;
 	size_t total = iov_total(iov, iovcnt), done = 0;
 	int timeout = s->sndtimeo_ms > 0 ? s->sndtimeo_ms : -1;
+	/* watched by other waits through TCP alone: if TCP refuses these bytes, the provider's
+	 * thread completes them, and those waits must take the CQ's descriptor (below) */
+	bool self0 = (t->nbells || s->neps) && stream_self(t);
 	for (bool first = true;; first = false) {
 		/* Room for all of it already: no need to look at the connection first (a read of the
 		 * TCP socket); a peer's close is then found by the next call, as the kernel finds
@@ -2217,6 +2345,8 @@ ssize_t stream_send(struct sock *s, int fd, const struct iovec *iov, int iovcnt,
 		if (stream_wait(s, t, &timeout))
 			break;
 	}
+	if (self0 && !stream_self(t))
+		tell_waiters(s, t);
 	if (done) {
 		atomic_fetch_add(&T.tx_bytes, done);
 		rc = (ssize_t)done;
@@ -2424,8 +2554,15 @@ static int end_bits(const struct stream *t)
  * such an event take the full form. Needs s->lock. */
 static void progress_for_check(struct sock *s, struct stream *t, bool queued)
 {
-	if (!queued || t->own_cm || t->state == SS_CONNECTING || t->ctl_owed || (t->cq && dgv_cq_ready(t->cq) > 0))
+	if (!queued || t->own_cm || t->state == SS_CONNECTING || t->ctl_owed) {
+		t->look = queued ? 0 : CHECK_IO;
 		progress(s, t);
+		t->look = 0;
+	} else if (t->cq && dgv_cq_ready(t->cq) > 0) {
+		t->look = CHECK_QUEUED;
+		progress(s, t);
+		t->look = 0;
+	}
 }
 
 /* The start of a readiness check: takes s->lock, answers a waiting MPA Request and, unless the
@@ -2438,6 +2575,10 @@ static struct stream *check_begin(struct sock *s, int fd, bool queued)
 	answer(s, t, fd);
 	if (t->state == SS_NEW || t->state == SS_LISTEN)
 		return NULL;
+	/* a poll about to sleep on it: its bell first, then the look (news another thread takes
+	 * after the look rings it) */
+	if (shim_wait_bell && stream_self(t))
+		bell_add(t, shim_wait_bell);
 	progress_for_check(s, t, queued);
 	return t->state == SS_NEW ? NULL : t; /* NULL: "stay plain" came just now */
 }
@@ -2483,29 +2624,25 @@ static int poll_out(struct sock *s, int fd, bool queued)
 int stream_poll_out(struct sock *s, int fd) { return poll_out(s, fd, false); }
 int stream_poll_out_queued(struct sock *s, int fd) { return poll_out(s, fd, true); }
 
-int stream_wait_fd(struct sock *s)
+int stream_wait_fds(struct sock *s, int *qfd, short *qev, int *cqfd)
 {
 	sock_lock(s);
 	struct stream *t = s->strm;
-	int fd = -1;
+	*qfd = *cqfd = -1;
+	*qev = 0;
+	int r = -1;
 	if (t->cq && t->state != SS_NEW && t->state != SS_LISTEN) {
+		r = 0; /* carried: both may be -1 (TCP over, nothing more can come: a fixed state) */
+		if (t->state == SS_CONNECTING || t->state == SS_ESTAB)
+			*qfd = tcp_wait(t, qev);
 		/* a device's: progress, run by the readiness check before this, armed it */
 		if (!t->own_cm || t->qp)
 			cq_arm(t->cq, t->pv, &t->armed);
-		fd = t->wfd >= 0 ? t->wfd : dgv_cq_fd(t->cq);
+		if (!stream_self(t))
+			*cqfd = t->wfd >= 0 ? t->wfd : dgv_cq_fd(t->cq);
 	}
 	sock_unlock(s);
-	return fd;
-}
-
-int stream_tcp_fd(struct sock *s)
-{
-	sock_lock(s);
-	struct stream *t = s->strm;
-	int fd = t->cq && (t->state == SS_CONNECTING || t->state == SS_ESTAB) && !t->tcp_down && !t->peer_fin &&
-			 (!t->own_cm || t->rv_wait) ? t->qfd : -1;
-	sock_unlock(s);
-	return fd;
+	return r;
 }
 
 int stream_fionread(struct sock *s, int fd, int *out)
@@ -2780,12 +2917,6 @@ static int ops_accept(struct sock *s, int fd, struct sockaddr *a, socklen_t *l, 
 	return stream_accept(fd, a, l, flags);
 }
 
-static int ops_wait_fds(struct sock *s, int *qfd, int *cqfd)
-{
-	*qfd = stream_tcp_fd(s);
-	*cqfd = stream_wait_fd(s);
-	return *cqfd >= 0 ? 0 : -1;
-}
 
 /* IWARP_MODE, TCP_NODELAY (the program's view: the provider keeps Nagle off) and
  * SO_RCVLOWAT (the stream's wake-ups follow it). Returns 0, -errno, or -ENOSYS for the
@@ -2872,8 +3003,9 @@ const struct sock_ops stream_ops = {
 	.poll_in_queued = stream_poll_in_queued,
 	.poll_out = stream_poll_out,
 	.poll_out_queued = stream_poll_out_queued,
-	.wait_fds = ops_wait_fds,
+	.wait_fds = stream_wait_fds,
 	.cq_ack = stream_cq_ack,
 	.carried = stream_carried,
 	.release = ops_release,
 };
+

@@ -65,11 +65,16 @@ int stream_poll_out(struct sock *s, int fd);
  * epoll_wait makes of every registration on every round. */
 int stream_poll_in_queued(struct sock *s, int fd);
 int stream_poll_out_queued(struct sock *s, int fd);
-/* The descriptor that becomes readable when the stream has news (CQ), armed. -1: none. */
-int stream_wait_fd(struct sock *s);
-/* The TCP socket to watch too while TCP still carries data (-1 once it ended: it would stay
- * readable). */
-int stream_tcp_fd(struct sock *s);
+/* What a wait on the stream watches (sock ops wait_fds): the TCP socket while it may still
+ * bring news (-1 once it ended: it would stay readable) with *qev, and the CQ's descriptor,
+ * armed (-1 when the TCP socket's readiness announces everything, stream_self). Returns 0, or
+ * -1 when the stream is not carried (the kernel's readiness is the truth). */
+int stream_wait_fds(struct sock *s, int *qfd, short *qev, int *cqfd);
+/* The poll that gathered with bell b (shim_wait_bell) is over: b no longer rings for s. */
+void stream_unwait(struct sock *s, struct bell *b);
+/* Bumped when a call took news off s that the kernel will not report again (shim.h "Waking a
+ * waiter"); lock-free. */
+uint32_t stream_kicks(struct sock *s);
 int stream_fionread(struct sock *s, int fd, int *out);
 /* SO_ERROR of a stream socket the shim carries (pending error, consumed), or -ENOSYS. */
 int stream_so_error(struct sock *s, int *out);

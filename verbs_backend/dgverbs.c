@@ -272,6 +272,11 @@ int dgv_qp_rx_feed(struct dgv_qp *qp, void *dgram, size_t len, const struct sock
 	return qp->ctx->ops->qp_rx_feed ? qp->ctx->ops->qp_rx_feed(qp, dgram, len, src, srclen) : -EOPNOTSUPP;
 }
 
+int dgv_qp_socket_events(struct dgv_qp *qp)
+{
+	return qp && qp->ctx->ops->qp_socket_events ? qp->ctx->ops->qp_socket_events(qp) : 0;
+}
+
 int dgv_qp_rx_claim(struct dgv_qp *qp, size_t *room)
 {
 	if (!qp || !room)

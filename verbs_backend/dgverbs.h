@@ -263,7 +263,13 @@ struct dgv_qp_init_attr {
 	 * the provider's thread, and no more datagrams than there are posted receives: the kernel
 	 * socket buffer keeps the rest, so it queues and drops exactly as it would without us,
 	 * and nothing read ahead is lost if the program execs. The shim sets this; it waits on
-	 * the socket itself. The thread still runs the QP's timers. */
+	 * the socket itself. The thread still runs the QP's timers.
+	 * RC (dgv_connect, dgv_accept on an adopted socket): likewise only the program's calls
+	 * (poll_cq, cm_get_event, cm_wait, cq_wait) read the connection and decide its fate (set-up
+	 * failures and timeouts included); the thread only writes for it (the MPA Request once
+	 * TCP is up, sends TCP refused), so a waiter needs the socket alone (dgv_cq_self_driven,
+	 * dgv_qp_socket_events) until TCP refuses a send. Data stays in TCP until then, as it
+	 * would without us. */
 	int rx_hold;
 	/* NULL: read DGSHIM_FAULT_TX / DGSHIM_FAULT_RX from the environment. */
 	const struct dgv_fault *fault_tx;
@@ -670,6 +676,12 @@ int dgv_qp_rx_feed(struct dgv_qp *qp, void *dgram, size_t len, const struct sock
  */
 int dgv_qp_rx_claim(struct dgv_qp *qp, size_t *room);
 int dgv_qp_rx_stream_feed(struct dgv_qp *qp, const void *buf, ssize_t n);
+
+/* A queue pair on an adopted socket whose completions the caller's calls make
+ * (dgv_cq_self_driven): the poll events besides POLLIN its waiter asks of that socket, i.e.
+ * POLLOUT while the provider waits for room in it (a send TCP refused, a connect under way).
+ * 0 for any other. Lock-free; read it before the last look at the CQ that precedes a wait. */
+int dgv_qp_socket_events(struct dgv_qp *qp);
 
 /*
  * A queue pair that runs on an adopted socket (DGV_CAP_ADOPT_FD) runs on fd from now on, another

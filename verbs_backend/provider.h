@@ -72,6 +72,8 @@ struct dgv_ops {
 	int (*qp_rx_stream_feed)(struct dgv_qp *qp, const void *buf, ssize_t n);
 	/* optional (NULL: -EOPNOTSUPP): dgv_qp_set_fd */
 	int (*qp_set_fd)(struct dgv_qp *qp, int fd);
+	/* optional (NULL: 0): dgv_qp_socket_events */
+	int (*qp_socket_events)(struct dgv_qp *qp);
 	/* connections (RC); NULL in a backend without them: the front end returns -EOPNOTSUPP */
 	int (*cm_create_channel)(struct dgv_context *ctx, struct dgv_cm_channel **out);
 	/* optional (NULL: -EOPNOTSUPP): dgv_cm_create_channel_on_cq */

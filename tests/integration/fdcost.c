@@ -95,10 +95,10 @@ static void report(const char *what, int n, int f0, int f1, long r0, long r1)
 }
 
 /* The sockets waited on the ways a program waits (one epoll set holding them all, a poll of
- * them all, a blocking receive on each with a timeout), after each carried one datagram to
- * itself: a wait must not make the shim a descriptor per socket (issue 14 item 1). Returns the
- * number of failed checks. */
-static int udp_waits(const int *s, int n)
+ * them all; datagram sockets also a blocking receive on each with a timeout, after each
+ * carried one datagram to itself): a wait must not make the shim a descriptor per socket
+ * (issue 14 item 1). Returns the number of failed checks. */
+static int sock_waits(const int *s, int n, bool dgram)
 {
 	int bad = 0, ep = epoll_create1(EPOLL_CLOEXEC);
 	struct pollfd *p = calloc((size_t)n, sizeof *p);
@@ -108,6 +108,8 @@ static int udp_waits(const int *s, int n)
 	}
 	for (int i = 0; i < n; i++) {
 		struct sockaddr_in a;
+		if (!dgram)
+			goto add;
 		socklen_t al = sizeof a;
 		char b = 'd';
 		struct timeval tv = {0, 20000};
@@ -118,6 +120,7 @@ static int udp_waits(const int *s, int n)
 			FAIL("socket %d: one datagram to itself, then a receive that times out: %s", i, strerror(errno));
 			bad++;
 		}
+	add:;
 		struct epoll_event e = {.events = EPOLLIN, .data.u32 = (uint32_t)i};
 		if (epoll_ctl(ep, EPOLL_CTL_ADD, s[i], &e)) {
 			FAIL("epoll_ctl ADD: %s", strerror(errno));
@@ -163,9 +166,9 @@ static int run_udp(int n)
 	/* one warm socket waited on the same ways first: the per-process descriptors (the epoll
 	 * set and the shim's inner one) are not counted against the sockets */
 	int wf0 = nfds();
-	udp_waits(&warm, 1);
+	sock_waits(&warm, 1, true);
 	int wf1 = nfds();
-	udp_waits(s, n);
+	sock_waits(s, n, true);
 	usleep(100000);
 	/* RSS now: each socket has sent and received a datagram (its send queue, receive slot and
 	 * CQ ring written once), less the warm socket's share */
@@ -224,12 +227,19 @@ static int run_tcp(int n)
 	}
 	close(pp[0]);
 	struct sockaddr_in a = lo((int)port);
-	int f0 = 0;
+	int f0 = 0, first = -1;
 	long r0 = 0;
+	int *cs = calloc((size_t)n, sizeof *cs);
+	if (!cs)
+		return 1;
 	for (int i = -1; i < n; i++) {
 		if (i == 0)
 			f0 = nfds(), r0 = rss_kb(); /* after one connection: per-process state made */
 		int c = socket(AF_INET, SOCK_STREAM, 0);
+		if (i < 0)
+			first = c;
+		else
+			cs[i] = c;
 		char b = 'x';
 		if (c < 0 || connect(c, (struct sockaddr *)&a, sizeof a)) {
 			FAIL("connect #%d: %s", i, strerror(errno));
@@ -242,6 +252,13 @@ static int run_tcp(int n)
 	}
 	usleep(200000);
 	report("tcp-end", n, f0, nfds(), r0, rss_kb());
+	/* then all waited on, the first one alone before (its epoll set is per process) */
+	int wf0 = nfds();
+	sock_waits(&first, 1, false);
+	int wf1 = nfds();
+	sock_waits(cs, n, false);
+	printf("tcp-waited %d wfds %.3f\n", n, (double)(nfds() - (wf1 - wf0) - f0) / n);
+	free(cs);
 	close(dp[1]);
 	waitpid(pid, NULL, 0);
 	return fails ? 1 : 0;

@@ -4,9 +4,13 @@
 never reset). The client starts N non-blocking connects at once (so every one of them found the
 server's listener named and asked for iWARP), waits for all of them with poll, then uses each in
 turn; the server accepts all N first and only then uses them, so it answers them when its
-shim's descriptor budget (a quarter of RLIMIT_NOFILE, which the test sets low) is spent. On each
-connection the server speaks first (a banner: bytes right behind the MPA Reply must reach the
-client's program), then echoes what the client sends.
+shim's descriptor budget (a quarter of RLIMIT_NOFILE, which the test sets low) is spent. A carried
+connection costs the shim a descriptor only once TCP refuses one of its sends while it is waited
+on (its completion queue's eventfd: the provider's thread then finishes the send), so the server
+makes each one do that as it accepts it: small socket buffers on both sides, a preamble larger
+than they hold written without blocking until EAGAIN, then a look for POLLOUT. On each
+connection the server speaks first (the preamble, then a banner: bytes right behind the MPA Reply
+must reach the client's program), then echoes what the client sends.
 
   noroom.py serve PORT N FLAG    prints "listening", waits for the file FLAG (the client has
                                  started all its connects), then "served N BYTES" (exit 0)
@@ -21,6 +25,9 @@ import time
 
 BANNER = b"noroom banner: the server speaks first\n"
 SIZE = 200_000
+PRE = 2 << 20
+PREAMBLE = bytes((k * 13) & 0xFF for k in range(256)) * (PRE // 256)
+BUF = 4096  # SO_SNDBUF of the server's connections, SO_RCVBUF of the client's
 
 
 def pattern(i):
@@ -40,6 +47,7 @@ def recv_exact(s, n):
 def serve(port, n, flag):
     ls = socket.socket()
     ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    ls.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, BUF)  # the accepted ones inherit it
     ls.bind(("127.0.0.1", port))
     ls.listen(n + 8)
     print("listening", flush=True)
@@ -55,19 +63,33 @@ def serve(port, n, flag):
     for _ in range(n):
         c = ls.accept()[0]
         # looked at once, as a server that registers each new connection with its poller
-        # does: the shim's completion queue for it makes its event descriptor now (it is
-        # made on first wait), so the budget is spent while the clients still wait
+        # does (the shim answers the client now), then written to until TCP refuses and
+        # looked at for room: the shim's completion queue for it makes its event descriptor
+        # now, so the budget is spent while the clients still wait
         p = select.poll()
         p.register(c, select.POLLIN)
         p.poll(0)
-        conns.append(c)
+        c.setblocking(False)
+        sent = 0
+        try:
+            while sent < PRE:
+                sent += c.send(PREAMBLE[sent:])
+        except BlockingIOError:
+            pass
+        c.setblocking(True)
+        if sent >= PRE:
+            raise RuntimeError(f"{PRE} bytes went out without EAGAIN: the test needs TCP to refuse")
+        p.modify(c, select.POLLIN | select.POLLOUT)
+        p.poll(0)
+        conns.append((c, sent))
     total = 0
-    for i, c in enumerate(conns):
+    for i, (c, sent) in enumerate(conns):
+        c.sendall(PREAMBLE[sent:])
         c.sendall(BANNER)
         got = recv_exact(c, SIZE)
         c.sendall(got)
         total += len(got)
-    for c in conns:
+    for c, _ in conns:
         if c.recv(1) != b"":
             raise RuntimeError("bytes after the client's data")
         c.close()
@@ -78,6 +100,7 @@ def connect(port, n, flag):
     socks = []
     for _ in range(n):
         s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, BUF)
         s.setblocking(False)
         e = s.connect_ex(("127.0.0.1", port))
         if e not in (0, 115):  # EINPROGRESS
@@ -103,6 +126,8 @@ def connect(port, n, flag):
         s.setblocking(True)
     total = 0
     for i, s in enumerate(socks):
+        if recv_exact(s, PRE) != PREAMBLE:
+            raise RuntimeError(f"connection {i}: the preamble differs")
         b = recv_exact(s, len(BANNER))
         if b != BANNER:
             raise RuntimeError(f"connection {i}: banner {b[:40]!r}")

@@ -81,6 +81,17 @@
  *              next send fails
  *   lingern    SO_LINGER {1,3}: 1 MiB written, close returns within the linger time once the
  *              data is out; server reads every byte (verified) then 0
+ *   etnews     an edge-triggered epoll registration reports a byte that came after the last
+ *              EAGAIN even when a call in between (FIONREAD) looked at it first
+ *   duplex     two threads on one connection, as a Go or Java runtime runs them: one reads
+ *              (poll, then non-blocking recv) what the peer echoes, the other writes 8 MiB
+ *              (non-blocking send, epoll_wait for EPOLLOUT, edge-triggered, and goes on
+ *              waiting there until the reader is done); each thread's wait ends when the
+ *              other's call took the bytes it waits for (credit, data): no wait lasts 5 s,
+ *              every byte comes back in order
+ *   xpoll      one thread answers 300 pings, each waited for in poll(POLLIN); meanwhile another
+ *              thread waits in epoll_wait for EPOLLOUT on the same connection (edge-triggered:
+ *              its wake-ups look at the connection too): no ping waits 2 s
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -89,8 +100,10 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -1836,6 +1849,228 @@ static void s_lingern(int ls)
 	close(fd);
 }
 
+static void c_etnews(void)
+{
+	int fd = connect_carried();
+	int e;
+	ssize_t n = snd(fd, "a", 1, 0, &e);
+	check(n == 1, "send", "%s", res(n, e));
+	hear("etnews-more");
+	n = snd(fd, "b", 1, 0, &e);
+	check(n == 1, "send_more", "%s", res(n, e));
+	hear("etnews-done");
+	close(fd);
+}
+
+static void s_etnews(int ls)
+{
+	int fd = accept_carried(ls);
+	int ep = epoll_create1(EPOLL_CLOEXEC);
+	struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.u32 = 7}, out = {0};
+	if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) < 0)
+		die("epoll: %s", strerror(errno));
+	int n = epoll_wait(ep, &out, 1, 5000);
+	check(n == 1 && (out.events & EPOLLIN), "first", "epoll_wait(ET) for the first byte: %d %s", n,
+	      pollstr((int)out.events));
+	char b[8];
+	int e;
+	ssize_t r = rcv(fd, b, sizeof b, MSG_DONTWAIT, &e);
+	check(r == 1, "recv", "%s", res(r, e));
+	r = rcv(fd, b, sizeof b, MSG_DONTWAIT, &e);
+	check(r < 0 && e == EAGAIN, "recv_again", "%s (want EAGAIN)", res(r, e));
+	say("etnews-more");
+	sleep_ms(300); /* the second byte arrives meanwhile */
+	int q = -1;
+	int rc = ioctl(fd, FIONREAD, &q);
+	check(rc == 0 && q == 1, "fionread", "FIONREAD: %d, %d bytes (want 1)", rc, q);
+	out.events = 0;
+	n = epoll_wait(ep, &out, 1, 2000);
+	check(n == 1 && (out.events & EPOLLIN), "edge_after_look",
+	      "epoll_wait(ET) after FIONREAD saw the byte that came after EAGAIN: %d %s (want IN)", n,
+	      pollstr((int)out.events));
+	r = rcv(fd, b, sizeof b, MSG_DONTWAIT, &e);
+	check(r == 1 && b[0] == 'b', "recv_more", "%s", res(r, e));
+	say("etnews-done");
+	close(ep);
+	close(fd);
+}
+
+#define DUPLEX_BYTES (8u << 20)
+
+/* The peer: echoes everything back until the end. */
+static void c_duplex(void)
+{
+	int fd = connect_carried();
+	static char b[64 << 10];
+	uint64_t total = 0;
+	for (;;) {
+		int e;
+		ssize_t n = rcv(fd, b, sizeof b, 0, &e);
+		if (n <= 0) {
+			check(n == 0, "echo_recv", "after %llu bytes: %s", (unsigned long long)total, res(n, e));
+			break;
+		}
+		for (ssize_t off = 0; off < n;) {
+			ssize_t w = snd(fd, b + off, (size_t)(n - off), MSG_NOSIGNAL, &e);
+			if (w <= 0) {
+				check(false, "echo_send", "%s", res(w, e));
+				break;
+			}
+			off += w;
+		}
+		total += (uint64_t)n;
+	}
+	check(total == DUPLEX_BYTES, "echoed", "%llu bytes (want %u)", (unsigned long long)total, DUPLEX_BYTES);
+	close(fd);
+}
+
+struct duplex_rd {
+	int fd;
+	uint64_t got, bad, stalls;
+	_Atomic bool done;
+};
+
+/* The reading thread: poll, then non-blocking receives, checking the pattern. */
+static void *duplex_reader(void *arg)
+{
+	struct duplex_rd *d = arg;
+	static char b[64 << 10];
+	d->bad = UINT64_MAX;
+	while (d->got < DUPLEX_BYTES) {
+		struct pollfd p = {.fd = d->fd, .events = POLLIN};
+		int r = poll(&p, 1, 5000);
+		if (r == 0) {
+			d->stalls++;
+			break;
+		}
+		ssize_t n = recv(d->fd, b, sizeof b, MSG_DONTWAIT);
+		if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
+			break;
+		for (ssize_t i = 0; n > 0 && i < n; i++)
+			if (d->bad == UINT64_MAX && (uint8_t)b[i] != (uint8_t)((d->got + (uint64_t)i) * 7 % 251))
+				d->bad = d->got + (uint64_t)i;
+		if (n > 0)
+			d->got += (uint64_t)n;
+	}
+	atomic_store(&d->done, true);
+	return NULL;
+}
+
+static void s_duplex(int ls)
+{
+	int fd = accept_carried(ls);
+	struct duplex_rd d = {.fd = fd};
+	pthread_t th;
+	if (pthread_create(&th, NULL, duplex_reader, &d))
+		die("pthread_create");
+	int ep = epoll_create1(EPOLL_CLOEXEC);
+	struct epoll_event ev = {.events = EPOLLOUT | EPOLLET, .data.u32 = 9}, out;
+	if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) < 0)
+		die("epoll: %s", strerror(errno));
+	static char b[64 << 10];
+	uint64_t sent = 0, stalls = 0, waits = 0;
+	while (sent < DUPLEX_BYTES) {
+		size_t len = DUPLEX_BYTES - sent < sizeof b ? DUPLEX_BYTES - sent : sizeof b;
+		for (size_t i = 0; i < len; i++)
+			b[i] = (char)((sent + i) * 7 % 251);
+		ssize_t n = send(fd, b, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+		if (n > 0) {
+			sent += (uint64_t)n;
+			continue;
+		}
+		if (n < 0 && errno != EAGAIN && errno != EINTR)
+			break;
+		waits++;
+		if (epoll_wait(ep, &out, 1, 5000) == 0) {
+			stalls++;
+			break;
+		}
+	}
+	/* the writer's waits go on while the last echoes come: whatever they take of them is the
+	 * reader's news */
+	while (!atomic_load(&d.done))
+		epoll_wait(ep, &out, 1, 50);
+	pthread_join(th, NULL);
+	check(sent == DUPLEX_BYTES && !stalls, "writer", "%llu of %u bytes sent, %llu waits for EPOLLOUT, %llu of 5 s",
+	      (unsigned long long)sent, DUPLEX_BYTES, (unsigned long long)waits, (unsigned long long)stalls);
+	check(d.got == DUPLEX_BYTES && d.bad == UINT64_MAX && !d.stalls, "reader",
+	      "%llu of %u bytes echoed back, first wrong byte %lld, %llu waits of 5 s", (unsigned long long)d.got,
+	      DUPLEX_BYTES, d.bad == UINT64_MAX ? -1LL : (long long)d.bad, (unsigned long long)d.stalls);
+	shutdown(fd, SHUT_WR);
+	close(ep);
+	close(fd);
+}
+
+#define XPOLL_PINGS 300
+
+static void c_xpoll(void)
+{
+	int fd = connect_carried();
+	int bad = 0;
+	for (int i = 0; i < XPOLL_PINGS && !bad; i++) {
+		char b[8] = {(char)i}, r[8];
+		int e;
+		ssize_t n = snd(fd, b, sizeof b, 0, &e);
+		if (n != (ssize_t)sizeof b || rcv(fd, r, sizeof r, MSG_WAITALL, &e) != (ssize_t)sizeof r || r[0] != (char)i)
+			bad = i + 1;
+	}
+	check(!bad, "pingpong", "ping %d of %d not answered", bad - 1, XPOLL_PINGS);
+	shutdown(fd, SHUT_WR);
+	char c;
+	int e;
+	rcv(fd, &c, 1, 0, &e);
+	close(fd);
+}
+
+struct xpoll_rd {
+	int fd, answered, stalled;
+};
+
+static void *xpoll_reader(void *arg)
+{
+	struct xpoll_rd *d = arg;
+	while (d->answered < XPOLL_PINGS) {
+		struct pollfd p = {.fd = d->fd, .events = POLLIN};
+		if (poll(&p, 1, 2000) == 0) {
+			d->stalled = 1;
+			break;
+		}
+		char b[8];
+		ssize_t n = recv(d->fd, b, sizeof b, MSG_DONTWAIT | MSG_WAITALL);
+		if (n == (ssize_t)sizeof b) {
+			if (send(d->fd, b, sizeof b, MSG_NOSIGNAL) != (ssize_t)sizeof b)
+				break;
+			d->answered++;
+		} else if (n == 0 || (n < 0 && errno != EAGAIN)) {
+			break;
+		}
+	}
+	return NULL;
+}
+
+static void s_xpoll(int ls)
+{
+	int fd = accept_carried(ls);
+	struct xpoll_rd d = {.fd = fd};
+	int ep = epoll_create1(EPOLL_CLOEXEC);
+	struct epoll_event ev = {.events = EPOLLOUT | EPOLLET, .data.u32 = 5}, out;
+	if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev) < 0)
+		die("epoll: %s", strerror(errno));
+	pthread_t th;
+	if (pthread_create(&th, NULL, xpoll_reader, &d))
+		die("pthread_create");
+	for (int i = 0; i < 4000 && d.answered < XPOLL_PINGS && !d.stalled; i++)
+		epoll_wait(ep, &out, 1, 5);
+	pthread_join(th, NULL);
+	check(d.answered == XPOLL_PINGS && !d.stalled, "answered", "%d of %d pings answered%s", d.answered, XPOLL_PINGS,
+	      d.stalled ? ", then a poll waited 2 s for one that had come" : "");
+	char c;
+	int e;
+	rcv(fd, &c, 1, 0, &e);
+	close(ep);
+	close(fd);
+}
+
 /* ------------------------------------------------------------------ main */
 
 static const struct {
@@ -1869,6 +2104,9 @@ static const struct {
 	{"pollout", c_pollout, s_pollout, false},
 	{"blocked", c_blocked, s_blocked, false},
 	{"lingern", c_lingern, s_lingern, false},
+	{"etnews", c_etnews, s_etnews, false},
+	{"duplex", c_duplex, s_duplex, false},
+	{"xpoll", c_xpoll, s_xpoll, false},
 };
 #define NCASES (sizeof cases / sizeof cases[0])
 

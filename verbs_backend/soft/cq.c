@@ -131,6 +131,20 @@ int soft_cq_fd(struct dgv_cq *cqb)
 	return fd;
 }
 
+/* soft.h. cq->lock not held. */
+int soft_cq_wait_fd(struct soft_cq *cq)
+{
+	int fd = atomic_load_explicit(&cq->efd, memory_order_acquire);
+	if (fd >= 0)
+		return fd;
+	pthread_mutex_lock(&cq->lock);
+	bool own = true;
+	for (uint32_t i = 0; own && i < cq->nqps; i++)
+		own = soft_qp_self_driven(cq->qps[i]);
+	pthread_mutex_unlock(&cq->lock);
+	return own ? -1 : soft_cq_fd(&cq->base);
+}
+
 int soft_cq_self_driven(struct dgv_cq *cqb)
 {
 	struct soft_cq *cq = to_scq(cqb);
@@ -460,9 +474,9 @@ int soft_cq_wait(struct dgv_cq *cqb, int timeout_ms)
 			atomic_fetch_add(&snap[i]->refs, 1);
 		}
 		pthread_mutex_unlock(&cq->lock);
-		/* no eventfd (EMFILE): the sockets and the timers wake this wait, the rest within
-		 * 10 ms */
-		int efd = soft_cq_fd(cqb);
+		/* no eventfd (EMFILE, or none needed: soft_cq_wait_fd): the sockets and the
+		 * timers wake this wait, the rest within 10 ms */
+		int efd = soft_cq_wait_fd(cq);
 		pfd[0] = (struct pollfd){.fd = efd, .events = POLLIN};
 		for (uint32_t i = 0; i < nq; i++) {
 			struct soft_qp *qp = snap[i];

@@ -44,7 +44,8 @@ static void io_cb(struct ev_loop *loop, ev_io *w, int revents)
 	soft_qp_progress(qp, false, false);
 	/* rx_hold changes under the QP's lock (an RC QP's receive path): read it atomically; and
 	 * while a caller reads the socket itself (rx_claimed) its readiness is that caller's */
-	if (__atomic_load_n(&qp->rx_hold, __ATOMIC_RELAXED) || __atomic_load_n(&qp->rx_claimed, __ATOMIC_RELAXED)) {
+	if (qp->rx_app || __atomic_load_n(&qp->rx_hold, __ATOMIC_RELAXED) ||
+	    __atomic_load_n(&qp->rx_claimed, __ATOMIC_RELAXED)) {
 		ev_io_stop(loop, w);
 		qp->io_on = false;
 	}
@@ -85,8 +86,9 @@ static void tick_cb(struct ev_loop *loop, ev_timer *w, int revents)
 		}
 		bool app_active = ctx->progress == DGV_PROGRESS_AUTO &&
 				  (atomic_load(&qp->app_waiting) || qp->quiet_ticks < SOFT_APP_IDLE_TICKS);
-		/* rx_hold: the socket is read only by the program's calls (set under the QP's lock) */
-		bool held = __atomic_load_n(&qp->rx_hold, __ATOMIC_RELAXED) ||
+		/* rx_hold, rx_app: the socket is read only by the program's calls (rx_hold set under
+		 * the QP's lock, rx_app fixed at creation) */
+		bool held = qp->rx_app || __atomic_load_n(&qp->rx_hold, __ATOMIC_RELAXED) ||
 			    __atomic_load_n(&qp->rx_claimed, __ATOMIC_RELAXED);
 		if (!app_active && !held && !qp->io_on) {
 			ev_io_start(loop, &qp->io);
@@ -168,7 +170,7 @@ void soft_ctx_add_qp(struct soft_ctx *ctx, struct soft_qp *qp)
 	ev_io_init(&qp->io, io_cb, qp->fd, EV_READ);
 	qp->io.data = qp;
 	qp->io_on = false;
-	if (ctx->thread_running && ctx->progress == DGV_PROGRESS_THREAD) {
+	if (ctx->thread_running && ctx->progress == DGV_PROGRESS_THREAD && !qp->rx_app) {
 		ev_io_start(ctx->loop, &qp->io);
 		qp->io_on = qp->io_used = true;
 		ev_async_send(ctx->loop, &ctx->wake);
@@ -358,6 +360,7 @@ static const struct dgv_ops soft_ops = {
 	.qp_peer_gone = soft_qp_peer_gone,
 	.qp_rx_feed = soft_qp_rx_feed,
 	.qp_set_fd = soft_qp_set_fd,
+	.qp_socket_events = soft_qp_socket_events,
 	.qp_rx_claim = soft_qp_rx_claim,
 	.qp_rx_stream_feed = soft_qp_rx_stream_feed,
 	.cm_create_channel = soft_cm_create_channel,

@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/udp.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -1771,11 +1772,22 @@ bool soft_qp_timers_pending(struct soft_qp *qp)
  * completion inside them; what the provider's thread does on its own for it is timers (a
  * reassembly's expiry: an error completion nobody waits for) and pumping sends the kernel
  * refused (their room is the socket's POLLOUT, which the waiter watches). Held datagrams of
- * fault injection and RD's retransmissions and acknowledgements are not so. */
+ * fault injection and RD's retransmissions and acknowledgements are not so. An RC QP read
+ * only by the program (rx_app) is so until TCP refuses one of its sends: the thread then
+ * finishes the send and completes it while the program may be asleep in a wait that watches
+ * the socket, whose POLLOUT may already have been taken (by that wait's own look); the
+ * eventfd made from then on starts readable if the completion came first (soft_cq_fd). */
 bool soft_qp_self_driven(const struct soft_qp *qp)
 {
-	return qp->base.type == DGV_QPT_UD && !qp->rc && !qp->rd && qp->rx_hold && !qp->ftx.active &&
-	       !qp->frx.active;
+	if (qp->rc)
+		return qp->rx_app && !__atomic_load_n(&qp->tx_refused, __ATOMIC_ACQUIRE) && !qp->ftx.active &&
+		       !qp->frx.active;
+	return qp->base.type == DGV_QPT_UD && !qp->rd && qp->rx_hold && !qp->ftx.active && !qp->frx.active;
+}
+
+int soft_qp_socket_events(struct dgv_qp *qpb)
+{
+	return soft_qp_wants_pollout(to_sqp(qpb)) ? POLLOUT : 0;
 }
 
 bool soft_qp_wants_pollout(struct soft_qp *qp)

@@ -67,6 +67,9 @@ struct soft_conn_req {
 	ev_io io;
 	bool io_on;
 	bool watched; /* its watcher was started once: the descriptor may still be in libev's set */
+	/* adopted on a channel made on a CQ: read only by that channel's caller (get_event,
+	 * cm_wait), who then needs no descriptor of ours to wait on */
+	bool app_read;
 	struct soft_conn_req *next;
 };
 
@@ -408,6 +411,7 @@ static int rc_qp_new(struct dgv_pd *pdb, const struct dgv_qp_init_attr *a, int f
 	qp->rcq = to_scq(a->recv_cq);
 	qp->fd = fd;
 	qp->own_fd = own_fd;
+	qp->rx_app = a->rx_hold != 0;
 	qp->rc = rc;
 	rc->qp = qp;
 	pthread_mutex_init(&qp->lock, NULL);
@@ -662,10 +666,12 @@ static void process_reply(struct soft_qp *qp, uint32_t len)
 }
 
 /* Connection set-up steps. Returns >0 when something moved. */
-static int setup_step(struct soft_qp *qp)
+static int setup_step(struct soft_qp *qp, bool decide)
 {
 	struct rc_conn *rc = qp->rc;
 	int did = 0;
+	if (rc->pending_err && !decide)
+		return 0;
 	if (rc->pending_err) {
 		setup_fail(qp, rc->pending_err, "TCP connect failed");
 		return 1;
@@ -678,6 +684,8 @@ static int setup_step(struct soft_qp *qp)
 		}
 		int soerr = 0;
 		socklen_t l = sizeof soerr;
+		if (!decide && (p.revents & (POLLHUP | POLLERR)))
+			return 0; /* the program's next call reads the failure (and consumes SO_ERROR) */
 		if (getsockopt(qp->fd, SOL_SOCKET, SO_ERROR, &soerr, &l) == 0 && soerr) {
 			setup_fail(qp, -soerr, "TCP connect failed");
 			return 1;
@@ -704,6 +712,8 @@ static int setup_step(struct soft_qp *qp)
 	}
 	if (rc->phase == PH_TX_REQ || rc->phase == PH_TX_REP) {
 		int r = mpa_send(qp);
+		if (r < 0 && !decide)
+			return did; /* the socket reports the error to the program's wait */
 		if (r < 0) {
 			setup_fail(qp, r, "sending the MPA frame failed");
 			return 1;
@@ -723,7 +733,7 @@ static int setup_step(struct soft_qp *qp)
 			rc_become_rts(qp, NULL, 0);
 		}
 	}
-	if (rc->phase == PH_RX_REP) {
+	if (rc->phase == PH_RX_REP && decide) {
 		/* read exactly the Reply (its header, then the rest): a Reject that keeps TCP
 		 * (dgv_reject_keep) leaves the peer's next bytes to whoever reads the socket
 		 * after us, as plain TCP */
@@ -773,22 +783,36 @@ int soft_rc_progress(struct soft_qp *qp, bool from_app, bool block)
 	if (from_app)
 		atomic_store_explicit(&qp->app_polls, atomic_load_explicit(&qp->app_polls, memory_order_relaxed) + 1,
 				      memory_order_relaxed);
-	if (block)
+	/* rx_app: the program's call must read what its wait was woken for, even if the thread
+	 * holds the lock for a moment (its tick looks at every QP): the edge that woke it is
+	 * not given again */
+	if (block || (from_app && qp->rx_app))
 		pthread_mutex_lock(&qp->lock);
 	else if (pthread_mutex_trylock(&qp->lock))
 		return -EBUSY;
 	struct rc_conn *rc = qp->rc;
 	qp->now_us = 0;
 	int did = 0;
+	/* rx_app: the thread reads nothing and decides nothing (a failure, a timeout: the
+	 * program's waits watch the socket alone); it sends the MPA Request once TCP is up, and
+	 * what TCP refused before (tx_refused: that CQ has an eventfd from then on) */
+	bool decide = from_app || !qp->rx_app;
 	if (!rc->ended) {
 		if (rc->phase < PH_WAIT_RTR)
-			did |= setup_step(qp);
+			did |= setup_step(qp, decide);
 		if (!rc->ended && rc->phase >= PH_WAIT_RTR) {
-			did |= rc_rx_pump(qp);
-			if (rc_tx_owed(qp))
+			if (decide) {
+				int got = rc_rx_pump(qp);
+				did |= got;
+				/* a send failed: the peer's last bytes read (above, until its end), then
+				 * the failure */
+				if (rc->tx_err && !rc->ended && !qp->rx_claimed && !got)
+					rc_fail(qp, rc->tx_err, NULL, false, NULL, 0, 0);
+			}
+			if (rc_tx_owed(qp) && (decide || __atomic_load_n(&qp->tx_refused, __ATOMIC_ACQUIRE)))
 				did |= rc_tx_pump(qp);
 		}
-		if (!rc->ended && rc->phase < PH_RTS && rc_now(qp) >= rc->deadline_us)
+		if (decide && !rc->ended && rc->phase < PH_RTS && rc_now(qp) >= rc->deadline_us)
 			setup_fail(qp, -ETIMEDOUT, "MPA exchange timed out");
 	} else if (rc->b_bytes || rc->term_pending) {
 		rc_tx_pump(qp); /* the Terminate still going out */
@@ -805,6 +829,8 @@ bool soft_rc_wants_pollout(struct soft_qp *qp)
 bool soft_rc_timers_pending(struct soft_qp *qp)
 {
 	struct rc_conn *rc = qp->rc;
+	if (qp->rx_app && !__atomic_load_n(&qp->tx_refused, __ATOMIC_RELAXED))
+		return !rc->ended && rc->phase == PH_TCP; /* the thread's only part: the MPA Request */
 	/* everything soft_rc_progress would send without news from the peer */
 	return (!rc->ended && rc->phase < PH_RTS) || qp->pump_blocked || rc_tx_owed(qp);
 }
@@ -1116,7 +1142,7 @@ void soft_rc_tick(struct soft_ctx *ctx)
 	uint64_t now = dg_now_us();
 	for (struct soft_conn_req *r = cm->reqs, *nx; r; r = nx) {
 		nx = r->next;
-		if (r->state == REQ_READING)
+		if (r->state == REQ_READING && !r->app_read)
 			req_step(cm, r, now);
 	}
 	pthread_mutex_unlock(&cm->lock);
@@ -1227,9 +1253,12 @@ int soft_rc_conn_req_adopt(struct dgv_context *cb, int fd, struct dgv_cm_channel
 	if (ctx->loop)
 		pthread_mutex_lock(&ctx->loop_lock);
 	pthread_mutex_lock(&ctx->cm->lock);
-	struct soft_conn_req *r = req_new(ctx, fd, false, ch_or_default(ctx, chb), user, NULL, true);
-	if (r)
+	struct soft_cm_channel *ch = ch_or_default(ctx, chb);
+	struct soft_conn_req *r = req_new(ctx, fd, false, ch, user, NULL, !ch->on_cq);
+	if (r) {
+		r->app_read = ch->on_cq != NULL;
 		req_step(ctx->cm, r, dg_now_us());
+	}
 	pthread_mutex_unlock(&ctx->cm->lock);
 	if (ctx->loop) {
 		ev_async_send(ctx->loop, &ctx->wake);
@@ -1443,7 +1472,7 @@ static int cm_drive(struct soft_ctx *ctx, struct soft_cm_channel *ch, struct pol
 		pthread_mutex_unlock(&ctx->loop_lock);
 	for (int i = 0; i < nq; i++) {
 		struct soft_qp *qp = snap[i];
-		soft_qp_progress(qp, false, false);
+		soft_qp_progress(qp, true, false); /* the program's call (get_event, cm_wait) */
 		/* without the QP's lock (progress above took and left it): ended is stored atomically */
 		if (n < max && !__atomic_load_n(&qp->rc->ended, __ATOMIC_RELAXED)) {
 			pfd[n++] = (struct pollfd){.fd = qp->fd, .events = POLLIN};
@@ -1505,7 +1534,10 @@ int soft_cm_wait(struct dgv_cm_channel *cb, int timeout_ms)
 		uint64_t now = dg_now_us();
 		if (now >= deadline)
 			return -ETIMEDOUT;
-		pfd[0] = (struct pollfd){.fd = soft_cm_channel_fd(cb), .events = POLLIN};
+		/* a channel on a CQ whose eventfd nobody made: its events are the ones this call
+		 * makes (cm_drive: app_read requests, rx_app QPs), and the slices bound the rest */
+		int cfd = ch->on_cq ? soft_cq_wait_fd(ch->on_cq) : soft_cm_channel_fd(cb);
+		pfd[0] = (struct pollfd){.fd = cfd, .events = POLLIN};
 		/* short slices: a deadline of a request or a QP of this channel may pass meanwhile */
 		uint64_t left = deadline - now;
 		int ms = left > 20000 ? 20 : (int)((left + 999) / 1000);

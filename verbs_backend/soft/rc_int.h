@@ -87,6 +87,11 @@ struct rc_conn {
 	enum dgv_qp_state state;
 	uint64_t deadline_us;
 	int pending_err;        /* an error found before the first progress (connect) */
+	/* rx_app: TCP refused our bytes with this error (the peer reset: a write to a closed
+	 * socket). The connection fails at the program's next progress, once it has read what
+	 * the peer sent before its reset (TCP keeps it readable; the provider's thread used to
+	 * have read it already) */
+	int tx_err;
 	/* what this side asks for */
 	uint8_t want_rev;
 	bool want_crc, want_markers;

@@ -588,6 +588,11 @@ static int rx_pump(struct soft_qp *qp)
 				rc_fail(qp, -ECONNRESET, &why, false, NULL, 0, 0);
 				return 1;
 			}
+			if (rc->tx_err) {
+				/* TCP's end after the peer's reset (our send found it): the reset */
+				rc_fail(qp, rc->tx_err, NULL, false, NULL, 0, 0);
+				return 1;
+			}
 			if (!rc->peer_closed_told) {
 				rc->peer_closed_told = true;
 				__atomic_store_n(&qp->rx_hold, true, __ATOMIC_RELAXED);

@@ -379,6 +379,10 @@ ssize_t rc_send_some(struct soft_qp *qp, const struct iovec *iov, int n)
 			continue;
 		if (r == -EAGAIN || r == -EWOULDBLOCK) {
 			__atomic_store_n(&qp->pump_blocked, true, __ATOMIC_RELAXED);
+			/* the thread finishes it, completing sends while the program may wait:
+			 * soft_qp_self_driven is false from now on (its waiters take the eventfd) */
+			if (qp->rx_app && !qp->tx_refused)
+				__atomic_store_n(&qp->tx_refused, true, __ATOMIC_RELEASE);
 			return 0;
 		}
 		return r;
@@ -438,6 +442,8 @@ int rc_tx_pump(struct soft_qp *qp)
 	int did = 0;
 	if (rc->hold_first && !rc->term_pending && !rc->b_bytes)
 		return 0; /* rx_parse (rc_rx.c) lifts the hold and its caller pumps again */
+	if (rc->tx_err)
+		return 0; /* soft_rc_progress fails the connection */
 	if (__atomic_load_n(&qp->pump_blocked, __ATOMIC_RELAXED)) {
 		/* TCP was full: ask tcp_poll (lockless) before sendmsg. Retrying sendmsg in a
 		 * spin holds the socket lock and delays the very ACKs that would make room. */
@@ -448,6 +454,13 @@ int rc_tx_pump(struct soft_qp *qp)
 	for (;;) {
 		if (rc->b_sent < rc->b_bytes) {
 			int r = batch_send(qp);
+			if (r < 0 && qp->rx_app && !rc->eof) {
+				/* EPIPE with our direction open: the peer's reset came after its FIN
+				 * (CLOSE_WAIT), as a reset all the same */
+				rc->tx_err = r == -EPIPE && !rc->wr_closed && !rc->term_sent ? -ECONNRESET : r;
+				__atomic_store_n(&qp->pump_blocked, false, __ATOMIC_RELAXED);
+				return did;
+			}
 			if (r < 0) {
 				rc_fail(qp, r, NULL, false, NULL, 0, 0);
 				return did;

@@ -228,6 +228,12 @@ struct soft_qp {
 	uint32_t reasm_us;
 	uint32_t max_sge;
 	bool rx_hold;          /* UD: do not drain the socket while no receive is posted */
+	/* RC (attr rx_hold): only the program's calls read the connection's socket; the thread
+	 * only writes for it (what TCP refused, the MPA Request once TCP is up), so every
+	 * completion and connection event comes from the program's calls until TCP refuses a send
+	 * (tx_refused, stored atomically): soft_qp_self_driven */
+	bool rx_app;
+	bool tx_refused;
 	/* RC: a caller reads the socket itself now (dgv_qp_rx_claim .. dgv_qp_rx_stream_feed);
 	 * nobody else reads it meanwhile. Under lock; read atomically by the progress thread. */
 	bool rx_claimed;
@@ -431,6 +437,10 @@ int soft_create_cq(struct dgv_context *ctx, int cqe, struct dgv_cq **out);
 int soft_destroy_cq(struct dgv_cq *cq);
 int soft_cq_fd(struct dgv_cq *cq);
 int soft_cq_self_driven(struct dgv_cq *cq);
+/* The eventfd a waiter on cq needs besides its QPs' sockets: -1 when none was made and every
+ * QP on it is self-driven, or it has none yet (what comes then is made by the waiter's own
+ * calls: a request read by cm_drive); else the eventfd, made now (or -errno). */
+int soft_cq_wait_fd(struct soft_cq *cq);
 /* Whether every completion of qp that a program waits for is made inside the program's own
  * calls (dgv_cq_self_driven). Needs the CQ's lock (reads fields fixed at creation). */
 bool soft_qp_self_driven(const struct soft_qp *qp);
@@ -464,6 +474,7 @@ int soft_qp_peer_gone(struct dgv_qp *qp, const struct sockaddr *to, socklen_t to
 int soft_qp_rx_claim(struct dgv_qp *qp, size_t *room);
 int soft_qp_rx_stream_feed(struct dgv_qp *qp, const void *buf, ssize_t n);
 int soft_qp_set_fd(struct dgv_qp *qp, int fd);
+int soft_qp_socket_events(struct dgv_qp *qp);
 int soft_qp_rx_feed(struct dgv_qp *qp, void *dgram, size_t len, const struct sockaddr *src,
 		    socklen_t srclen);
 /* Receives, runs timers and transmits what is queued. from_app: called by an application
