@@ -2023,7 +2023,8 @@ static void c_xpoll(void)
 }
 
 struct xpoll_rd {
-	int fd, answered, stalled;
+	int fd;
+	_Atomic int answered, stalled;
 };
 
 static void *xpoll_reader(void *arg)
