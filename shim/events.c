@@ -681,8 +681,10 @@ static int inner_get(struct ep *ep)
  * so that a hang-up of the provider's socket the stream does not report is no busy loop.
  * It asks EPOLLIN whatever the program asked: TCP data (the peer's records, its credit for
  * a writer waiting on EPOLLOUT) then wakes the waiting thread, which processes it itself in
- * shim_ready; without it only the CQ descriptor woke the wait, once the provider's thread
- * had taken over the idle-looking QP (a ~5 ms epoll ping-pong, SIPp's 1 ms responses). */
+ * shim_ready (a stream whose CQ has no eventfd is woken by nothing else). And EPOLLOUT: room
+ * after a send TCP refused and a connect that went through are the provider's to act on, in
+ * our call; an edge whose bytes another call took meanwhile is then still reported (the
+ * socket is writable when the kernel looks again), so its translation looks at the stream. */
 static uint32_t kernel_events(const struct reg *r)
 {
 	if (r->s && sock_is_stream(r->s))

@@ -856,14 +856,15 @@ uint32_t stream_kicks(struct sock *s)
 
 /* The TCP socket a wait on t watches, and (*ev) for what: its data (our progress reads it),
  * and its room while the provider waits for it (dgv_qp_socket_events: a connect under way, a
- * send TCP refused); -1: none. Not its data once TCP has ended (it would stay readable). On a
+ * send TCP refused); -1: none. Its data also after the peer's FIN (a half-close: its credit
+ * still comes), not once the peer closed (TCP's end follows, and it would stay readable). On a
  * device it carries only the rendezvous. Needs s->lock; read before the wait's last look. */
 static int tcp_wait(const struct stream *t, short *ev)
 {
 	*ev = 0;
 	if (!t->cq || t->tcp_down || (t->own_cm && !t->rv_wait))
 		return -1;
-	*ev = (short)((t->peer_fin ? 0 : POLLIN) | (t->qp && !t->own_cm ? dgv_qp_socket_events(t->qp) : 0));
+	*ev = (short)((t->peer_close ? 0 : POLLIN) | (t->qp && !t->own_cm ? dgv_qp_socket_events(t->qp) : 0));
 	return *ev ? t->qfd : -1;
 }
 

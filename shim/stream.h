@@ -57,7 +57,7 @@ int stream_shutdown(struct sock *s, int fd, int how);
 ssize_t stream_send(struct sock *s, int fd, const struct iovec *iov, int iovcnt, int flags);
 ssize_t stream_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt, int flags);
 /* POLLIN / POLLOUT readiness: > 0 ready (a mask: POLLIN or POLLOUT, with POLLRDHUP, POLLHUP and
- * POLLERR as the kernel's tcp_poll would give them), 0 not (wait on stream_wait_fd), -1 the OS
+ * POLLERR as the kernel's tcp_poll would give them), 0 not (wait on stream_wait_fds), -1 the OS
  * decides. */
 int stream_poll_in(struct sock *s, int fd);
 int stream_poll_out(struct sock *s, int fd);

@@ -89,6 +89,8 @@
  *              waiting there until the reader is done); each thread's wait ends when the
  *              other's call took the bytes it waits for (credit, data): no wait lasts 5 s,
  *              every byte comes back in order
+ *   halfbulk   after the client's SHUT_WR the server writes 2 MiB (non-blocking, poll for POLLOUT):
+ *              the client's credit still reaches it (no poll waits 5 s), every byte arrives
  *   xpoll      one thread answers 300 pings, each waited for in poll(POLLIN); meanwhile another
  *              thread waits in epoll_wait for EPOLLOUT on the same connection (edge-triggered:
  *              its wake-ups look at the connection too): no ping waits 2 s
@@ -2001,6 +2003,51 @@ static void s_duplex(int ls)
 	close(fd);
 }
 
+#define HALFBULK_BYTES (2u << 20)
+
+static void c_halfbulk(void)
+{
+	int fd = connect_carried();
+	shutdown(fd, SHUT_WR);
+	static char b[64 << 10];
+	uint64_t got = 0;
+	int e = 0;
+	ssize_t n;
+	while ((n = rcv(fd, b, sizeof b, 0, &e)) > 0)
+		got += (uint64_t)n;
+	check(got == HALFBULK_BYTES && n == 0, "recv_all", "%llu of %u bytes, then %s", (unsigned long long)got,
+	      HALFBULK_BYTES, res(n, e));
+	close(fd);
+}
+
+static void s_halfbulk(int ls)
+{
+	int fd = accept_carried(ls);
+	char c;
+	int e;
+	ssize_t n = rcv(fd, &c, 1, 0, &e);
+	check(n == 0, "peer_fin", "the client's SHUT_WR: %s", res(n, e));
+	static char b[64 << 10];
+	memset(b, 'h', sizeof b);
+	uint64_t sent = 0;
+	int stalls = 0;
+	while (sent < HALFBULK_BYTES && !stalls) {
+		size_t len = HALFBULK_BYTES - sent < sizeof b ? HALFBULK_BYTES - sent : sizeof b;
+		n = send(fd, b, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+		if (n > 0) {
+			sent += (uint64_t)n;
+		} else if (n < 0 && errno == EAGAIN) {
+			struct pollfd p = {.fd = fd, .events = POLLOUT};
+			stalls += poll(&p, 1, 5000) == 0;
+		} else {
+			break;
+		}
+	}
+	check(sent == HALFBULK_BYTES && !stalls, "send_all", "%llu of %u bytes sent after the peer's FIN%s",
+	      (unsigned long long)sent, HALFBULK_BYTES, stalls ? ", then a poll for POLLOUT waited 5 s" : "");
+	close(fd);
+}
+
 #define XPOLL_PINGS 300
 
 static void c_xpoll(void)
@@ -2107,6 +2154,7 @@ static const struct {
 	{"lingern", c_lingern, s_lingern, false},
 	{"etnews", c_etnews, s_etnews, false},
 	{"duplex", c_duplex, s_duplex, false},
+	{"halfbulk", c_halfbulk, s_halfbulk, false},
 	{"xpoll", c_xpoll, s_xpoll, false},
 };
 #define NCASES (sizeof cases / sizeof cases[0])
