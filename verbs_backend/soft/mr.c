@@ -2,9 +2,9 @@
  * mr.c - memory registration and the STag checks of every tagged placement.
  *
  * STag layout (RFC 5040 section 2.1 splits it into a 24-bit index and an 8-bit key): our index
- * is 14 bits (bits 8..21) into a table of type-stable slots; bits 22..31 and the key byte are
- * random from getrandom(), so 18 bits of every STag are unpredictable and a stale STag (after
- * re-registration of the slot) is refused. Lookups take no lock: a slot's soft_mr is never
+ * is 16 bits (bits 8..23) into a table of type-stable slots; bits 24..31 and the key byte are
+ * random from getrandom(), so 16 bits of every STag are unpredictable, and a stale STag (after
+ * re-registration of the slot) is refused: never the slot's previous one. Lookups take no lock: a slot's soft_mr is never
  * freed before the context, users counts placements in flight and dereg waits for it.
  */
 #include <errno.h>
@@ -43,7 +43,7 @@ int soft_reg_mr(struct dgv_pd *pdb, void *addr, size_t len, unsigned access, str
 	/* A region object stays in its slot for good once made (placement looks slots up without
 	 * the lock): a deregistered one is taken again before a new one is made, so a process
 	 * that registers and deregisters for each socket keeps as many objects as it has regions
-	 * at once, not one per registration (up to the table's 16 384). New ones come from pages
+	 * at once, not one per registration (up to the table's 65 536). New ones come from pages
 	 * of their own (dg_small_alloc), not the program's heap. */
 	struct soft_mr *mr = ctx->mr_free;
 	uint32_t idx;
@@ -67,12 +67,13 @@ int soft_reg_mr(struct dgv_pd *pdb, void *addr, size_t len, unsigned access, str
 	while (atomic_load(&mr->users))
 		sched_yield(); /* a lookup raced with the slot's last dereg; it backs off at once */
 	/* never the STag the slot's last registration had (its rkey stays in the object): with 18
-	 * random bits one re-registration in 262 144 took it again, and a peer holding the old
+	 * random bits (16 now) one re-registration in 262 144 took it again, and a peer holding the old
 	 * STag would have placed into the new region (unit test reregistration_... caught it) */
 	uint32_t stag, old = mr->pub.rkey;
 	do {
 		uint32_t r = random_u32();
-		stag = (r & 0xffc00000u) | (idx << 8) | (r & 0xffu);
+		_Static_assert(SOFT_MR_SLOTS == 1u << 16, "the STag's random bits are those the index leaves");
+		stag = (r & 0xff000000u) | (idx << 8) | (r & 0xffu);
 	} while (stag == old);
 	mr->pub.addr = addr;
 	mr->pub.length = len;

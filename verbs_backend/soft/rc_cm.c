@@ -34,6 +34,7 @@ struct soft_cm_channel {
 	struct dgv_cm_event *q;  /* ring */
 	uint32_t cap, head, count;
 	atomic_int refs;         /* QPs, listeners and requests reporting here */
+	struct rc_conn *conns;   /* the QPs reporting here (rc_conn ch_next), under cm->lock */
 	struct soft_cm_channel *next;
 };
 
@@ -335,19 +336,27 @@ void rc_flush_all(struct soft_qp *qp, enum dgv_wc_status first_status)
 static void conn_list_add(struct soft_ctx *ctx, struct rc_conn *rc)
 {
 	pthread_mutex_lock(&ctx->cm->lock);
-	rc->next = ctx->cm->conns;
+	if ((rc->next = ctx->cm->conns))
+		rc->next->pprev = &rc->next;
+	rc->pprev = &ctx->cm->conns;
 	ctx->cm->conns = rc;
+	if ((rc->ch_next = rc->ch->conns))
+		rc->ch_next->ch_pprev = &rc->ch_next;
+	rc->ch_pprev = &rc->ch->conns;
+	rc->ch->conns = rc;
 	pthread_mutex_unlock(&ctx->cm->lock);
 }
 
 static void conn_list_remove(struct soft_ctx *ctx, struct rc_conn *rc)
 {
 	pthread_mutex_lock(&ctx->cm->lock);
-	for (struct rc_conn **p = &ctx->cm->conns; *p; p = &(*p)->next)
-		if (*p == rc) {
-			*p = rc->next;
-			break;
-		}
+	if (rc->pprev) {
+		if ((*rc->pprev = rc->next))
+			rc->next->pprev = rc->pprev;
+		if ((*rc->ch_pprev = rc->ch_next))
+			rc->ch_next->ch_pprev = rc->ch_pprev;
+		rc->pprev = rc->ch_pprev = NULL;
+	}
 	pthread_mutex_unlock(&ctx->cm->lock);
 }
 
@@ -708,6 +717,7 @@ static int setup_step(struct soft_qp *qp, bool decide)
 		rc->mpa_out_len = (uint32_t)mpa_rr_build(rc->mpa_out, true, flags, rc->want_rev,
 							 rc->want_rev == 2 ? &v2 : NULL, rc->pdata, rc->pd_len);
 		rc->phase = PH_TX_REQ;
+		__atomic_store_n(&qp->tcp_wait, false, __ATOMIC_RELAXED);
 		did = 1;
 	}
 	if (rc->phase == PH_TX_REQ || rc->phase == PH_TX_REP) {
@@ -919,6 +929,7 @@ int soft_rc_connect(struct dgv_pd *pd, const struct dgv_qp_init_attr *attr, cons
 	}
 	struct rc_conn *rc = qp->rc;
 	rc->active = true;
+	__atomic_store_n(&qp->tcp_wait, true, __ATOMIC_RELAXED);
 	rc->pending_err = pending;
 	apply_param(rc, param);
 	qp->locallen = sizeof qp->local;
@@ -1462,11 +1473,10 @@ static int cm_drive(struct soft_ctx *ctx, struct soft_cm_channel *ch, struct pol
 				pfd[n++] = (struct pollfd){.fd = fd, .events = POLLIN};
 		}
 	}
-	for (struct rc_conn *rc = cm->conns; rc && nq < 64; rc = rc->next)
-		if (!ch || rc->ch == ch) {
-			snap[nq++] = rc->qp;
-			atomic_fetch_add(&rc->qp->refs, 1);
-		}
+	for (struct rc_conn *rc = ch ? ch->conns : cm->conns; rc && nq < 64; rc = ch ? rc->ch_next : rc->next) {
+		snap[nq++] = rc->qp;
+		atomic_fetch_add(&rc->qp->refs, 1);
+	}
 	pthread_mutex_unlock(&cm->lock);
 	if (ctx->loop)
 		pthread_mutex_unlock(&ctx->loop_lock);

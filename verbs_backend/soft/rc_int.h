@@ -79,7 +79,9 @@ struct rc_batch {
 
 struct rc_conn {
 	struct soft_qp *qp;
-	struct rc_conn *next; /* cm->conns */
+	/* cm->conns, and its channel's (cm_drive looks at one channel's: a process with 10 000
+	 * connections walked them all at every connection event look); both under cm->lock */
+	struct rc_conn *next, **pprev, *ch_next, **ch_pprev;
 	struct soft_cm_channel *ch;
 	void *user;
 	bool active;

@@ -23,7 +23,10 @@
 #include "provider.h"
 #include "rd.h"
 
-#define SOFT_MR_SLOTS (1u << 14)
+/* 65 536 regions per context: a carried TCP connection registers two (its receive ring, its send
+ * side), and a process holds 10 000 connections (SIPp -t tn; at 16 384 slots the 8 192nd
+ * connection found none and went plain) */
+#define SOFT_MR_SLOTS (1u << 16)
 #define SOFT_MR_INDEX(stag) (((stag) >> 8) & (SOFT_MR_SLOTS - 1))
 #define SOFT_MAX_SGE 8
 /* Bytes of receive queue a QP holds inside itself (rq_inline): 32 entries of 4 SGEs. */
@@ -234,6 +237,7 @@ struct soft_qp {
 	 * (tx_refused, stored atomically): soft_qp_self_driven */
 	bool rx_app;
 	bool tx_refused;
+	bool tcp_wait; /* rx_app: TCP's connect not through yet (the thread's part); atomic */
 	/* RC: a caller reads the socket itself now (dgv_qp_rx_claim .. dgv_qp_rx_stream_feed);
 	 * nobody else reads it meanwhile. Under lock; read atomically by the progress thread. */
 	bool rx_claimed;
