@@ -533,7 +533,9 @@ int dgv_listen(struct dgv_context *ctx, const struct sockaddr *addr, socklen_t l
 int dgv_listener_destroy(struct dgv_listener *l);
 int dgv_listener_addr(struct dgv_listener *l, union dgv_sockaddr *out, socklen_t *len);
 /* A request from a TCP connection the caller accepted itself (the shim accepts on the
- * program's socket); the provider never closes fd. The MPA Request is read in the background;
+ * program's socket); the provider never closes fd. The MPA Request is read in the background,
+ * or, on a channel made on a CQ (dgv_cm_create_channel_on_cq), by the caller's own
+ * dgv_cm_get_event / dgv_cm_wait on ch (which then need no descriptor of the provider's);
  * CONNECT_REQUEST follows on ch, or CONNECT_ERROR with ev.req set (the caller then
  * dgv_reject()s it to free it). */
 int dgv_conn_req_adopt(struct dgv_context *ctx, int fd, struct dgv_cm_channel *ch, void *user,
