@@ -52,10 +52,13 @@ int soft_reg_mr(struct dgv_pd *pdb, void *addr, size_t len, unsigned access, str
 		mr->next_free = NULL;
 		idx = mr->index;
 	} else {
-		/* an empty slot at a random index, so STags are not sequential either */
-		idx = random_u32() & (SOFT_MR_SLOTS - 1);
+		/* the next never-used slot: the table's pages are touched as far as regions were
+		 * made at once (a random index spread 300 sockets' regions over the 512 KiB table:
+		 * fdcost's RSS per socket); the STag's random bits make it unpredictable */
+		idx = ctx->mr_next;
 		while (idx == 0 || atomic_load(&ctx->mrs[idx]))
 			idx = (idx + 1) & (SOFT_MR_SLOTS - 1);
+		ctx->mr_next = (idx + 1) & (SOFT_MR_SLOTS - 1);
 		_Static_assert(sizeof(struct soft_mr) <= DG_SMALL_MAX, "soft_mr fits dg_small_alloc");
 		mr = dg_small_alloc(sizeof *mr);
 		if (!mr) {

@@ -49,6 +49,7 @@ struct soft_ctx {
 	struct soft_mr *_Atomic mrs[SOFT_MR_SLOTS];
 	uint32_t mr_count;
 	struct soft_mr *mr_free; /* deregistered, kept in their slots: reused first (mr_lock) */
+	uint32_t mr_next;        /* where the search for a never-used slot starts (mr_lock) */
 	/* async progress */
 	pthread_mutex_t loop_lock;
 	struct ev_loop *loop;
