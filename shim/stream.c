@@ -92,7 +92,7 @@ enum { WR_DATA = 1, WR_CTL = 2, WR_SENTINEL = 3 };
 /* Threads asleep at once in a poll or blocking call on one stream with their bells: more wait
  * in slices of BELL_SLICE_MS (a stream watched by that many threads is rare) */
 #define STREAM_BELLS 4
-enum { CHECK_IO = 1, CHECK_QUEUED = 2 }; /* struct stream's look */
+enum { CHECK_IO = 1, CHECK_QUEUED = 2, LOOK_LAZY = 3 }; /* struct stream's look */
 
 struct stream {
 	enum stream_state state;
@@ -177,7 +177,7 @@ struct stream {
 	 * while a wait watches the stream (read without the lock by epoll rescans), and the
 	 * bells of the polls and blocking calls asleep on it now */
 	uint64_t took;
-	uint8_t look;            /* progress_for_check's kind of look (drain_cq), else 0 */
+	uint8_t look;            /* the kind of look drain_cq is asked for (CHECK_IO...), else 0 */
 	_Atomic uint32_t kicks;
 	uint8_t nbells;
 	struct bell *bells[STREAM_BELLS];
@@ -552,11 +552,13 @@ static int drain_cq(struct sock *s, struct stream *t)
 	struct dgv_wc wc[16];
 	int n, got = 0;
 	/* the provider reads TCP inside a poll that finds the CQ empty: one that found it holding
-	 * completions (our sends') did not. A readiness check after a wake-up (look: CHECK_IO)
-	 * must read what woke it (an edge-triggered wait gets no second edge for it); a check
-	 * without I/O of its own (CHECK_QUEUED) takes only what is queued; other calls read TCP
-	 * next anyway (a receive) or look again after their wait */
-	bool asked = t->look != CHECK_IO || dgv_cq_ready(t->cq) == 0;
+	 * completions (our sends') did not, so the poll is repeated until one asked. What woke a
+	 * wait must be read (an edge-triggered wait gets no second edge for it), and our peer's
+	 * control bytes must not wait in TCP (a process killed with them unread resets the
+	 * connection, and its kernel drops what it still had to send). A check without I/O of
+	 * its own (CHECK_QUEUED) takes only what is queued; a receive (LOOK_LAZY) reads TCP next
+	 * anyway, or waits for it, and so does a write waiting for its records' completions */
+	bool asked = t->look == CHECK_QUEUED || t->look == LOOK_LAZY || dgv_cq_ready(t->cq) == 0;
 	while ((n = dgv_poll_cq(t->cq, 16, wc)) > 0) {
 		got += n;
 		t->took += (uint64_t)n;
@@ -2340,7 +2342,9 @@ ssize_t stream_send(struct sock *s, int fd, const struct iovec *iov, int iovcnt,
 	 * the peer, one round trip per write). Not when that record could not ask for one (the
 	 * write ended early on an error). */
 	while (done && !nb && t->tx_out && t->sig_seq == t->data_seq && !t->err && !t->tcp_down) {
+		t->look = LOOK_LAZY; /* the completions it waits for are queued, or it waits */
 		progress(s, t);
+		t->look = 0;
 		if (!t->tx_out || t->err || t->tcp_down)
 			break;
 		if (stream_wait(s, t, &timeout))
@@ -2418,7 +2422,9 @@ ssize_t stream_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt,
 		    dgv_qp_rx_claim(t->qp, &room) == 0)
 			cl.qp = t->qp;
 		eager = false;
+		t->look = LOOK_LAZY;
 		progress(s, t);
+		t->look = 0;
 		if (cl.qp && (t->arrived != t->consumed || t->state != SS_ESTAB || t->peer_fin || t->shut_rd || t->err ||
 			      t->tcp_down))
 			rx_unclaim(&cl, -EAGAIN); /* no wait follows */
