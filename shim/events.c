@@ -339,23 +339,6 @@ int ev_select(int nfds, fd_set *r, fd_set *w, fd_set *x, const struct timespec *
 	return count;
 }
 
-/* ------------------------------------------------------------------ epoll */
-
-/*
- * An epoll instance the program made is the program's: descriptors the shim did not take are
- * registered there by the kernel alone, with the program's own event data, so they behave as
- * natively whatever happens to their numbers (nginx closes a registered socketpair and gets the
- * number back for its first connection; a table of the shim's would answer EEXIST).
- *
- * Taken sockets are registered in a second, private instance (`inner`, made with the first
- * one), which sits inside the program's with the event data EP_INNER_TAG: a wait on the
- * program's instance (also by poll, or nested in another epoll) wakes when a taken socket has
- * something, and the shim then collects the taken sockets' events from `inner`, where the
- * kernel holds (generation, index) as data and the program's own data lives here. Their
- * readiness is the shim's (a datagram in the kernel socket may be an acknowledgement or one
- * segment of a message), so they are checked before the program sees them. Entries live in
- * chunks that never move, so epoll_wait reads them without the instance's lock.
- */
 /* ------------------------------------------------------------------ bells (shim.h) */
 
 struct bell {
@@ -370,6 +353,14 @@ __thread struct bell *shim_wait_bell __attribute__((tls_model("initial-exec")));
 __thread struct ep *shim_ep_check __attribute__((tls_model("initial-exec")));
 __thread bool shim_wait_sliced __attribute__((tls_model("initial-exec")));
 
+/* An eventfd of the shim's own (non-blocking, close-on-exec, at a high number), or -1: a
+ * bell's, or an epoll instance's. */
+static int high_eventfd(void)
+{
+	int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	return fd < 0 ? -1 : fd_to_high(fd);
+}
+
 struct bell *bell_take(void)
 {
 	pthread_mutex_lock(&bell_lock);
@@ -378,13 +369,13 @@ struct bell *bell_take(void)
 		bell_free = b->next;
 	pthread_mutex_unlock(&bell_lock);
 	if (!b) {
-		int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+		int fd = high_eventfd();
 		if (fd < 0 || !(b = calloc(1, sizeof *b))) {
 			if (fd >= 0)
-				close(fd);
+				own_close(fd);
 			return NULL;
 		}
-		b->fd = fd_to_high(fd);
+		b->fd = fd;
 	}
 	bell_clear(b); /* a ring its last wait did not take */
 	return b;
@@ -420,6 +411,23 @@ void bell_ring(struct bell *b)
 	(void)r;
 }
 
+/* ------------------------------------------------------------------ epoll */
+
+/*
+ * An epoll instance the program made is the program's: descriptors the shim did not take are
+ * registered there by the kernel alone, with the program's own event data, so they behave as
+ * natively whatever happens to their numbers (nginx closes a registered socketpair and gets the
+ * number back for its first connection; a table of the shim's would answer EEXIST).
+ *
+ * Taken sockets are registered in a second, private instance (`inner`, made with the first
+ * one), which sits inside the program's with the event data EP_INNER_TAG: a wait on the
+ * program's instance (also by poll, or nested in another epoll) wakes when a taken socket has
+ * something, and the shim then collects the taken sockets' events from `inner`, where the
+ * kernel holds (generation, index) as data and the program's own data lives here. Their
+ * readiness is the shim's (a datagram in the kernel socket may be an acknowledgement or one
+ * segment of a message), so they are checked before the program sees them. Entries live in
+ * chunks that never move, so epoll_wait reads them without the instance's lock.
+ */
 #define REG_CHUNK 1024
 #define REG_CHUNKS 256
 /* The event data of `inner` inside the program's instance: not a user-space address (bits
@@ -533,10 +541,9 @@ static void ep_bell_make(struct ep *ep)
 {
 	if (atomic_load(&ep->bell) >= 0 || ep->inner < 0)
 		return;
-	int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	int fd = high_eventfd();
 	if (fd < 0)
 		return; /* its waits then see another thread's news at their next event */
-	fd = fd_to_high(fd);
 	struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.u64 = EP_BELL_TAG};
 	if (real.epoll_ctl(ep->inner, EPOLL_CTL_ADD, fd, &ev)) {
 		own_close(fd);

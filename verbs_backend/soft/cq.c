@@ -131,29 +131,30 @@ int soft_cq_fd(struct dgv_cq *cqb)
 	return fd;
 }
 
+/* Whether every QP on cq is self-driven (soft_qp_self_driven); a CQ with none: `empty`.
+ * Takes cq->lock. */
+static bool cq_qps_self_driven(struct soft_cq *cq, bool empty)
+{
+	pthread_mutex_lock(&cq->lock);
+	bool r = cq->nqps > 0 || empty;
+	for (uint32_t i = 0; r && i < cq->nqps; i++)
+		r = soft_qp_self_driven(cq->qps[i]);
+	pthread_mutex_unlock(&cq->lock);
+	return r;
+}
+
 /* soft.h. cq->lock not held. */
 int soft_cq_wait_fd(struct soft_cq *cq)
 {
 	int fd = atomic_load_explicit(&cq->efd, memory_order_acquire);
 	if (fd >= 0)
 		return fd;
-	pthread_mutex_lock(&cq->lock);
-	bool own = true;
-	for (uint32_t i = 0; own && i < cq->nqps; i++)
-		own = soft_qp_self_driven(cq->qps[i]);
-	pthread_mutex_unlock(&cq->lock);
-	return own ? -1 : soft_cq_fd(&cq->base);
+	return cq_qps_self_driven(cq, true) ? -1 : soft_cq_fd(&cq->base);
 }
 
 int soft_cq_self_driven(struct dgv_cq *cqb)
 {
-	struct soft_cq *cq = to_scq(cqb);
-	pthread_mutex_lock(&cq->lock);
-	int r = cq->nqps > 0;
-	for (uint32_t i = 0; r && i < cq->nqps; i++)
-		r = soft_qp_self_driven(cq->qps[i]);
-	pthread_mutex_unlock(&cq->lock);
-	return r;
+	return cq_qps_self_driven(to_scq(cqb), false);
 }
 
 /*
