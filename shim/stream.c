@@ -884,13 +884,11 @@ static int stream_wait(struct sock *s, struct stream *t, int *timeout_ms)
 	int cqfd = self ? -1 : dgv_cq_fd(t->cq), chfd = t->ch && !self ? dgv_cm_channel_fd(t->ch) : -1;
 	if (chfd == cqfd)
 		chfd = -1; /* the channel signals through the CQ's descriptor */
-	/* watched through TCP alone: another thread's call that takes this stream's news off
-	 * TCP rings the bell instead (the CQ's descriptor's place) */
-	struct bell *bell = self ? bell_take() : NULL;
-	if (bell) {
+	/* another thread's call that takes this stream's news (off TCP, or off the CQ before
+	 * this wait armed it) rings the bell */
+	struct bell *bell = bell_take();
+	if (bell)
 		bell_add(t, bell);
-		chfd = bell_fd(bell);
-	}
 	if (pv_can(t->pv, DGV_CAP_BUSY_POLL) && t->qp && t->state == SS_ESTAB && *timeout_ms != 0) {
 		/* a device completes within microseconds: look for a while before sleeping, as a
 		 * wake-up through the channel costs more than that (DGSHIM_SPIN_US) */
@@ -902,9 +900,9 @@ static int stream_wait(struct sock *s, struct stream *t, int *timeout_ms)
 	if ((!t->own_cm || t->qp) && cq_arm(t->cq, t->pv, &t->armed) && drain_cq(s, t))
 		return 0;
 	sock_unlock(s);
-	struct pollfd p[3] = {{.fd = cqfd, .events = POLLIN}, {.fd = chfd, .events = POLLIN},
-			      {.fd = qfd, .events = qev}};
-	int r = shim_nap(p, 3, timeout_ms);
+	struct pollfd p[4] = {{.fd = cqfd, .events = POLLIN}, {.fd = chfd, .events = POLLIN},
+			      {.fd = qfd, .events = qev}, {.fd = bell ? bell_fd(bell) : -1, .events = POLLIN}};
+	int r = shim_nap(p, 4, timeout_ms);
 	sock_lock(s);
 	if (bell) {
 		bell_drop(t, bell); /* t's memory outlives a close meanwhile (stream_teardown) */
@@ -2583,8 +2581,9 @@ static struct stream *check_begin(struct sock *s, int fd, bool queued)
 	if (t->state == SS_NEW || t->state == SS_LISTEN)
 		return NULL;
 	/* a poll about to sleep on it: its bell first, then the look (news another thread takes
-	 * after the look rings it) */
-	if (shim_wait_bell && stream_self(t))
+	 * after the look rings it). Also with a CQ eventfd: another thread's call may take the
+	 * completion itself between this look and the wait's arming, leaving nothing to kick */
+	if (shim_wait_bell)
 		bell_add(t, shim_wait_bell);
 	progress_for_check(s, t, queued);
 	return t->state == SS_NEW ? NULL : t; /* NULL: "stay plain" came just now */
