@@ -360,7 +360,9 @@ uint64_t sock_id(const struct sock *s);
  * credit, the end), the kernel will not report those bytes again. Such a call tells:
  *  - the threads asleep in a poll, select or blocking call on the stream, each through its
  *    bell (an eventfd taken from a process-wide pool for the length of one wait, registered
- *    on the streams it waits on: stream_bell_add, stream_bell_drop);
+ *    on the streams it waits on before its last look, stream.c bell_add / stream_unwait; also
+ *    on a stream whose CQ has an eventfd: another thread may take the completion off the CQ
+ *    before the wait armed it);
  *  - the epoll instances watching it (ep_ring: the instance's bell, a descriptor of its own
  *    registered edge-triggered in its private instance, written only while a thread sleeps
  *    there), whose next rescan looks at the stream again (stream_kicks changed).
