@@ -4,8 +4,10 @@
  * The file holds a header and SHIM_STAT_SLOTS slots; a socket beyond them counts in its own
  * memory (still in IWARP_STATS and the summary).
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,10 +59,35 @@ static void open_file(void)
 		file->program[n] = 0;
 }
 
+/* Removes the counters files of processes that are gone. A process removes its own at exit,
+ * but not one killed by a signal, nor one that changed its user after it started (a server
+ * dropping root: /dev/shm is sticky, the file is root's): without this, /dev/shm keeps a file
+ * per such process for ever (the test suite left hundreds). Files of live processes and of
+ * other users stay (kill(pid, 0) answers EPERM, not ESRCH, for those). */
+static void sweep_stale(void)
+{
+	DIR *d = opendir("/dev/shm");
+	if (!d)
+		return;
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		char *end;
+		if (strncmp(e->d_name, "dgshim.", 7))
+			continue;
+		long pid = strtol(e->d_name + 7, &end, 10);
+		if (*end || pid <= 0 || pid > 0x7fffffff || pid == (long)getpid())
+			continue;
+		if (kill((pid_t)pid, 0) < 0 && errno == ESRCH)
+			unlinkat(dirfd(d), e->d_name, 0);
+	}
+	closedir(d);
+}
+
 void stats_init(void)
 {
 	if (dg_env_word(DG_ENV_STATS) == DG_OFF)
 		return;
+	sweep_stale();
 	open_file();
 }
 

@@ -475,14 +475,21 @@ static int ctl_send(struct stream *t, uint32_t flags)
 	return 0;
 }
 
-/* Credit back to the writer when a quarter of the ring or of its record budget is used up. */
+/* Whether the writer is owed a credit: a quarter of the ring or of its record budget used up
+ * since the last one, or a control message that could not be posted. */
+static bool credit_due(const struct stream *t)
+{
+	return t->ctl_owed || t->consumed - t->adv_consumed >= t->ring / 4 ||
+	       t->recs_polled - t->adv_recs >= MAX_RECS / 4;
+}
+
+/* Sends the writer its credit when it is due. */
 static void credit_maybe(struct stream *t)
 {
 	/* a peer that closed reads no credit, and bytes reaching its closed socket reset it */
 	if (t->state != SS_ESTAB || t->tcp_down || t->peer_close)
 		return;
-	if (t->ctl_owed || t->consumed - t->adv_consumed >= t->ring / 4 ||
-	    t->recs_polled - t->adv_recs >= MAX_RECS / 4)
+	if (credit_due(t))
 		ctl_send(t, t->fin_sent ? CTL_FIN : 0);
 }
 
@@ -2419,10 +2426,17 @@ ssize_t stream_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt,
 		if (!nb && total && !eager && t->arrived == t->consumed && rx_wait_ok(s, t) &&
 		    dgv_qp_rx_claim(t->qp, &room) == 0)
 			cl.qp = t->qp;
+		/* Bytes at hand: they are returned without a look at TCP (a short read, as the
+		 * kernel's when that is all it has). The readiness check that woke an epoll server
+		 * has just read TCP, and a look would find nothing: one recvfrom for nothing per
+		 * request. The look before a credit is not skipped (below). */
+		if (cl.qp || t->arrived == t->consumed || eager || (flags & MSG_PEEK) || t->state != SS_ESTAB ||
+		    t->rv_wait || t->err || t->tcp_down) {
+			t->look = LOOK_LAZY;
+			progress(s, t);
+			t->look = 0;
+		}
 		eager = false;
-		t->look = LOOK_LAZY;
-		progress(s, t);
-		t->look = 0;
 		if (cl.qp && (t->arrived != t->consumed || t->state != SS_ESTAB || t->peer_fin || t->shut_rd || t->err ||
 			      t->tcp_down))
 			rx_unclaim(&cl, -EAGAIN); /* no wait follows */
@@ -2449,7 +2463,14 @@ ssize_t stream_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt,
 			done += c;
 			if (!(flags & MSG_PEEK)) {
 				t->consumed += c;
-				credit_maybe(t);
+				/* A credit is sent only after a look that read TCP, even with completions
+				 * on the CQ (look 0, drain_cq): the writer's end of stream may be behind
+				 * the data, and a credit reaching its closed socket would reset the
+				 * connection under bytes still unread in ours. */
+				if (credit_due(t)) {
+					progress(s, t);
+					credit_maybe(t);
+				}
 			}
 			if (!waitall || done == total)
 				break;

@@ -3,7 +3,8 @@
 # a link of another name and its stream client; a TCP server (listener + accepted connection)
 # and its client, carried over RC. Checks the listing of all processes, per-socket and
 # per-connection rows (protocol, state, mode, carrier, addresses, counters) in text and JSON,
-# -i/-c with rates, a process exiting while it is watched, a stale counters file, bad arguments.
+# -i/-c with rates, a process exiting while it is watched, a stale counters file (and a dead
+# process's swept at the next start), bad arguments.
 set -uo pipefail
 # A sanitized build: its runtime first in every preload; leak checks off, since the programs
 # run here (python, coreutils, tshark) are not ours (the integration suite checks the shim's).
@@ -123,11 +124,19 @@ cp "/dev/shm/dgshim.$us" "/dev/shm/dgshim.$sleeper" || fail "no counters file of
 "$L" stat >"$tmp/all2.txt" 2>&1
 if grep -q "^pid $sleeper " "$tmp/all2.txt"; then fail "a stale counters file is listed"; fi
 "$L" stat "$sleeper" | grep -q "^pid $sleeper .*(exited; its last counters)" || fail "a stale file named by its pid is not shown as exited"
+# the file of a process that is gone (killed, or a server that changed its user and could not
+# remove it) is removed by the next preloaded process's start; a live pid's stays
+true & dead=$!; wait $dead
+cp "/dev/shm/dgshim.$us" "/dev/shm/dgshim.$dead" || fail "no counters file of the UDP server"
+LD_PRELOAD=$pre $py -c 'import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM).close()' ||
+	fail "a preloaded python that opens a socket"
+[ ! -e "/dev/shm/dgshim.$dead" ] || { rm -f "/dev/shm/dgshim.$dead"; fail "a dead process's counters file was not swept"; }
+[ -e "/dev/shm/dgshim.$sleeper" ] || fail "a live pid's counters file was swept"
 
 # arguments
 "$L" stat -i 0 >/dev/null 2>&1; [ $? = 2 ] || fail "-i 0 is not exit 2"
 "$L" stat abc >/dev/null 2>&1; [ $? = 2 ] || fail "a PID 'abc' is not exit 2"
 "$L" stat 999999999 2>"$tmp/e"; [ $? = 1 ] && grep -q 'no such process' "$tmp/e" || fail "no such pid: $(cat "$tmp/e")"
 "$L" stat --help | grep -q usage || fail "--help"
-echo "$name: stale file ignored; bad arguments exit 2, a missing process 1"
+echo "$name: stale file ignored, a dead process's swept; bad arguments exit 2, a missing process 1"
 echo "$name: PASS"

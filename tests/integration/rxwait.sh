@@ -126,7 +126,9 @@ judge "tcp: " '^recvfrom$' 1.3
 # every answer's data record asked for a completion, whose push on the armed CQ wrote the
 # eventfd (the epoll translation then read it), and every wake-up read the eventfd once more
 # to find it empty: 3 eventfd calls per request of 8 system calls (redis GET, 8.4 -> 4.6 now).
-# The server runs under strace; an eventfd is read and written 8 bytes at a time.
+# The server runs under strace; an eventfd is read and written 8 bytes at a time. And the
+# server's receive takes the request its readiness check placed without reading TCP again:
+# one recvfrom per request (before: the check's, then the receive's that found nothing).
 eport=$((DG_PORT + 2))
 cat >"$DG_TMP/eecho.py" <<'PYEOF'
 import selectors, socket, sys
@@ -156,7 +158,7 @@ while not done:
             break
         c.sendall(b)
 PYEOF
-dg_bg "$DG_TMP/esrv.log" timeout -k 5 120 strace -f -qq -o "$DG_TMP/estrace" -e trace=read,write "${senv[@]}" \
+dg_bg "$DG_TMP/esrv.log" timeout -k 5 120 strace -f -qq -o "$DG_TMP/estrace" -e trace=read,write,recvfrom "${senv[@]}" \
 	python3 "$DG_TMP/eecho.py" "$eport"
 esrv=$DG_LAST_PID
 for _ in $(seq 300); do grep -qs listening "$DG_TMP/esrv.log" && break; sleep 0.05; done
@@ -171,6 +173,10 @@ ev=$(grep -cE '^[0-9]+ +(read|write)\([0-9]+, .*, 8\) += ' "$DG_TMP/estrace")
 dg_log "tcp epoll server: $rt requests, $ev eventfd reads and writes in the server (want <= 0.2 per request)"
 awk -v x="$ev" -v r="$rt" 'BEGIN {exit !(x <= 0.2 * r)}' ||
 	{ grep -E ', 8\) += ' "$DG_TMP/estrace" | tail -20; dg_fail "tcp epoll server: $ev eventfd calls for $rt requests"; }
+erx=$(grep -cE '^[0-9]+ +recvfrom\(' "$DG_TMP/estrace")
+dg_log "tcp epoll server: $rt requests, $erx recvfrom in the server (want <= 1.3 per request)"
+awk -v x="$erx" -v r="$rt" 'BEGIN {exit !(x <= 1.3 * r)}' ||
+	{ grep -E 'recvfrom' "$DG_TMP/estrace" | tail -20; dg_fail "tcp epoll server: $erx recvfrom for $rt requests"; }
 
 # ---- TCP: an epoll client that switches its interest around every request (hiredis,
 # redis-benchmark: EPOLLOUT on before each write by MOD, then the registration deleted and
