@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -419,24 +420,29 @@ void bell_ring(struct bell *b)
  * natively whatever happens to their numbers (nginx closes a registered socketpair and gets the
  * number back for its first connection; a table of the shim's would answer EEXIST).
  *
- * Taken sockets are registered in a second, private instance (`inner`, made with the first
- * one), which sits inside the program's with the event data EP_INNER_TAG: a wait on the
- * program's instance (also by poll, or nested in another epoll) wakes when a taken socket has
- * something, and the shim then collects the taken sockets' events from `inner`, where the
- * kernel holds (generation, index) as data and the program's own data lives here. Their
- * readiness is the shim's (a datagram in the kernel socket may be an acknowledgement or one
- * segment of a message), so they are checked before the program sees them. Entries live in
- * chunks that never move, so epoll_wait reads them without the instance's lock.
+ * Taken sockets are registered in the same instance, with event data of the shim's (a tag: a
+ * registration's generation and index, the program's own data lives here), so that one wait
+ * of the kernel's returns both kinds: the program's events as they are, and the taken
+ * sockets' for translation. Their readiness is the shim's (a datagram in the kernel socket
+ * may be an acknowledgement or one segment of a message), so they are checked before the
+ * program sees them. A tag carries TAG_MAGIC in its top 16 bits, which no user-space address,
+ * kernel address or small number has; a program that registers its own descriptor with data
+ * that has them anyway gets a registration of the shim's for it too (foreign: its events are
+ * passed through with its data), so no data of the program's is ever taken for a tag. (Before,
+ * taken sockets sat in a second instance nested in the program's: every wake-up cost a second
+ * epoll_wait, one system call in four of an epoll server's request.) Entries live in chunks
+ * that never move, so epoll_wait reads them without the instance's lock.
  */
 #define REG_CHUNK 1024
 #define REG_CHUNKS 256
-/* The event data of `inner` inside the program's instance: not a user-space address (bits
- * 63..47 differ) nor a small number, so no program's own data is mistaken for it. */
-#define EP_INNER_TAG 0xd95a1f2e6b3c7081ull
-/* The event data of the instance's bell in `inner` (never a registration's: generation 2^32-1
- * is even, and even generations are not in use). */
-#define EP_BELL_TAG (~0ull)
-/* Registrations deleted by the program kept in `inner` until the next wait (struct reg's
+#define TAG_MAGIC 0xd95aull
+#define TAG_IDX_BITS 18
+#define TAG_GEN_MASK ((1u << 29) - 1)
+_Static_assert(REG_CHUNK * REG_CHUNKS <= 1u << TAG_IDX_BITS, "a registration's index fits its tag");
+/* The event data of the instance's bell (never a registration's: its generation, 0, is even,
+ * and even generations are not in use). */
+#define EP_BELL_TAG (TAG_MAGIC << 48)
+/* Registrations deleted by the program kept in the kernel until the next wait (struct reg's
  * parked): hiredis deletes and adds its connection around every request. */
 #define EP_PARKED 16
 
@@ -462,7 +468,7 @@ struct reg {
 	 * nothing new for the reader (a control record, credit) does not report it again, as the
 	 * kernel reports an edge-triggered read once per arrival */
 	uint64_t last_in;
-	/* Deleted by the program, still in `inner` (a carried stream's, ep->parked): an ADD of
+	/* Deleted by the program, still in the kernel (a carried stream's, ep->parked): an ADD of
 	 * the same socket before the next wait takes it back without a system call. Ignored by
 	 * the waits meanwhile. Written under ep->lock, read atomically without it. */
 	bool parked;
@@ -470,18 +476,23 @@ struct reg {
 	/* a carried stream: its stream_kicks() when this instance last looked at it; a change
 	 * means another call found news the kernel will not report (rescanned) */
 	_Atomic uint32_t kicks_seen;
+	/* The program's own descriptor registered with data that looks like a tag (TAG_MAGIC):
+	 * its events are the kernel's, passed through with r->data. ps is NULL; dev and ino name
+	 * the file, to see a descriptor closed and its number reused. */
+	bool foreign;
+	dev_t dev;
+	ino_t ino;
 };
 
 struct ep {
 	struct ent ent;
 	pthread_mutex_t lock;
-	int epfd;             /* the program's instance */
-	int inner;            /* the shim's, inside it (-1: none yet) */
+	int epfd;             /* the program's instance, where the shim's registrations are too */
 	struct reg *chunk[REG_CHUNKS];
 	uint32_t nregs;       /* indices handed out */
 	uint32_t *free_idx;
 	uint32_t nfree, free_cap;
-	_Atomic int nlive;    /* registrations in use (in `inner`) */
+	_Atomic int nlive;    /* registrations in use (in the kernel with a tag) */
 	_Atomic int ntaken;   /* registrations attached to a taken socket */
 	_Atomic int npending; /* registrations with pending set */
 	_Atomic uint32_t round;
@@ -506,7 +517,6 @@ void ev_epoll_created(int epfd)
 		return; /* the instance stays the kernel's alone: taken sockets get its readiness */
 	ep->ent.kind = ENT_EPOLL;
 	ep->epfd = epfd;
-	ep->inner = -1;
 	ep->bell = -1;
 	pthread_mutex_init(&ep->lock, NULL);
 	struct ent *old = fd_set_ent(epfd, &ep->ent);
@@ -535,17 +545,17 @@ void ep_ring(struct ep *ep)
 		DG_DBG("epoll instance %d: its bell: %s", ep->epfd, strerror(errno));
 }
 
-/* The instance's bell, made and registered in `inner` on first need (a carried stream
- * attached). Edge-triggered: never read, every write is one wake-up. Needs ep->lock. */
+/* The instance's bell, made and registered on first need (a carried stream attached).
+ * Edge-triggered: never read, every write is one wake-up. Needs ep->lock. */
 static void ep_bell_make(struct ep *ep)
 {
-	if (atomic_load(&ep->bell) >= 0 || ep->inner < 0)
+	if (atomic_load(&ep->bell) >= 0)
 		return;
 	int fd = high_eventfd();
 	if (fd < 0)
 		return; /* its waits then see another thread's news at their next event */
 	struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.u64 = EP_BELL_TAG};
-	if (real.epoll_ctl(ep->inner, EPOLL_CTL_ADD, fd, &ev)) {
+	if (real.epoll_ctl(ep->epfd, EPOLL_CTL_ADD, fd, &ev)) {
 		own_close(fd);
 		return;
 	}
@@ -564,8 +574,6 @@ void ev_epoll_closing(int epfd)
 		if (r && (atomic_load(&r->gen) & 1) && r->ps)
 			sock_ep_link(r->ps, ep, 0);
 	}
-	if (ep->inner >= 0)
-		own_close(ep->inner);
 	if (ep->bell >= 0)
 		own_close(ep->bell);
 	/* a concurrent epoll_wait on a closing instance is the program's race; the kernel makes
@@ -630,6 +638,7 @@ static void reg_release(struct ep *ep, struct reg *r, uint32_t i)
 {
 	parked_forget(ep, r, i);
 	__atomic_store_n(&r->fresh, false, __ATOMIC_RELAXED);
+	r->foreign = false;
 	atomic_fetch_add(&r->gen, 1); /* even: free; stale kernel events no longer match */
 	atomic_fetch_sub(&ep->nlive, 1);
 	pending_set(ep, r, false);
@@ -647,38 +656,30 @@ static void reg_release(struct ep *ep, struct reg *r, uint32_t i)
 	ep->free_idx[ep->nfree++] = i;
 }
 
-/* r removed from `inner` (its socket and CQ descriptors) and freed. Needs ep->lock. */
+/* r removed from the kernel (its socket and CQ descriptors) and freed. Needs ep->lock. */
 static void reg_drop(struct ep *ep, struct reg *r, uint32_t i)
 {
-	real.epoll_ctl(ep->inner, EPOLL_CTL_DEL, r->fd, NULL);
+	real.epoll_ctl(ep->epfd, EPOLL_CTL_DEL, r->fd, NULL);
 	if (r->cqfd >= 0)
-		real.epoll_ctl(ep->inner, EPOLL_CTL_DEL, r->cqfd, NULL);
+		real.epoll_ctl(ep->epfd, EPOLL_CTL_DEL, r->cqfd, NULL);
 	reg_release(ep, r, i);
 }
 
+/* r's event data in the kernel: TAG_MAGIC, its generation, index i, and whether it is for the
+ * CQ's descriptor */
 static inline uint64_t tag(struct reg *r, uint32_t i, bool cq)
 {
-	return (uint64_t)atomic_load(&r->gen) << 32 | (uint64_t)i << 1 | cq;
+	return TAG_MAGIC << 48 | (uint64_t)(atomic_load(&r->gen) & TAG_GEN_MASK) << (TAG_IDX_BITS + 1) |
+	       (uint64_t)i << 1 | cq;
 }
 
-/* The shim's instance inside the program's, made on first use. Needs ep->lock. Returns 0 or
- * -errno. */
-static int inner_get(struct ep *ep)
+static inline bool tag_ours(uint64_t d) { return d >> 48 == TAG_MAGIC; }
+static inline uint32_t tag_idx(uint64_t d) { return (uint32_t)(d >> 1) & ((1u << TAG_IDX_BITS) - 1); }
+
+/* Whether d is r's tag in its present generation (not a removed registration's). */
+static inline bool tag_current(struct reg *r, uint64_t d)
 {
-	if (ep->inner >= 0)
-		return 0;
-	int in = real.epoll_create1(EPOLL_CLOEXEC);
-	if (in < 0)
-		return -errno;
-	in = fd_to_high(in);
-	struct epoll_event ev = {.events = EPOLLIN, .data.u64 = EP_INNER_TAG};
-	if (real.epoll_ctl(ep->epfd, EPOLL_CTL_ADD, in, &ev) < 0) {
-		int e = errno;
-		own_close(in);
-		return -e;
-	}
-	ep->inner = in;
-	return 0;
+	return (atomic_load(&r->gen) & TAG_GEN_MASK) == ((uint32_t)(d >> (TAG_IDX_BITS + 1)) & TAG_GEN_MASK);
 }
 
 /* Kernel events for a registration: the socket's own events; EPOLLIN of a taken socket is
@@ -719,12 +720,12 @@ static uint32_t shim_ready(struct reg *r, uint32_t asked, uint32_t *own, bool qu
 	return rdy & (r->events | EPOLLHUP | EPOLLERR);
 }
 
-/* Registers cqfd (the CQ's eventfd of r's socket) in `inner`; -1 (a CQ its socket's own
+/* Registers cqfd (the CQ's eventfd of r's socket) in the kernel; -1 (a CQ its socket's own
  * readiness serves, dgv_cq_self_driven) registers nothing. Needs ep->lock. */
 static void reg_add_cq(struct ep *ep, struct reg *r, uint32_t idx, int cqfd)
 {
 	struct epoll_event cev = {.events = EPOLLIN | (r->events & EPOLLET), .data.u64 = tag(r, idx, true)};
-	if (cqfd >= 0 && real.epoll_ctl(ep->inner, EPOLL_CTL_ADD, cqfd, &cev) == 0)
+	if (cqfd >= 0 && real.epoll_ctl(ep->epfd, EPOLL_CTL_ADD, cqfd, &cev) == 0)
 		r->cqfd = cqfd;
 }
 
@@ -739,13 +740,13 @@ static void reg_cq_late(struct ep *ep, struct reg *r, uint32_t idx, uint64_t d, 
 	if (cqfd < 0 && (sock_wait_fds(r->s, &qfd, &qev, &cqfd) || cqfd < 0))
 		return;
 	pthread_mutex_lock(&ep->lock);
-	if (atomic_load(&r->gen) == (uint32_t)(d >> 32) && r->cqfd < 0)
+	if (tag_current(r, d) && r->cqfd < 0)
 		reg_add_cq(ep, r, idx, cqfd);
 	pthread_mutex_unlock(&ep->lock);
 }
 
 /* Makes r a taken socket's registration (its CQ's descriptor registered too) once the socket
- * has a queue pair: at ADD (in_kernel false: the caller then adds the socket to `inner` with
+ * has a queue pair: at ADD (in_kernel false: the caller then adds the socket to the kernel with
  * kernel_events, which now are the attached ones), or at its first event when it was added
  * before bind (in_kernel: a stream's registration there is changed to them). A stream is
  * checked without a read of TCP: the kernel's ADD of its registration reports the data waiting
@@ -777,7 +778,7 @@ static bool reg_attach(struct ep *ep, struct reg *r, uint32_t idx, bool in_kerne
 	atomic_fetch_add(&ep->ntaken, 1);
 	if (strm && in_kernel) {
 		struct epoll_event kev = {.events = kernel_events(r), .data.u64 = tag(r, idx, false)};
-		real.epoll_ctl(ep->inner, EPOLL_CTL_MOD, r->fd, &kev);
+		real.epoll_ctl(ep->epfd, EPOLL_CTL_MOD, r->fd, &kev);
 	}
 	return true;
 }
@@ -799,13 +800,18 @@ static void reg_drop_unlink(struct ep *ep, struct reg *r, uint32_t i)
 {
 	struct sock *old = r->ps;
 	reg_drop(ep, r, i);
-	if (!ep_watches(ep, old))
+	if (old && !ep_watches(ep, old))
 		sock_ep_link(old, ep, 0);
 }
 
-/* r still names the socket it was added for (not a closed one whose number came back). */
+/* r still names the socket (a foreign one: the file) it was added for, not a closed one whose
+ * number came back. */
 static bool reg_current(const struct reg *r)
 {
+	if (r->foreign) {
+		struct stat st;
+		return fstat(r->fd, &st) == 0 && st.st_dev == r->dev && st.st_ino == r->ino;
+	}
 	struct sock *s = fd_sock(r->fd);
 	return s && s == r->ps && sock_id(s) == r->sid;
 }
@@ -846,6 +852,72 @@ static void parked_purge(struct ep *ep)
 	pthread_mutex_unlock(&ep->lock);
 }
 
+/* The program's own registration of fd (ADD, or MOD of one the kernel holds) whose data looks
+ * like a tag: made a foreign registration of the shim's, so that its events come back with the
+ * program's data and the data is never taken for a tag. Needs ep->lock. Returns 0 or -errno. */
+static int foreign_reg(struct ep *ep, int op, int fd, const struct epoll_event *ev)
+{
+	struct stat st;
+	if (fstat(fd, &st))
+		return -errno;
+	uint32_t idx;
+	struct reg *r = reg_new(ep, &idx);
+	if (!r)
+		return -ENOMEM;
+	r->fd = fd, r->events = ev->events, r->data = ev->data.u64, r->cqfd = -1, r->s = NULL;
+	r->ps = NULL, r->sid = 0;
+	r->round = 0;
+	r->armed = true;
+	r->pending = false;
+	__atomic_store_n(&r->kick, false, __ATOMIC_RELAXED);
+	r->last_in = 0;
+	r->foreign = true, r->dev = st.st_dev, r->ino = st.st_ino;
+	atomic_fetch_add(&r->gen, 1); /* odd: in use */
+	atomic_fetch_add(&ep->nlive, 1);
+	struct epoll_event kev = {.events = ev->events, .data.u64 = tag(r, idx, false)};
+	if (real.epoll_ctl(ep->epfd, op, fd, &kev) < 0) {
+		int e = errno;
+		reg_release(ep, r, idx);
+		return -e;
+	}
+	DG_DBG("epoll instance %d: fd %d registered with data %#llx, which looks like the shim's: "
+	       "passed through a registration of the shim's", ep->epfd, fd, (unsigned long long)ev->data.u64);
+	return 0;
+}
+
+/* The program's own registration, the kernel's with the program's data (a foreign one when
+ * that data looks like a tag). Needs ep->lock; releases it. Returns 0 or -errno. */
+static int kernel_own(struct ep *ep, int op, int fd, struct epoll_event *ev)
+{
+	int rc;
+	if ((op == EPOLL_CTL_ADD || op == EPOLL_CTL_MOD) && tag_ours(ev->data.u64))
+		rc = foreign_reg(ep, op, fd, ev);
+	else
+		rc = real.epoll_ctl(ep->epfd, op, fd, ev) < 0 ? -errno : 0;
+	pthread_mutex_unlock(&ep->lock);
+	return rc;
+}
+
+/* MOD or DEL of a foreign registration (r, index idx), or an ADD of its descriptor again.
+ * Needs ep->lock. Returns 0 or -errno. */
+static int foreign_ctl(struct ep *ep, struct reg *r, uint32_t idx, int op, struct epoll_event *ev)
+{
+	if (op == EPOLL_CTL_ADD)
+		return -EEXIST;
+	if (op == EPOLL_CTL_DEL) {
+		reg_drop(ep, r, idx);
+		return 0;
+	}
+	if (op != EPOLL_CTL_MOD)
+		return -EINVAL;
+	struct epoll_event kev = {.events = ev->events, .data.u64 = tag(r, idx, false)};
+	if (real.epoll_ctl(ep->epfd, EPOLL_CTL_MOD, r->fd, &kev) < 0)
+		return -errno;
+	r->events = ev->events, r->data = ev->data.u64;
+	r->armed = true;
+	return 0;
+}
+
 int ev_epoll_ctl(struct ep *ep, int epfd, int op, int fd, struct epoll_event *ev)
 {
 	if (op != EPOLL_CTL_DEL && !ev)
@@ -858,6 +930,11 @@ int ev_epoll_ctl(struct ep *ep, int epfd, int op, int fd, struct epoll_event *ev
 		/* the socket went away behind the shim's back (a close it did not see) */
 		reg_drop_unlink(ep, r, idx);
 		r = NULL;
+	}
+	if (r && r->foreign) {
+		int frc = foreign_ctl(ep, r, idx, op, ev);
+		pthread_mutex_unlock(&ep->lock);
+		return frc;
 	}
 	if (r && r->parked) {
 		/* deleted by the program: MOD and DEL find nothing, as natively; an ADD takes it
@@ -875,38 +952,28 @@ int ev_epoll_ctl(struct ep *ep, int epfd, int op, int fd, struct epoll_event *ev
 		}
 	}
 	struct sock *s = r ? r->ps : fd_sock(fd);
-	if (!r && (!s || op != EPOLL_CTL_ADD)) {
-		/* not a taken socket's registration: the kernel's alone, with the program's data */
-		pthread_mutex_unlock(&ep->lock);
-		return real.epoll_ctl(epfd, op, fd, ev) < 0 ? -errno : 0;
-	}
+	if (!r && (!s || op != EPOLL_CTL_ADD))
+		return kernel_own(ep, op, fd, ev); /* not a taken socket's registration */
 	switch (op) {
 	case EPOLL_CTL_ADD: {
 		if (r) {
 			rc = -EEXIST;
 			break;
 		}
-		if (ev->events & EPOLLEXCLUSIVE) {
-			/* the kernel's rules for these (EINVAL for a taken socket's MOD later) */
-			pthread_mutex_unlock(&ep->lock);
-			return real.epoll_ctl(epfd, op, fd, ev) < 0 ? -errno : 0;
-		}
-		if ((rc = inner_get(ep)))
-			break;
+		if (ev->events & EPOLLEXCLUSIVE)
+			return kernel_own(ep, op, fd, ev); /* the kernel's rules for these (EINVAL for a
+							      * taken socket's MOD later) */
 		/* a parked registration of the same socket under another number (a dup) holds the
-		 * CQ's descriptor in `inner`: deleted first, so this one can register it */
+		 * CQ's descriptor in the kernel: deleted first, so this one can register it */
 		for (int k = atomic_load(&ep->nparked) - 1; k >= 0; k--) {
 			uint32_t pi = ep->parked[k];
 			struct reg *pr = reg_at(ep, pi);
 			if (pr->ps == s)
 				reg_drop(ep, pr, pi);
 		}
-		if (!sock_ep_link(s, ep, 1)) {
-			/* watched by too many instances to be told when it goes: the kernel's
-			 * readiness serves it here */
-			pthread_mutex_unlock(&ep->lock);
-			return real.epoll_ctl(epfd, op, fd, ev) < 0 ? -errno : 0;
-		}
+		if (!sock_ep_link(s, ep, 1))
+			return kernel_own(ep, op, fd, ev); /* watched by too many instances to be told
+							      * when it goes: the kernel's readiness */
 		if (!(r = reg_new(ep, &idx))) {
 			sock_ep_link(s, ep, 0);
 			rc = -ENOMEM;
@@ -919,12 +986,13 @@ int ev_epoll_ctl(struct ep *ep, int epfd, int op, int fd, struct epoll_event *ev
 		r->pending = false;
 		__atomic_store_n(&r->kick, false, __ATOMIC_RELAXED);
 		r->last_in = 0;
+		r->foreign = false;
 		atomic_fetch_add(&r->gen, 1); /* odd: in use */
 		atomic_fetch_add(&ep->nlive, 1);
 		/* attached first: the kernel's registration is made once, with the events it keeps */
 		reg_attach(ep, r, idx, false);
 		struct epoll_event kev = {.events = kernel_events(r), .data.u64 = tag(r, idx, false)};
-		if (real.epoll_ctl(ep->inner, EPOLL_CTL_ADD, fd, &kev) < 0) {
+		if (real.epoll_ctl(ep->epfd, EPOLL_CTL_ADD, fd, &kev) < 0) {
 			rc = -errno;
 			sock_ep_link(s, ep, 0);
 			reg_drop(ep, r, idx); /* the CQ's descriptor, when attached */
@@ -945,17 +1013,17 @@ int ev_epoll_ctl(struct ep *ep, int epfd, int op, int fd, struct epoll_event *ev
 		bool same = r->s && sock_is_stream(r->s) && !((was | ev->events) & EPOLLONESHOT) &&
 			    kernel_events(r) == was_k;
 		struct epoll_event kev = {.events = kernel_events(r), .data.u64 = tag(r, idx, false)};
-		if (!same && real.epoll_ctl(ep->inner, EPOLL_CTL_MOD, fd, &kev) < 0)
+		if (!same && real.epoll_ctl(ep->epfd, EPOLL_CTL_MOD, fd, &kev) < 0)
 			rc = -errno;
 		if (r->cqfd >= 0 && !(same && !((was ^ ev->events) & EPOLLET))) {
 			struct epoll_event cev = {.events = EPOLLIN | (ev->events & EPOLLET),
 						  .data.u64 = tag(r, idx, true)};
-			real.epoll_ctl(ep->inner, EPOLL_CTL_MOD, r->cqfd, &cev);
+			real.epoll_ctl(ep->epfd, EPOLL_CTL_MOD, r->cqfd, &cev);
 		}
 		break;
 	}
 	case EPOLL_CTL_DEL: {
-		/* a carried stream's registrations stay in `inner` until the next wait, parked: an
+		/* a carried stream's registrations stay in the kernel until the next wait, parked: an
 		 * ADD of it meanwhile (hiredis's next request) takes them back for nothing */
 		int np = atomic_load(&ep->nparked);
 		if (r->s && sock_is_stream(r->s) && !(r->events & EPOLLONESHOT) && np < EP_PARKED) {
@@ -991,12 +1059,15 @@ static void regs_of(struct sock *s, int fd, struct ep **eps, int n, bool keep)
 				any_left = true;
 				continue;
 			}
-			if (keep && !r->parked) {
-				struct epoll_event pev = {.events = r->events, .data.u64 = r->data};
-				if (!(r->events & EPOLLONESHOT) || r->armed)
-					real.epoll_ctl(ep->epfd, EPOLL_CTL_ADD, r->fd, &pev);
-			}
+			/* the program's registration replaces ours, after it (one instance holds both) */
+			struct epoll_event pev = {.events = r->events, .data.u64 = r->data};
+			bool hand = keep && !r->parked && (!(r->events & EPOLLONESHOT) || r->armed);
+			int rfd = r->fd;
 			reg_drop(ep, r, i);
+			if (hand && tag_ours(pev.data.u64))
+				foreign_reg(ep, EPOLL_CTL_ADD, rfd, &pev);
+			else if (hand)
+				real.epoll_ctl(ep->epfd, EPOLL_CTL_ADD, rfd, &pev);
 		}
 		pthread_mutex_unlock(&ep->lock);
 		if (fd >= 0 && !any_left)
@@ -1105,14 +1176,14 @@ static int ep_rescan(struct ep *ep, struct epoll_event *evs, int max, uint32_t r
 			r->armed = false;
 			/* the kernel must not report it again either until MOD */
 			struct epoll_event kev = {.events = 0, .data.u64 = tag(r, i, false)};
-			real.epoll_ctl(ep->inner, EPOLL_CTL_MOD, r->fd, &kev);
+			real.epoll_ctl(ep->epfd, EPOLL_CTL_MOD, r->fd, &kev);
 		}
 		evs[out++] = (struct epoll_event){.events = got, .data.u64 = r->data};
 	}
 	return out;
 }
 
-/* Translates n events read from `inner` into evs[*out..max). */
+/* Translates n events of the shim's registrations (tags) into evs[*out..max). */
 static void ep_translate(struct ep *ep, const struct epoll_event *k, int n, struct epoll_event *evs,
 			 int *outp, int max, uint32_t round)
 {
@@ -1122,15 +1193,16 @@ static void ep_translate(struct ep *ep, const struct epoll_event *k, int n, stru
 		uint64_t d = k[j].data.u64;
 		if (d == EP_BELL_TAG)
 			continue; /* another thread took a stream's news: the next rescan finds it */
-		uint32_t i = (uint32_t)(d & 0xffffffffu) >> 1;
+		uint32_t i = tag_idx(d);
 		bool cq = d & 1;
-		struct reg *r = reg_at(ep, i);
-		if (!r || atomic_load(&r->gen) != (uint32_t)(d >> 32) || __atomic_load_n(&r->parked, __ATOMIC_ACQUIRE))
+		struct reg *r = i < __atomic_load_n(&ep->nregs, __ATOMIC_ACQUIRE) ? reg_at(ep, i) : NULL;
+		if (!r || !tag_current(r, d) || !(atomic_load(&r->gen) & 1) ||
+		    __atomic_load_n(&r->parked, __ATOMIC_ACQUIRE))
 			continue; /* a registration removed (or deleted by the program) since */
 		uint32_t e = k[j].events;
-		if (!r->s) {
+		if (!r->s && !r->foreign) {
 			pthread_mutex_lock(&ep->lock);
-			if (atomic_load(&r->gen) == (uint32_t)(d >> 32))
+			if (tag_current(r, d))
 				reg_attach(ep, r, i, true);
 			pthread_mutex_unlock(&ep->lock);
 		}
@@ -1180,7 +1252,7 @@ static void ep_translate(struct ep *ep, const struct epoll_event *k, int n, stru
 				if ((r->events & EPOLLONESHOT) && !cq) {
 					/* the kernel disarmed it for nothing: arm it again */
 					struct epoll_event kev = {.events = kernel_events(r), .data.u64 = d};
-					real.epoll_ctl(ep->inner, EPOLL_CTL_MOD, r->fd, &kev);
+					real.epoll_ctl(ep->epfd, EPOLL_CTL_MOD, r->fd, &kev);
 				}
 				continue;
 			}
@@ -1207,8 +1279,8 @@ static void ep_translate(struct ep *ep, const struct epoll_event *k, int n, stru
 int ev_epoll_wait(struct ep *ep, int epfd, struct epoll_event *evs, int max, int timeout_ms,
 		  const sigset_t *mask, const struct timespec *ts2)
 {
-	if (!atomic_load(&ep->nlive)) {
-		/* no taken socket in it: the kernel's instance as it is */
+	if (!atomic_load(&ep->nlive) && atomic_load(&ep->bell) < 0) {
+		/* nothing of the shim's in it: the kernel's instance as it is */
 		if (ts2)
 			return (int)real.syscall(SYS_epoll_pwait2, epfd, evs, max, ts2, mask, _NSIG / 8);
 		return mask ? real.epoll_pwait(epfd, evs, max, timeout_ms, mask)
@@ -1258,14 +1330,13 @@ int ev_epoll_wait(struct ep *ep, int epfd, struct epoll_event *evs, int max, int
 				free(k);
 			return -1;
 		}
-		bool inner = false;
+		int in = 0;
 		for (int j = 0; j < n; j++) {
-			if (k[j].data.u64 == EP_INNER_TAG)
-				inner = true;
+			if (tag_ours(k[j].data.u64))
+				k[in++] = k[j]; /* the shim's, translated below (in <= j: in place) */
 			else if (out < max)
 				evs[out++] = k[j]; /* the program's own registration, as the kernel says */
 		}
-		int in = inner && out < max ? real.epoll_wait(ep->inner, k, max - out, 0) : 0;
 		shim_ep_check = ep;
 		if (in > 0)
 			ep_translate(ep, k, in, evs, &out, max, round);

@@ -364,7 +364,7 @@ uint64_t sock_id(const struct sock *s);
  *    on a stream whose CQ has an eventfd: another thread may take the completion off the CQ
  *    before the wait armed it);
  *  - the epoll instances watching it (ep_ring: the instance's bell, a descriptor of its own
- *    registered edge-triggered in its private instance, written only while a thread sleeps
+ *    registered edge-triggered in the instance, written only while a thread sleeps
  *    there), whose next rescan looks at the stream again (stream_kicks changed).
  * A single-threaded program never rings: nobody sleeps while it calls.
  */

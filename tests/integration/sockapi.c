@@ -1418,6 +1418,47 @@ static int test_poll(int port)
 		RECV(d, 51, 51, NULL, "epoll re-added socket");
 		close(d);
 	}
+
+	/* A descriptor of the program's own registered with data that looks like the shim's
+	 * event data for a taken socket (its top 16 bits 0xd95a, then anything): the program gets
+	 * its data back, after MOD too, and the taken socket's event its own (the shim registers
+	 * taken sockets in the program's instance and tells the two apart by those bits) */
+	{
+		int tp[2];
+		MUST(pipe(tp));
+		uint64_t look = 0xd95a000000080003ull, look2 = 0xd95affffffffffffull;
+		struct epoll_event pe = {.events = EPOLLIN, .data.u64 = look};
+		EXPECT_RET(epoll_ctl(ep, EPOLL_CTL_ADD, tp[0], &pe), 0);
+		EXPECT_ERR(epoll_ctl(ep, EPOLL_CTL_ADD, tp[0], &pe), EEXIST);
+		EXPECT_RET(epoll_wait(ep, evs, 8, 0), 0);
+		MUST(write(tp[1], "x", 1));
+		if (EXPECT_RET(epoll_wait(ep, evs, 8, 2000), 1))
+			CHECK(evs[0].events == EPOLLIN && evs[0].data.u64 == look,
+			      "tag-like data: event 0x%x data 0x%" PRIx64 ", expected 0x%" PRIx64, evs[0].events,
+			      evs[0].data.u64, look);
+		pe.data.u64 = look2;
+		EXPECT_RET(epoll_ctl(ep, EPOLL_CTL_MOD, tp[0], &pe), 0);
+		SEND(a, 52, 52, &B, "epoll beside tag-like data");
+		settle(b);
+		int got_pipe = 0, got_sock = 0;
+		for (int tries = 0; tries < 4 && !(got_pipe && got_sock); tries++) {
+			int n = epoll_wait(ep, evs, 8, 2000);
+			for (int q = 0; q < n; q++) {
+				got_pipe |= evs[q].data.u64 == look2;
+				got_sock |= evs[q].data.u64 == ck;
+				CHECK(evs[q].data.u64 == look2 || evs[q].data.u64 == ck,
+				      "tag-like data after MOD: data 0x%" PRIx64, evs[q].data.u64);
+			}
+		}
+		CHECK(got_pipe && got_sock, "tag-like data after MOD: pipe reported %d, socket %d", got_pipe,
+		      got_sock);
+		RECV(b, 52, 52, NULL, "epoll beside tag-like data");
+		EXPECT_RET(epoll_ctl(ep, EPOLL_CTL_DEL, tp[0], NULL), 0);
+		EXPECT_ERR(epoll_ctl(ep, EPOLL_CTL_DEL, tp[0], NULL), ENOENT);
+		EXPECT_RET(epoll_wait(ep, evs, 8, 50), 0); /* the pipe is still readable, no longer watched */
+		close(tp[0]);
+		close(tp[1]);
+	}
 	close(ep);
 	close(a);
 	close(b);
