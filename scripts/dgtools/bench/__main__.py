@@ -36,6 +36,7 @@ def main():
             failed(sec, str(e))
         log("%s: %.0f s" % (sec, time.monotonic() - t))
     elapsed = time.monotonic() - ctx.T0
+    own = len(ctx.FAILED)   # this run's; merge adds the kept sections' (they stay on the page)
     if ctx.A.merge:
         merge(R)
     made = []
@@ -48,9 +49,13 @@ def main():
               open(os.path.join(ctx.IMG, "results.json"), "w"), indent=1, default=str)
     open(os.path.join(ctx.OUT, "results.md"), "w").write(page(R, M, made, elapsed))
     log("wrote %s and %d plot(s) in %s (%.1f min)" % (os.path.join(ctx.OUT, "results.md"), len(made), ctx.IMG, elapsed / 60))
-    if ctx.FAILED:
-        log("%d measurement run(s) FAILED:" % len(ctx.FAILED))
-        for f in ctx.FAILED:
+    if len(ctx.FAILED) > own:
+        log("%d failed run(s) of the earlier run's sections, kept on the page (not this run's):" % (len(ctx.FAILED) - own))
+        for f in ctx.FAILED[own:]:
+            print("  " + f, flush=True)
+    if own:
+        log("%d measurement run(s) FAILED:" % own)
+        for f in ctx.FAILED[:own]:
             print("  " + f, flush=True)
         return 1
     return 0
