@@ -444,13 +444,8 @@ static int scan_all(int *pids, int max)
 	int n = 0;
 	struct dirent *e;
 	while ((e = readdir(d)) && n < max) {
-		char *end;
-		if (strncmp(e->d_name, "dgshim.", 7))
-			continue;
-		long pid = strtol(e->d_name + 7, &end, 10);
-		if (*end || pid <= 0 || pid > 0x7fffffff)
-			continue;
-		if (maps_file((int)pid))
+		long pid = dgshim_stat_name_pid(e->d_name);
+		if (pid > 0 && maps_file((int)pid))
 			pids[n++] = (int)pid;
 	}
 	closedir(d);

@@ -71,11 +71,8 @@ static void sweep_stale(void)
 		return;
 	struct dirent *e;
 	while ((e = readdir(d))) {
-		char *end;
-		if (strncmp(e->d_name, "dgshim.", 7))
-			continue;
-		long pid = strtol(e->d_name + 7, &end, 10);
-		if (*end || pid <= 0 || pid > 0x7fffffff || pid == (long)getpid())
+		long pid = dgshim_stat_name_pid(e->d_name);
+		if (pid < 0 || pid == (long)getpid())
 			continue;
 		if (kill((pid_t)pid, 0) < 0 && errno == ESRCH)
 			unlinkat(dirfd(d), e->d_name, 0);

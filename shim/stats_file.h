@@ -6,8 +6,20 @@
 #define DGSHIM_STATS_FILE_H
 
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "dgshim.h"
+
+/* The pid a /dev/shm entry named "dgshim.<pid>" is for, or -1 (another name). */
+static inline long dgshim_stat_name_pid(const char *name)
+{
+	char *end;
+	if (strncmp(name, "dgshim.", 7))
+		return -1;
+	long pid = strtol(name + 7, &end, 10);
+	return *end || pid <= 0 || pid > 0x7fffffff ? -1 : pid;
+}
 
 #define DGSHIM_STAT_MAGIC 0x64677374u /* "dgst" */
 #define DGSHIM_STAT_VERSION 3

@@ -661,6 +661,16 @@ static void tell_waiters(struct sock *s, struct stream *t)
 }
 
 static void progress_take(struct sock *s, struct stream *t);
+static void progress(struct sock *s, struct stream *t);
+
+/* progress with drain_cq asked for a kind of look (CHECK_IO, CHECK_QUEUED, LOOK_LAZY, or 0:
+ * TCP read even with completions queued). Needs s->lock. */
+static void progress_look(struct sock *s, struct stream *t, uint8_t look)
+{
+	t->look = look;
+	progress(s, t);
+	t->look = 0;
+}
 
 /* Drives the stream: completions and connection events taken, and told to the waits of other
  * threads and instances (tell_waiters) when there were any. Needs s->lock. */
@@ -2347,9 +2357,7 @@ ssize_t stream_send(struct sock *s, int fd, const struct iovec *iov, int iovcnt,
 	 * the peer, one round trip per write). Not when that record could not ask for one (the
 	 * write ended early on an error). */
 	while (done && !nb && t->tx_out && t->sig_seq == t->data_seq && !t->err && !t->tcp_down) {
-		t->look = LOOK_LAZY; /* the completions it waits for are queued, or it waits */
-		progress(s, t);
-		t->look = 0;
+		progress_look(s, t, LOOK_LAZY); /* the completions it waits for are queued, or it waits */
 		if (!t->tx_out || t->err || t->tcp_down)
 			break;
 		if (stream_wait(s, t, &timeout))
@@ -2432,9 +2440,7 @@ ssize_t stream_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt,
 		 * request. The look before a credit is not skipped (below). */
 		if (cl.qp || t->arrived == t->consumed || eager || (flags & MSG_PEEK) || t->state != SS_ESTAB ||
 		    t->rv_wait || t->err || t->tcp_down) {
-			t->look = LOOK_LAZY;
-			progress(s, t);
-			t->look = 0;
+			progress_look(s, t, LOOK_LAZY);
 		}
 		eager = false;
 		if (cl.qp && (t->arrived != t->consumed || t->state != SS_ESTAB || t->peer_fin || t->shut_rd || t->err ||
@@ -2581,13 +2587,9 @@ static int end_bits(const struct stream *t)
 static void progress_for_check(struct sock *s, struct stream *t, bool queued)
 {
 	if (!queued || t->own_cm || t->state == SS_CONNECTING || t->ctl_owed) {
-		t->look = queued ? 0 : CHECK_IO;
-		progress(s, t);
-		t->look = 0;
+		progress_look(s, t, queued ? 0 : CHECK_IO);
 	} else if (t->cq && dgv_cq_ready(t->cq) > 0) {
-		t->look = CHECK_QUEUED;
-		progress(s, t);
-		t->look = 0;
+		progress_look(s, t, CHECK_QUEUED);
 	}
 }
 
