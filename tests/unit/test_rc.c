@@ -449,6 +449,102 @@ Test(rc, many_wrs_in_flight_both_ways)
 	}
 }
 
+/* A connection's send queue starts with 32 entries inside the QP and grows to max_send_wr
+ * when a post finds it full (issue 14: memory per idle connection). Growth must keep every
+ * entry at its position: a Read waiting in the ORD table, FPDUs of a batch in TCP and the
+ * completions' order all name entries by position. ord = 1 holds Reads in the queue, so one
+ * post of 60 work requests grows it for certain; a 6 MiB Read posted before, still in flight
+ * when its 20 Sends have completed, has the queue's positions past its first 32 entries then
+ * (the ring wrapped once before it grew). Every completion comes in posting order with the
+ * right bytes, and the queue goes on working after. */
+Test(rc, send_queue_grows_with_work_in_flight)
+{
+	struct dgv_conn_param cp = {.ord = 1};
+	connect_pair(&cp, NULL);
+	enum { SENDS = 300, SSZ = 700, BIG = 6u << 20 };
+	fill(S.buf, 8u << 20, 7);            /* what the Reads fetch */
+	fill(C.buf + (8u << 20), SENDS * SSZ, 8); /* what the Sends carry */
+	for (int i = 0; i < SENDS; i++)
+		post_recv(&S, 5000 + (uint64_t)i, (8u << 20) + (uint64_t)i * SSZ, SSZ);
+	uint64_t next_id = 0, want_id = 0;
+	int nsend = 0, nread = 0;
+	struct {
+		bool read;
+		uint64_t loff, roff;
+		uint32_t len;
+	} wrs[400];
+	struct dgv_send_wr w[64];
+	struct dgv_sge g[64];
+	/* posts n work requests as one chain: Reads where is_read says so, Sends elsewhere */
+#define POST_CHAIN(n, is_read, rlen)                                                                                   \
+	do {                                                                                                           \
+		for (int k = 0; k < (n); k++) {                                                                        \
+			bool rd = (is_read);                                                                           \
+			uint64_t id = next_id++;                                                                       \
+			cr_assert(id < 400);                                                                           \
+			if (rd) {                                                                                      \
+				wrs[id].read = true, wrs[id].len = (rlen), wrs[id].roff = (uint64_t)nread * 4096;      \
+				wrs[id].loff = (rlen) > 4096 ? (2u << 20) : (12u << 20) + (uint64_t)nread * 4096;     \
+				nread++;                                                                               \
+				cr_assert(nread < 256);                                                                \
+			} else {                                                                                       \
+				cr_assert(nsend < SENDS);                                                              \
+				wrs[id].read = false, wrs[id].len = SSZ - (uint32_t)nsend;                            \
+				wrs[id].loff = (8u << 20) + (uint64_t)nsend++ * SSZ;                                   \
+			}                                                                                              \
+			g[k] = (struct dgv_sge){(uint64_t)(uintptr_t)(C.buf + wrs[id].loff), wrs[id].len, C.mr->lkey}; \
+			w[k] = (struct dgv_send_wr){.wr_id = id, .sg_list = &g[k], .num_sge = 1,                      \
+						    .opcode = rd ? DGV_WR_READ : DGV_WR_SEND,                          \
+						    .send_flags = DGV_SEND_SIGNALED,                                   \
+						    .remote_addr = (uint64_t)(uintptr_t)S.buf + wrs[id].roff,         \
+						    .rkey = S.mr->rkey,                                                \
+						    .next = k + 1 < (n) ? &w[k + 1] : NULL};                          \
+		}                                                                                                      \
+		struct dgv_send_wr *bad = NULL;                                                                        \
+		cr_assert_eq(dgv_post_send(C.qp, &w[0], &bad), 0, "post of %d work requests", (int)(n));              \
+	} while (0)
+	/* checks completions in posting order up to id upto (excluded) */
+#define DRAIN(upto)                                                                                                    \
+	while (want_id < (upto)) {                                                                                     \
+		struct dgv_wc c = wait_wc(C.cq);                                                                       \
+		cr_assert_eq(c.status, DGV_WC_SUCCESS, "wr %llu: status %d", (unsigned long long)c.wr_id, c.status);  \
+		cr_assert_eq(c.wr_id, want_id, "completion of wr %llu where %llu was next",                         \
+			     (unsigned long long)c.wr_id, (unsigned long long)want_id);                               \
+		cr_assert_eq(c.opcode, wrs[want_id].read ? DGV_WC_READ : DGV_WC_SEND);                               \
+		want_id++;                                                                                             \
+	}
+	/* a big Read behind 20 Sends in one post: the Sends complete, the Read holds position 20
+	 * (posted alone it would find the queue empty and start again at position 0) */
+	POST_CHAIN(21, k == 20, BIG);
+	DRAIN(20);
+	/* 60 at once, every third a Read: more than the first 32 entries hold */
+	POST_CHAIN(60, k % 3 == 2, 1000 + (uint32_t)k);
+	DRAIN(next_id);
+	/* the grown queue keeps working: chains of every size up to 64, completed in order */
+	for (int n = 1; n <= 64 && next_id + (uint64_t)n <= 400 && nsend + n <= SENDS; n += 9) {
+		POST_CHAIN(n, k % 5 == 4, 64 + (uint32_t)k);
+		if (n % 2)
+			DRAIN(next_id);
+	}
+	DRAIN(next_id);
+#undef POST_CHAIN
+#undef DRAIN
+	/* every Read's bytes, every Send's bytes at the server, in order */
+	for (uint64_t id = 0; id < next_id; id++)
+		if (wrs[id].read)
+			cr_assert(memcmp(C.buf + wrs[id].loff, S.buf + wrs[id].roff, wrs[id].len) == 0,
+				  "Read %llu: bytes differ", (unsigned long long)id);
+	for (int i = 0; i < nsend; i++) {
+		struct dgv_wc c = wait_wc(S.cq);
+		cr_assert_eq(c.status, DGV_WC_SUCCESS);
+		cr_assert_eq(c.wr_id, 5000 + (uint64_t)i, "receive %d out of order", i);
+		cr_assert_eq(c.byte_len, SSZ - (uint32_t)i);
+		cr_assert(memcmp(S.buf + (8u << 20) + (size_t)i * SSZ, C.buf + (8u << 20) + (size_t)i * SSZ,
+				 SSZ - (size_t)i) == 0,
+			  "Send %d: bytes differ", i);
+	}
+}
+
 Test(rc, receiver_not_ready_holds_the_sender)
 {
 	connect_pair(NULL, NULL);

@@ -1987,6 +1987,7 @@ static void qp_gso_setup(struct soft_qp *qp)
 static int qp_rings(struct soft_qp *qp, const struct dgv_qp_init_attr *a)
 {
 	qp->sq_cap = a->max_send_wr ? a->max_send_wr : DEFAULT_WR;
+	qp->sq_max = qp->sq_cap;
 	qp->rq_cap = a->max_recv_wr ? a->max_recv_wr : DEFAULT_WR;
 	soft_sq_alloc(qp);
 	soft_rq_alloc(qp);

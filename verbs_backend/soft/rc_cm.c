@@ -302,15 +302,14 @@ void rc_flush_all(struct soft_qp *qp, enum dgv_wc_status first_status)
 	struct rc_conn *rc = qp->rc;
 	bool first = first_status != DGV_WC_WR_FLUSH_ERR;
 	for (uint32_t i = qp->sq_head; i != qp->sq_tail; i++) {
-		uint32_t idx = i % qp->sq_cap;
-		struct soft_swqe *w = &qp->sq[idx];
+		struct soft_swqe *w = soft_sq_at(qp, i);
 		if (w->done)
 			continue;
 		if (first && (w->read_ord || w->sent)) {
-			rc_sq_done(qp, idx, first_status, 0);
+			rc_sq_done(qp, i, first_status, 0);
 			first = false;
 		} else {
-			rc_sq_done(qp, idx, DGV_WC_WR_FLUSH_ERR, 0);
+			rc_sq_done(qp, i, DGV_WC_WR_FLUSH_ERR, 0);
 		}
 	}
 	qp->sq_pump = qp->sq_tail;
@@ -426,7 +425,8 @@ static int rc_qp_new(struct dgv_pd *pdb, const struct dgv_qp_init_attr *a, int f
 	pthread_mutex_init(&qp->lock, NULL);
 	qp->max_msg = a->max_msg_size ? a->max_msg_size : RC_DEFAULT_MAX_MSG;
 	qp->max_sge = a->max_sge ? a->max_sge : 4;
-	qp->sq_cap = a->max_send_wr ? a->max_send_wr : RC_DEFAULT_WR;
+	qp->sq_max = a->max_send_wr ? a->max_send_wr : RC_DEFAULT_WR;
+	qp->sq_cap = qp->sq_max > SOFT_RC_SQ_FIRST ? SOFT_RC_SQ_FIRST : qp->sq_max;
 	qp->rq_cap = a->max_recv_wr ? a->max_recv_wr : RC_DEFAULT_WR;
 	soft_sq_alloc(qp);
 	soft_rq_alloc(qp);

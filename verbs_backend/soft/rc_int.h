@@ -64,7 +64,7 @@ enum fp_kind { FP_NONE = 0, FP_SQ_DONE, FP_IRD_DONE, FP_TERM };
 struct rc_fp {
 	uint64_t end;   /* batch offset just past this FPDU */
 	uint8_t kind;
-	uint32_t idx;   /* SQ index (FP_SQ_DONE) */
+	uint32_t idx;   /* SQ position (FP_SQ_DONE: soft_sq_at), IRD index (FP_IRD_DONE) */
 };
 
 /* One transmit batch's vectors and staging: held by a connection only while a batch is being
@@ -172,8 +172,9 @@ void rc_become_rts(struct soft_qp *qp, const uint8_t *pdata, uint16_t pdlen);
 
 /* ---- rc_tx.c: transmission */
 
-/* Marks send WQE idx done with status st; completions are pushed in posting order. */
-void rc_sq_done(struct soft_qp *qp, uint32_t idx, enum dgv_wc_status st, uint32_t bytes);
+/* Marks the send WQE at position pos (soft_sq_at) done with status st; completions are pushed
+ * in posting order. */
+void rc_sq_done(struct soft_qp *qp, uint32_t pos, enum dgv_wc_status st, uint32_t bytes);
 /* Forgets the transmit batch (nothing of it will be sent). */
 void rc_batch_reset(struct rc_conn *rc);
 /* Sends what it can of iov[0..n) with MSG_DONTWAIT. Returns the bytes taken (> 0), 0 when TCP

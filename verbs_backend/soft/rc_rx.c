@@ -247,7 +247,7 @@ static int rx_read_resp(struct soft_qp *qp, const struct rx_seg *s)
 	o->used = false;
 	rc->ord_head = (rc->ord_head + 1) % SOFT_MAX_ORD;
 	qp->ord_count--;
-	qp->sq[o->sq_idx].read_ord = false;
+	soft_sq_at(qp, o->sq_idx)->read_ord = false;
 	rc_sq_done(qp, o->sq_idx, DGV_WC_SUCCESS, o->len);
 	return 0;
 }

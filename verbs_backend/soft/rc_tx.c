@@ -27,18 +27,18 @@ static const enum dgv_wc_opcode wc_of_wr[] = {
 	[DGV_WR_SEND_PLAIN] = DGV_WC_SEND_PLAIN, [DGV_WR_SEND_INV] = DGV_WC_SEND,
 	[DGV_WR_SEND_SE_INV] = DGV_WC_SEND};
 
-/* Marks send WQE idx done; completions are pushed in posting order (a Send posted after a Read
- * completes after it, as on a hardware RNIC). qp->lock held. */
-void rc_sq_done(struct soft_qp *qp, uint32_t idx, enum dgv_wc_status st, uint32_t bytes)
+/* Marks the send WQE at position pos done; completions are pushed in posting order (a Send
+ * posted after a Read completes after it, as on a hardware RNIC). qp->lock held. */
+void rc_sq_done(struct soft_qp *qp, uint32_t pos, enum dgv_wc_status st, uint32_t bytes)
 {
-	struct soft_swqe *w = &qp->sq[idx];
+	struct soft_swqe *w = soft_sq_at(qp, pos);
 	if (w->done)
 		return;
 	w->done = true;
 	w->rc_status = (uint8_t)st;
 	w->rc_bytes = bytes;
 	while (qp->sq_head != qp->sq_tail) {
-		struct soft_swqe *h = &qp->sq[qp->sq_head % qp->sq_cap];
+		struct soft_swqe *h = soft_sq_at(qp, qp->sq_head);
 		if (!h->done)
 			break;
 		if (h->rc_status == DGV_WC_SUCCESS)
@@ -168,8 +168,8 @@ static int batch_fpdu(struct soft_qp *qp, const void *hdr, uint32_t hlen, const 
 static int emit_sq(struct soft_qp *qp)
 {
 	struct rc_conn *rc = qp->rc;
-	uint32_t idx = qp->sq_pump % qp->sq_cap;
-	struct soft_swqe *w = &qp->sq[idx];
+	uint32_t pos = qp->sq_pump;
+	struct soft_swqe *w = soft_sq_at(qp, pos);
 	struct iovec pl[SOFT_MAX_SGE];
 	if (w->opcode == DGV_WR_READ) {
 		if (qp->ord_count >= rc->info.ord)
@@ -185,7 +185,7 @@ static int emit_sq(struct soft_qp *qp)
 		w->sent = 1;
 		w->read_ord = true;
 		struct soft_ord *o = &qp->ord[(rc->ord_head + qp->ord_count) % SOFT_MAX_ORD];
-		*o = (struct soft_ord){.used = true, .sq_idx = idx, .msn = msn, .stag = w->sge[0].lkey,
+		*o = (struct soft_ord){.used = true, .sq_idx = pos, .msn = msn, .stag = w->sge[0].lkey,
 				       .to = w->sge[0].addr, .len = w->len};
 		qp->ord_count++;
 		return 1;
@@ -220,7 +220,7 @@ static int emit_sq(struct soft_qp *qp)
 	w->sent = rc->cur_off ? rc->cur_off : 1;
 	if (!last)
 		return 0;
-	fp_mark_last(rc, FP_SQ_DONE, idx);
+	fp_mark_last(rc, FP_SQ_DONE, pos);
 	return 1;
 }
 
@@ -314,7 +314,7 @@ static void batch_build(struct soft_qp *qp)
 			if (rc->ird_unbuilt) {
 				rc->cur = 2;
 			} else if (qp->sq_pump != qp->sq_tail) {
-				struct soft_swqe *w = &qp->sq[qp->sq_pump % qp->sq_cap];
+				struct soft_swqe *w = soft_sq_at(qp, qp->sq_pump);
 				if (w->done) { /* refused at post time: completed already */
 					qp->sq_pump++;
 					continue;
@@ -347,7 +347,7 @@ static void fp_complete(struct soft_qp *qp, const struct rc_fp *f)
 	struct rc_conn *rc = qp->rc;
 	switch (f->kind) {
 	case FP_SQ_DONE: {
-		struct soft_swqe *w = &qp->sq[f->idx];
+		struct soft_swqe *w = soft_sq_at(qp, f->idx);
 		if (!rc->ended)
 			rc_sq_done(qp, f->idx, DGV_WC_SUCCESS, w->len);
 		break;
@@ -482,6 +482,23 @@ int rc_tx_pump(struct soft_qp *qp)
 	return did;
 }
 
+/* The send queue full at its first size: it becomes sq_max entries, each entry still at its
+ * position (the positions that batches, the ORD table and completions hold stay valid). The
+ * new array is zeroed pages (dg_zalloc) written only as far as the queue is used. Returns 0,
+ * or -ENOMEM (the post fails as on a full queue). qp->lock held. */
+static int sq_grow(struct soft_qp *qp)
+{
+	uint32_t n = qp->sq_max;
+	struct soft_swqe *nq = dg_zalloc((size_t)n * sizeof *nq);
+	if (!nq)
+		return -ENOMEM;
+	for (uint32_t i = qp->sq_head; i != qp->sq_tail; i++)
+		nq[i % n] = *soft_sq_at(qp, i);
+	soft_sq_free(qp);
+	qp->sq = nq;
+	qp->sq_cap = n;
+	return 0;
+}
 
 int soft_rc_post_send(struct soft_qp *qp, struct dgv_send_wr *wr, struct dgv_send_wr **bad)
 {
@@ -501,8 +518,9 @@ int soft_rc_post_send(struct soft_qp *qp, struct dgv_send_wr *wr, struct dgv_sen
 			break;
 		}
 		if (qp->sq_tail - qp->sq_head >= qp->sq_cap) {
-			ret = -ENOMEM;
-			break;
+			ret = qp->sq_cap < qp->sq_max ? sq_grow(qp) : -ENOMEM;
+			if (ret)
+				break;
 		}
 		uint64_t total = 0;
 		for (int i = 0; i < wr->num_sge; i++)
@@ -515,8 +533,8 @@ int soft_rc_post_send(struct soft_qp *qp, struct dgv_send_wr *wr, struct dgv_sen
 		for (int i = 0; i < wr->num_sge; i++)
 			if (soft_mr_check_local(qp->ctx, qp->pd, &wr->sg_list[i], wr->opcode == DGV_WR_READ))
 				bad_sge = 1;
-		uint32_t idx = qp->sq_tail % qp->sq_cap;
-		struct soft_swqe *w = &qp->sq[idx];
+		uint32_t pos = qp->sq_tail;
+		struct soft_swqe *w = soft_sq_at(qp, pos);
 		*w = (struct soft_swqe){.wr_id = wr->wr_id, .opcode = wr->opcode, .flags = wr->send_flags,
 					.num_sge = (uint32_t)wr->num_sge, .len = (uint32_t)total,
 					.remote_addr = wr->remote_addr, .rkey = wr->rkey,
@@ -525,9 +543,9 @@ int soft_rc_post_send(struct soft_qp *qp, struct dgv_send_wr *wr, struct dgv_sen
 			memcpy(w->sge, wr->sg_list, (size_t)wr->num_sge * sizeof *w->sge);
 		qp->sq_tail++;
 		if (bad_sge)
-			rc_sq_done(qp, idx, DGV_WC_LOC_PROT_ERR, 0);
+			rc_sq_done(qp, pos, DGV_WC_LOC_PROT_ERR, 0);
 		else if (rc->ended || rc->wr_closed || rc->want_close)
-			rc_sq_done(qp, idx, DGV_WC_WR_FLUSH_ERR, 0);
+			rc_sq_done(qp, pos, DGV_WC_WR_FLUSH_ERR, 0);
 	}
 	*bad = wr;
 	if (!rc->ended && rc->phase == PH_RTS && !rc->b_bytes)

@@ -148,6 +148,10 @@ struct soft_swqe {
 };
 
 _Static_assert(40 * sizeof(struct soft_swqe) <= SOFT_SQ_INLINE, "a socket's send queue fits in the QP");
+/* An RC queue pair's first send queue: the largest power of two of entries that fits sq_inline
+ * (a power of two: positions wrap at 2^32 onto the same entries) */
+#define SOFT_RC_SQ_FIRST 32u
+_Static_assert(SOFT_RC_SQ_FIRST * sizeof(struct soft_swqe) <= SOFT_SQ_INLINE, "an RC QP's first send queue fits");
 
 struct soft_rdpend {
 	uint64_t wr_id;
@@ -246,6 +250,11 @@ struct soft_qp {
 	/* send queue */
 	struct soft_swqe *sq;
 	uint32_t sq_cap, sq_head, sq_pump, sq_tail; /* head: oldest not done; pump: next to send */
+	/* RC: the queue starts in sq_inline (SOFT_RC_SQ_FIRST entries) and grows to sq_max
+	 * entries when a post finds it full (rc_tx.c sq_grow); sq_cap is its size now. An idle
+	 * connection's queue then shares the QP's first page instead of writing a page of its own
+	 * (issue 14: 4 kB of every carried TCP connection). Elsewhere sq_max == sq_cap. */
+	uint32_t sq_max;
 	/* RD: sends wholly handed to the RD layer wait for their ack here, not in the ring, so a
 	 * peer that stopped answering (seconds until its retries run out) does not hold the
 	 * ring's head and with it every later send (qp.c park_rd) */
@@ -403,6 +412,14 @@ static inline void soft_sq_free(struct soft_qp *qp)
 	if (qp->sq && qp->sq != (struct soft_swqe *)qp->sq_inline)
 		dg_zfree(qp->sq, (size_t)qp->sq_cap * sizeof *qp->sq);
 	qp->sq = NULL;
+}
+
+/* The send queue entry at position i (sq_head .. sq_tail count on without wrapping; the entry
+ * is at i modulo the queue's size now). RC code names entries by position, never by array
+ * index, so that a queue that grew (sq_cap changed) still finds them. Needs qp->lock. */
+static inline struct soft_swqe *soft_sq_at(struct soft_qp *qp, uint32_t i)
+{
+	return &qp->sq[i % qp->sq_cap];
 }
 /* Zeroed objects of at most DG_SMALL_MAX bytes packed into pages of zpages.c's chunks (not the
  * program's heap); dg_small_free needs the size given to dg_small_alloc. NULL: out of memory
