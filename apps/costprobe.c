@@ -29,6 +29,8 @@
  *   per_socket udp fds=X rss_kb=Y        (the slopes, for people; scripts compute their own)
  *   per_socket tcp fds=X rss_kb=Y
  *   per_socket tcp_accepted fds=X rss_kb=Y
+ * With COSTPROBE_SMAPS=DIR each phase also copies /proc/self/smaps to DIR/NAME.smaps (where the
+ * memory is: which mappings grew).
  * Exit status: 0 ok, 1 a socket call or the peer failed (stderr says which), 2 usage.
  * Plain libc only, except dgshim.h's option numbers (they fail natively, which says "native").
  */
@@ -103,6 +105,29 @@ static double ms_since(const struct timespec *t)
 /* Prints a phase line with the time the phase took (ms, since the previous measurement);
  * returns the point. Measures after a 100 ms pause: a provider thread may still be finishing
  * what the last call started. */
+/* COSTPROBE_SMAPS=DIR: a copy of /proc/self/smaps at each phase, DIR/NAME.smaps, to see
+ * which mappings a socket's memory is in (the slopes say how much, not where). */
+static void save_smaps(const char *name)
+{
+	const char *dir = getenv("COSTPROBE_SMAPS");
+	if (!dir || !*dir)
+		return;
+	char path[4096];
+	snprintf(path, sizeof path, "%s/%s.smaps", dir, name);
+	FILE *in = fopen("/proc/self/smaps", "r"), *to = fopen(path, "w");
+	char buf[65536];
+	size_t n;
+	while (in && to && (n = fread(buf, 1, sizeof buf, in)) > 0)
+		if (fwrite(buf, 1, n, to) != n)
+			break;
+	if (!in || !to)
+		fprintf(stderr, "costprobe: COSTPROBE_SMAPS: %s: %s\n", in ? path : "/proc/self/smaps", strerror(errno));
+	if (in)
+		fclose(in);
+	if (to)
+		fclose(to);
+}
+
 static struct point measure(const char *name, FILE *out)
 {
 	double ms = last.tv_sec ? ms_since(&last) : 0;
@@ -111,6 +136,7 @@ static struct point measure(const char *name, FILE *out)
 	struct point p = {count_fds(), rss_kb()};
 	fprintf(out, "phase %s fds=%d rss_kb=%ld ms=%.0f\n", name, p.fds, p.rss, ms);
 	fflush(out);
+	save_smaps(name);
 	clock_gettime(CLOCK_MONOTONIC, &last);
 	return p;
 }
