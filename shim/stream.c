@@ -52,7 +52,7 @@
 #define RING_DEFAULT (512u << 10)
 #define RING_MIN (16u << 10)
 #define RING_MAX (64u << 20)
-#define CTL_SLOTS 32u           /* with CTL_SLOT_SZ: half a page (res_setup's layout) */
+#define CTL_SLOTS 16u           /* with CTL_SLOT_SZ: a quarter page (res_setup's layout) */
 #define CTL_SLOT_SZ 64u
 #define MAX_RECS 256u          /* data records a peer may have in flight towards us */
 #define SQ_DEPTH 512u
@@ -138,12 +138,14 @@ struct stream {
 	struct dgv_cm_channel *lch;
 	union dgv_sockaddr dlis_addr;
 	/* device connection requests that came before their accept() */
-	struct { struct dgv_conn_req *req; struct stream_dhello dh; } stash[RV_STASH];
+	/* a device listener's requests that came before their accept(): RV_STASH entries, made
+	 * by the first such request (900 bytes every stream would carry otherwise) */
+	struct rv_stashed { struct dgv_conn_req *req; struct stream_dhello dh; } *stash;
 	unsigned stash_next;
 	uint64_t cookie;         /* client: echoed in its connection request */
 	uint8_t *area;
 	size_t area_len;
-	struct dgv_mr *mr_in, *mr_out;
+	struct dgv_mr *mr_in, *mr_ctl, *mr_out;
 	uint32_t ring;           /* our receive ring and send ring size */
 	uint8_t *rx, *tx, *ctl_in, *ctl_out, *sentinel;
 	/* the peer's ring, from its hello (host order) */
@@ -287,28 +289,34 @@ static int res_setup(struct stream *t, struct shim_pv *pv)
 	struct dgv_pd *pd = pv->pd;
 	bool drec = pv_can(pv, DGV_CAP_RC_WREC_AS_SEND); /* a receive per record */
 	t->ring = ring_size();
-	/* [receive ring][control page: slots in | slots out][send ring][sentinel][device
-	 * records]. Both directions' control slots share one page, the last of the receive
-	 * region and the first of the send region: a connection that moved a few bytes each way
-	 * has written the two rings' first pages and this one (issue 14: memory per idle
-	 * connection; a page for each side's slots was 4 kB more). */
+	/* [slots out | slots in | receive ring ...][... send ring][sentinel][device records]:
+	 * both directions' control slots (1 kB each) and the receive ring's first 2 kB share the
+	 * area's first page, so a connection that got its peer's hello, sent its own and received
+	 * a few bytes has written one page of the receive side, not two; the send ring starts on
+	 * the page the receive ring ends on (issue 14: memory per idle connection). The rings need
+	 * no page alignment: the peer writes at addresses its hello names, inside the regions.
+	 * Three regions: the peer writes [slots in, receive ring] (mr_in); control messages go out
+	 * of the slots out (mr_ctl), data of the send ring, and receives land in the sentinel
+	 * and the device records (mr_out): no byte is registered twice (a device pins each
+	 * region's pages). */
 	size_t ctl = ctl_bytes();
-	t->area_len = t->ring + 2 * ctl + t->ring + 4096 + (drec ? NDREC * DREC_SZ : 0);
+	t->area_len = 2 * ctl + t->ring + t->ring + 4096 + (drec ? NDREC * DREC_SZ : 0);
 	void *p = mmap(NULL, t->area_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
 		       -1, 0);
 	if (p == MAP_FAILED)
 		return -ENOMEM;
 	t->area = p;
-	t->rx = t->area;
-	t->ctl_in = t->rx + t->ring;
-	t->ctl_out = t->ctl_in + ctl;
-	t->tx = t->ctl_out + ctl;
+	t->ctl_out = t->area;
+	t->ctl_in = t->ctl_out + ctl;
+	t->rx = t->ctl_in + ctl;
+	t->tx = t->rx + t->ring;
 	t->sentinel = t->tx + t->ring;
 	t->drec = drec ? t->sentinel + 4096 : NULL;
-	size_t out = (size_t)(t->area + t->area_len - t->ctl_out);
-	if ((rc = dgv_reg_mr(pd, t->rx, t->ring + ctl, DGV_ACCESS_LOCAL_WRITE | DGV_ACCESS_REMOTE_WRITE,
+	size_t out = (size_t)(t->area + t->area_len - t->tx);
+	if ((rc = dgv_reg_mr(pd, t->ctl_in, ctl + t->ring, DGV_ACCESS_LOCAL_WRITE | DGV_ACCESS_REMOTE_WRITE,
 			     &t->mr_in)) ||
-	    (rc = dgv_reg_mr(pd, t->ctl_out, out, DGV_ACCESS_LOCAL_WRITE, &t->mr_out)) ||
+	    (rc = dgv_reg_mr(pd, t->ctl_out, ctl, DGV_ACCESS_LOCAL_WRITE, &t->mr_ctl)) ||
+	    (rc = dgv_reg_mr(pd, t->tx, out, DGV_ACCESS_LOCAL_WRITE, &t->mr_out)) ||
 	    (rc = dgv_create_cq(ctx, (int)(CQ_DEPTH + (drec ? NDREC + SQ_DEPTH : 0)), &t->cq)))
 		return rc;
 	/* connection events through the CQ's descriptor where the provider can: one descriptor
@@ -343,6 +351,8 @@ static void res_free(struct stream *t)
 		dgv_destroy_cq(t->cq), t->cq = NULL, t->armed = false;
 	if (t->mr_in)
 		dgv_dereg_mr(t->mr_in), t->mr_in = NULL;
+	if (t->mr_ctl)
+		dgv_dereg_mr(t->mr_ctl), t->mr_ctl = NULL;
 	if (t->mr_out)
 		dgv_dereg_mr(t->mr_out), t->mr_out = NULL;
 	if (t->area)
@@ -358,9 +368,11 @@ static void res_free(struct stream *t)
 		reg_del(t->dregfd), t->dregfd = -1;
 	if (t->wfd >= 0)
 		own_close(t->wfd), t->wfd = -1;
-	for (int i = 0; i < RV_STASH; i++)
+	for (int i = 0; t->stash && i < RV_STASH; i++)
 		if (t->stash[i].req)
-			dgv_reject(t->stash[i].req, NULL, 0), t->stash[i].req = NULL;
+			dgv_reject(t->stash[i].req, NULL, 0);
+	free(t->stash);
+	t->stash = NULL;
 	if (t->dlis)
 		dgv_listener_destroy(t->dlis), t->dlis = NULL;
 	if (t->lch)
@@ -457,7 +469,7 @@ static int ctl_send(struct stream *t, uint32_t flags)
 	struct stream_ctl c = {.consumed = htobe64(t->consumed), .recs = htobe64(t->recs_polled),
 			       .fin_total = htobe64(t->sent), .flags = htobe32(flags), .seq = htobe32(seq)};
 	memcpy(slot, &c, sizeof c);
-	struct dgv_sge sge = {(uint64_t)(uintptr_t)slot, sizeof c, t->mr_out->lkey};
+	struct dgv_sge sge = {(uint64_t)(uintptr_t)slot, sizeof c, t->mr_ctl->lkey};
 	struct dgv_send_wr wr = {.wr_id = WR_SEND | t->data_seq << 8 | WR_CTL, .sg_list = &sge, .num_sge = 1,
 				 .opcode = DGV_WR_WRITE_RECORD, .send_flags = DGV_SEND_SIGNALED,
 				 .remote_addr = t->p_ctl_addr + (uint64_t)(seq % t->p_slots) * CTL_SLOT_SZ,
@@ -580,7 +592,7 @@ static int drain_cq(struct sock *s, struct stream *t)
 							w->record.stag, t->mr_in->rkey);
 					fail(t, w->status == DGV_WC_WR_FLUSH_ERR ? ECONNRESET : EPROTO, "bad record");
 				}
-				else if (w->record.base >= (uint64_t)(uintptr_t)t->ctl_in)
+				else if (w->record.base - (uint64_t)(uintptr_t)t->ctl_in < ctl_bytes())
 					take_ctl(t, &w->record);
 				else
 					take_data(s, t, &w->record);
@@ -1877,7 +1889,7 @@ static int rv_request(struct sock *ls, int nfd, uint64_t cookie, struct dgv_conn
 			rc = -ECONNABORTED;
 			break;
 		}
-		for (int i = 0; i < RV_STASH && !*req; i++)
+		for (int i = 0; lt->stash && i < RV_STASH && !*req; i++)
 			if (lt->stash[i].req && lt->stash[i].dh.cookie == cookie) {
 				*req = lt->stash[i].req, *dh = lt->stash[i].dh;
 				lt->stash[i].req = NULL;
@@ -1898,6 +1910,12 @@ static int rv_request(struct sock *ls, int nfd, uint64_t cookie, struct dgv_conn
 				break;
 			}
 			/* another connection's, its accept() is still to come: the oldest makes room */
+			if (!lt->stash && !(lt->stash = calloc(RV_STASH, sizeof *lt->stash))) {
+				DG_WARN("stream: no memory to keep a device connection request for its "
+					"accept(): rejected");
+				dgv_reject(ev.req, NULL, 0);
+				continue;
+			}
 			unsigned k = lt->stash_next++ % RV_STASH;
 			if (lt->stash[k].req)
 				dgv_reject(lt->stash[k].req, NULL, 0);
@@ -2910,7 +2928,8 @@ void stream_after_fork(struct sock *s)
 		 * clients see the connection closed); soft and plain ones are served */
 		shim_abandon(t->dlis), shim_abandon(t->lch);
 		t->dlis = NULL, t->lch = NULL;
-		memset(t->stash, 0, sizeof t->stash);
+		free(t->stash); /* the parent's requests: this process's copy of the list */
+		t->stash = NULL;
 	}
 	if (t->state != SS_NEW && t->state != SS_LISTEN && t->state != SS_ANSWER) {
 		if (t->state == SS_ESTAB || t->state == SS_CONNECTING)
@@ -2918,7 +2937,7 @@ void stream_after_fork(struct sock *s)
 				"parent's; in this process it reads as a broken connection (docs/shim.md "
 				"\"Forking servers\")", program_invocation_short_name, port_of(&s->peer));
 		shim_abandon(t->qp), shim_abandon(t->cq), shim_abandon(t->ch);
-		t->qp = NULL, t->cq = NULL, t->ch = NULL, t->mr_in = NULL, t->mr_out = NULL;
+		t->qp = NULL, t->cq = NULL, t->ch = NULL, t->mr_in = NULL, t->mr_ctl = NULL, t->mr_out = NULL;
 		t->state = SS_DEAD;
 		t->err = ENOTCONN;
 		t->tcp_down = true;
