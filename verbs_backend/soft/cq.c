@@ -32,14 +32,22 @@ static void ring_free(struct soft_cqe *r, uint32_t n)
 		dg_zfree(r, b);
 }
 
+/* The first ring's entries: a connection's CQ holds one or two completions at a time (a
+ * record, a control message), and 4 (544 bytes) let its small objects (this, the RC
+ * connection's state, its regions) share a page with another connection's, where 15 (2 kB)
+ * made them a page of their own (issue 14: 4 kB of every carried TCP connection end). */
+#define RING_FIRST 4u
+
 /* Makes room for one more entry in a ring that is full (or not made yet) but below the CQ's
- * capacity: at first what fits a small object (15 entries), then a ring four times larger (at
- * most cap), the entries in order from its start. Returns 0 or -ENOMEM. cq->lock held. */
+ * capacity: at first RING_FIRST entries, then what fits a small object (15), then a ring four
+ * times larger each time (at most cap), the entries in order from its start. Returns 0 or
+ * -ENOMEM. cq->lock held. */
 static int ring_grow(struct soft_cq *cq)
 {
-	uint32_t n = (uint32_t)(DG_SMALL_MAX / sizeof *cq->ring);
+	uint32_t small = (uint32_t)(DG_SMALL_MAX / sizeof *cq->ring);
+	uint32_t n = RING_FIRST;
 	if (cq->phys)
-		n = cq->phys * 4;
+		n = cq->phys < small ? small : cq->phys * 4;
 	if (n > cq->cap || cq->phys > cq->cap / 4)
 		n = cq->cap;
 	struct soft_cqe *r = ring_alloc(n);
@@ -62,8 +70,8 @@ int soft_create_cq(struct dgv_context *ctx, int cqe, struct dgv_cq **out)
 		return -ENOMEM;
 	cq->base.ctx = ctx;
 	cq->cap = (uint32_t)cqe;
-	/* The ring is made by the first completion, with what fits a small object (15 entries),
-	 * and grows when a burst fills it (ring_grow): an idle CQ has none, and most CQs (a
+	/* The ring is made by the first completion, with RING_FIRST entries, and grows when a
+	 * burst fills it (ring_grow): an idle CQ has none, and most CQs (a
 	 * socket's, a connection's) hold a few completions at a time, the emptied ring starting
 	 * again at its first entry, so they never grow, and two share a page (issue 14: memory
 	 * per idle socket and connection; a ring of the whole capacity cost a page each once

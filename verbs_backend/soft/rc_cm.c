@@ -370,6 +370,7 @@ static void rc_qp_free(struct soft_qp *qp)
 		free(rc->flat);
 		free(rc->marked);
 		free(rc->spill);
+		dg_small_free(rc->hs, sizeof *rc->hs);
 		dg_small_free(rc, sizeof *rc);
 	}
 	if (qp->own_fd && qp->fd >= 0)
@@ -392,7 +393,7 @@ static void apply_param(struct rc_conn *rc, const struct dgv_conn_param *p)
 	rc->deadline_us = dg_now_us() + (uint64_t)tmo * 1000;
 	rc->pd_len = p ? p->private_data_len : 0;
 	if (rc->pd_len)
-		memcpy(rc->pdata, p->private_data, rc->pd_len);
+		memcpy(rc->hs->pdata, p->private_data, rc->pd_len);
 }
 
 /* Makes an RC QP on fd (not yet in the context's lists). Returns 0 or -errno. */
@@ -405,12 +406,16 @@ static int rc_qp_new(struct dgv_pd *pdb, const struct dgv_qp_init_attr *a, int f
 	/* its scalars only (the batch is rc_tx.c's while it is used): two to a page, not the
 	 * program's heap */
 	_Static_assert(sizeof(struct rc_conn) <= DG_SMALL_MAX, "rc_conn fits dg_small_alloc");
+	_Static_assert(sizeof(struct rc_hs) <= DG_SMALL_MAX, "rc_hs fits dg_small_alloc");
 	struct rc_conn *rc = dg_small_alloc(sizeof *rc);
-	if (!qp || !rc) {
+	struct rc_hs *hs = dg_small_alloc(sizeof *hs);
+	if (!qp || !rc || !hs) {
 		dg_zfree(qp, sizeof *qp);
 		dg_small_free(rc, sizeof *rc);
+		dg_small_free(hs, sizeof *hs);
 		return -ENOMEM;
 	}
+	rc->hs = hs;
 	qp->base.ctx = pdb->ctx;
 	qp->base.type = DGV_QPT_RC;
 	qp->ctx = to_sctx(pdb->ctx);
@@ -595,12 +600,15 @@ static int mpa_send(struct soft_qp *qp)
 {
 	struct rc_conn *rc = qp->rc;
 	while (rc->mpa_out_sent < rc->mpa_out_len) {
-		struct iovec v = {rc->mpa_out + rc->mpa_out_sent, rc->mpa_out_len - rc->mpa_out_sent};
+		struct iovec v = {rc->hs->mpa_out + rc->mpa_out_sent, rc->mpa_out_len - rc->mpa_out_sent};
 		ssize_t n = rc_send_some(qp, &v, 1);
 		if (n <= 0)
 			return (int)n;
 		rc->mpa_out_sent += (uint32_t)n;
 	}
+	/* the frame is all in TCP: nothing builds one again (a Reject is built on the stack) */
+	dg_small_free(rc->hs, sizeof *rc->hs);
+	rc->hs = NULL;
 	__atomic_store_n(&qp->pump_blocked, false, __ATOMIC_RELAXED);
 	return 1;
 }
@@ -714,8 +722,8 @@ static int setup_step(struct soft_qp *qp, bool decide)
 		uint8_t flags = (rc->want_crc ? MPA_FLAG_C : 0) | (rc->want_markers ? MPA_FLAG_M : 0);
 		struct mpa_v2_word v2 = {htobe16((uint16_t)(rc->want_ird | MPA_V2_IRD_P2P)),
 					 htobe16((uint16_t)(rc->want_ord | MPA_V2_ORD_WRITE_RTR | MPA_V2_ORD_READ_RTR))};
-		rc->mpa_out_len = (uint32_t)mpa_rr_build(rc->mpa_out, true, flags, rc->want_rev,
-							 rc->want_rev == 2 ? &v2 : NULL, rc->pdata, rc->pd_len);
+		rc->mpa_out_len = (uint32_t)mpa_rr_build(rc->hs->mpa_out, true, flags, rc->want_rev,
+							 rc->want_rev == 2 ? &v2 : NULL, rc->hs->pdata, rc->pd_len);
 		rc->phase = PH_TX_REQ;
 		__atomic_store_n(&qp->tcp_wait, false, __ATOMIC_RELAXED);
 		did = 1;
@@ -1362,8 +1370,8 @@ int soft_rc_accept(struct dgv_conn_req *rb, struct dgv_pd *pd, const struct dgv_
 		v2 = &v2w;
 	}
 	uint8_t flags = (rc->info.crc ? MPA_FLAG_C : 0) | (rc->info.markers_rx ? MPA_FLAG_M : 0);
-	rc->mpa_out_len = (uint32_t)mpa_rr_build(rc->mpa_out, false, flags, rc->info.mpa_rev, v2, rc->pdata,
-						 rc->pd_len);
+	rc->mpa_out_len = (uint32_t)mpa_rr_build(rc->hs->mpa_out, false, flags, rc->info.mpa_rev, v2,
+						 rc->hs->pdata, rc->pd_len);
 	fill_addrs(qp->fd, &rc->info);
 	qp->local = rc->info.local;
 	qp->locallen = rc->info.local_len;

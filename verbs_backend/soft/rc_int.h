@@ -77,6 +77,13 @@ struct rc_batch {
 	uint8_t hbuf[RC_HBUF];
 };
 
+/* What a connection needs only while it sets up: the private data it sends and its MPA Request
+ * or Reply (1 kB; kept in the connection they made it 1.7 kB for its whole life, issue 14). */
+struct rc_hs {
+	uint8_t pdata[MPA_MAX_PDATA];
+	uint8_t mpa_out[MPA_RR_MAX];
+};
+
 struct rc_conn {
 	struct soft_qp *qp;
 	/* cm->conns, and its channel's (cm_drive looks at one channel's: a process with 10 000
@@ -99,7 +106,8 @@ struct rc_conn {
 	bool want_crc, want_markers;
 	uint16_t want_ird, want_ord;
 	uint16_t pd_len;
-	uint8_t pdata[MPA_MAX_PDATA];
+	/* our private data and MPA frame: only until the frame is all in TCP (rc_hs_done) */
+	struct rc_hs *hs;
 	/* negotiated */
 	struct dgv_conn_info info;
 	bool p2p;
@@ -109,8 +117,7 @@ struct rc_conn {
 	bool hold_first;        /* responder without peer-to-peer mode: no FPDU out before the
 				 * initiator's first FPDU has arrived (RFC 5044 section 7.1.2) */
 	uint32_t mulpdu, rx_max_ulpdu;
-	/* MPA frame on the way out */
-	uint8_t mpa_out[MPA_RR_MAX];
+	/* MPA frame on the way out (hs->mpa_out) */
 	uint32_t mpa_out_len, mpa_out_sent;
 	/* transmit batch (its arrays: at the end) */
 	int niov, iov_idx;
