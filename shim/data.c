@@ -60,7 +60,7 @@ int consume_cq(struct sock *s)
 					s->st->rx_framed++, s->st->rx_framed_bytes += w->byte_len;
 				else
 					s->st->rx_plain++, s->st->rx_plain_bytes += w->byte_len;
-				peer_heard(&w->src, w->src_len, framed, sock_svc(s));
+				peer_heard_memo(&s->heard, &w->src, w->src_len, framed, sock_svc(s));
 			} else if (tag == WR_IN) {
 				if (w->status != DGV_WC_SUCCESS && w->status != DGV_WC_WR_FLUSH_ERR)
 					s->st->lost++;

@@ -630,6 +630,25 @@ void peer_heard(const union dgv_sockaddr *from, socklen_t fromlen, bool framed, 
 	pthread_mutex_unlock(m);
 }
 
+#define HEARD_MEMO_US 10000u
+
+void peer_heard_memo(struct peer_memo *m, const union dgv_sockaddr *from, socklen_t fromlen, bool framed,
+		     int svc)
+{
+	/* a datagram at a time on one socket from one peer (a ping-pong, a SIP dialog): one stripe
+	 * lock per datagram was a tenth of the shim's locking on the receive path (issue 14) */
+	if (framed && m->len == fromlen && m->svc == svc && dgv_addr_eq(&m->a, from) && peer_clock() < m->until)
+		return;
+	peer_heard(from, fromlen, framed, svc);
+	m->len = 0;
+	if (framed && fromlen <= sizeof m->a) {
+		memcpy(&m->a, from, fromlen);
+		m->len = fromlen;
+		m->svc = svc;
+		m->until = peer_clock() + HEARD_MEMO_US;
+	}
+}
+
 void peer_totals(unsigned *known, unsigned long long *gone)
 {
 	unsigned n = 0;

@@ -89,6 +89,14 @@ struct zc_ent {
 	uint64_t used;
 };
 
+/* peer_heard_memo's: the last source told framed, and until when telling it again adds nothing */
+struct peer_memo {
+	union dgv_sockaddr a;
+	socklen_t len;          /* 0: none */
+	int svc;
+	uint64_t until;         /* peer.c's coarse clock */
+};
+
 struct sock {
 	struct ent ent;
 	pthread_mutex_t lock;         /* everything below */
@@ -155,6 +163,7 @@ struct sock {
 		uint32_t len;
 		uint64_t gone_at; /* rd_gone_check: when its destination was first seen gone (0: not) */
 	} *txd;
+	struct peer_memo heard;       /* consume_cq's peer_heard_memo */
 	uint64_t gone_check_us;       /* rd_gone_check's last look */
 	bool gone_seen;               /* rd_gone_check's last look found a destination gone */
 
@@ -321,6 +330,11 @@ static inline struct dgv_pd *sock_pd(const struct sock *s) { return s->pv->pd; }
 /* A datagram came from `from`: framed (it speaks datagram-iWARP) or plain (it may have
  * stopped). */
 void peer_heard(const union dgv_sockaddr *from, socklen_t fromlen, bool framed, int svc);
+/* The same for a socket's datagrams, through its memo m: a framed datagram from the source the
+ * socket told last, within 10 ms of telling it, tells nothing new (the lease it renews is 80
+ * ms or more) and takes no lock. The caller serializes m (the socket's lock). */
+void peer_heard_memo(struct peer_memo *m, const union dgv_sockaddr *from, socklen_t fromlen, bool framed,
+		     int svc);
 /* The destinations known now and forgotten so far (idle for DGSHIM_DEST_IDLE_MS), for the exit
  * summary. Takes each stripe's lock that is free. */
 void peer_totals(unsigned *known, unsigned long long *gone);
