@@ -1,6 +1,6 @@
 """scripts/bench: python3 -m dgtools.bench [options] (the shell entry point scripts/bench installs
 what it measures and builds first; its header describes the options)."""
-import json, os, sys, time
+import json, os, re, sys, time
 
 from . import ctx
 from .ctx import RunFailed, cleanup, failed, log, machine
@@ -37,15 +37,17 @@ def main():
         log("%s: %.0f s" % (sec, time.monotonic() - t))
     elapsed = time.monotonic() - ctx.T0
     own = len(ctx.FAILED)   # this run's; merge adds the kept sections' (they stay on the page)
+    origins = {s: origin_of(ctx.CMDLINE, ctx.MODE, ctx.STARTED.isoformat(), M) for s in R}
     if ctx.A.merge:
-        merge(R)
+        merge(R, origins)
     made = []
     try:
         made = plots.bench(R, ctx.IMG, ctx.MODE)
     except Exception as e:   # a plot must not hide the measurements
         failed("plots", "%s: %s" % (type(e).__name__, e))
     json.dump({"machine": M, "mode": ctx.MODE, "command": ctx.CMDLINE, "started": ctx.STARTED.isoformat(),
-               "elapsed_s": elapsed, "failed": ctx.FAILED, "results": R, "notes": ctx.NOTES},
+               "elapsed_s": elapsed, "failed": ctx.FAILED, "results": R, "notes": ctx.NOTES,
+               "origins": origins},
               open(os.path.join(ctx.IMG, "results.json"), "w"), indent=1, default=str)
     open(os.path.join(ctx.OUT, "results.md"), "w").write(page(R, M, made, elapsed))
     log("wrote %s and %d plot(s) in %s (%.1f min)" % (os.path.join(ctx.OUT, "results.md"), len(made), ctx.IMG, elapsed / 60))
@@ -61,24 +63,49 @@ def main():
     return 0
 
 
-def merge(R):
+def origin_of(command, mode, started, m):
+    """Which run measured a section: what the page says of a section kept from an earlier run."""
+    return {"command": command, "mode": mode, "started": started, "git": m["git"], "cpu": m["cpu"],
+            "kernel": m["kernel"]}
+
+
+def origin_notes(origins, kept):
+    """One note per earlier run that measured kept sections, oldest first."""
+    runs = {}
+    for s in kept:
+        o = origins[s]
+        runs.setdefault((o["started"], o["command"], o["git"]), (o, []))[1].append(s)
+    return ["%s %s from an earlier run (`%s`, %s mode, %s UTC, commit `%s`, on %s, Linux %s)." % (
+                "sections" if len(secs) > 1 else "section", ", ".join(secs) + (" are" if len(secs) > 1 else " is"),
+                o["command"], o["mode"], o["started"][:16].replace("T", " "), o["git"], o["cpu"],
+                o["kernel"]) for _, (o, secs) in sorted(runs.items())]
+
+
+def merge(R, origins):
     """--merge: the sections of OUT/img/results.json this run did not measure join R (with their
-    failures), and the page says which run measured them."""
+    failures and the run each came from: origins), and the page says which run measured them.
+    A note of the earlier page about a section this run measured again ("section N (name) ...")
+    goes."""
     path = os.path.join(ctx.IMG, "results.json")
     if not os.path.exists(path):
         return
     old = json.load(open(path))
     kept = [s for s in old["results"] if s not in R]
+    whole = origin_of(old["command"], old["mode"], old["started"], old["machine"])
     for s in kept:
         R[s] = old["results"][s]
+        origins[s] = old.get("origins", {}).get(s) or whole
     ctx.FAILED.extend(f for f in old.get("failed", []) if f.split(":", 1)[0] in kept)
-    ctx.NOTES.extend(n for n in old.get("notes", []) if not n.startswith("sections "))
+    for n in old.get("notes", []):
+        m = re.match(r"section \d+ \((\w+)\)", n)
+        if not n.startswith("sections ") and not n.startswith("this run ") and \
+                not re.match(r"section \w+ is from an earlier run", n) and \
+                not (m and m.group(1) in R and m.group(1) not in kept):
+            ctx.NOTES.append(n)
     if kept:
-        ctx.NOTES.append("sections %s are from an earlier run (`%s`, %s mode, %s UTC, commit `%s`, on %s, "
-                         "Linux %s); this run (`%s`, commit `%s`, on the machine above) measured only %s." % (
-                             ", ".join(kept), old["command"], old["mode"], old["started"][:16].replace("T", " "),
-                             old["machine"]["git"], old["machine"]["cpu"], old["machine"]["kernel"], ctx.CMDLINE,
-                             machine()["git"], ", ".join(ctx.SECTIONS)))
+        ctx.NOTES.extend(origin_notes(origins, kept))
+        ctx.NOTES.append("this run (`%s`, commit `%s`, on the machine above) measured only %s." % (
+            ctx.CMDLINE, machine()["git"], ", ".join(ctx.SECTIONS)))
 
 
 def run(argv):
