@@ -395,7 +395,7 @@ struct stream_hello {
 	be32 magic;      /* STREAM_MAGIC */
 	be32 ring_size;  /* bytes in the receive ring (power of two) */
 	be32 ring_stag;  /* STag of the ring and the control slots (one region; RFC 5040 4.3) */
-	be32 ctl_slots;  /* control slots after the ring */
+	be32 ctl_slots;  /* control slots (just before the ring: ctl_addr says where) */
 	be64 ring_addr;  /* tagged offset of the ring's first byte (RFC 5041 4.2 TO) */
 	be64 ctl_addr;   /* tagged offset of control slot 0 */
 	be32 max_recs;   /* data records the receiver takes in flight (its CQ room) */
