@@ -102,9 +102,6 @@ static double ms_since(const struct timespec *t)
 	return (double)(now.tv_sec - t->tv_sec) * 1e3 + (double)(now.tv_nsec - t->tv_nsec) / 1e6;
 }
 
-/* Prints a phase line with the time the phase took (ms, since the previous measurement);
- * returns the point. Measures after a 100 ms pause: a provider thread may still be finishing
- * what the last call started. */
 /* COSTPROBE_SMAPS=DIR: a copy of /proc/self/smaps at each phase, DIR/NAME.smaps, to see
  * which mappings a socket's memory is in (the slopes say how much, not where). */
 static void save_smaps(const char *name)
@@ -128,6 +125,9 @@ static void save_smaps(const char *name)
 		fclose(to);
 }
 
+/* Prints a phase line with the time the phase took (ms, since the previous measurement);
+ * returns the point. Measures after a 100 ms pause: a provider thread may still be finishing
+ * what the last call started. */
 static struct point measure(const char *name, FILE *out)
 {
 	double ms = last.tv_sec ? ms_since(&last) : 0;

@@ -71,9 +71,9 @@ int soft_create_cq(struct dgv_context *ctx, int cqe, struct dgv_cq **out)
 	cq->base.ctx = ctx;
 	cq->cap = (uint32_t)cqe;
 	/* The ring is made by the first completion, with RING_FIRST entries, and grows when a
-	 * burst fills it (ring_grow): an idle CQ has none, and most CQs (a
-	 * socket's, a connection's) hold a few completions at a time, the emptied ring starting
-	 * again at its first entry, so they never grow, and two share a page (issue 14: memory
+	 * burst fills it (ring_grow): an idle CQ has none, and most CQs (a socket's, a
+	 * connection's) hold a few completions at a time, the emptied ring starting again at its
+	 * first entry, so they rarely grow, and several share a page (issue 14: memory
 	 * per idle socket and connection; a ring of the whole capacity cost a page each once
 	 * used). Not from the heap: a ring of a socket's size (80 entries, 9.6 kB) had its first
 	 * and last pages touched by the chunk headers around it. */

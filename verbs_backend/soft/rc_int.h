@@ -106,7 +106,7 @@ struct rc_conn {
 	bool want_crc, want_markers;
 	uint16_t want_ird, want_ord;
 	uint16_t pd_len;
-	/* our private data and MPA frame: only until the frame is all in TCP (rc_hs_done) */
+	/* our private data and MPA frame: only until the frame is all in TCP (mpa_send frees it) */
 	struct rc_hs *hs;
 	/* negotiated */
 	struct dgv_conn_info info;
