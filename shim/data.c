@@ -261,51 +261,76 @@ uint8_t *shim_rxbuf(void)
 	return rxbuf = p;
 }
 
-/* Whether a blocking receive on s may wait in the kernel's own recvfrom (rx_direct): a UD queue
- * pair on the program's socket whose completions are all made in the program's calls (no CQ
- * eventfd to watch), not shared with another process, every receive slot posted (the QP takes
- * no more datagrams than it has receives), and the thread's buffer at hand. Needs s->lock. */
+/* Whether a receive on s may read the program's socket itself (rx_direct): a UD queue pair on
+ * the program's socket whose completions are all made in the program's calls (no CQ eventfd to
+ * watch), not shared with another process, every receive slot posted (the QP takes no more
+ * datagrams than it has receives), and the thread's buffer at hand. Such a socket's readiness
+ * to read is then its queue's, or else the kernel socket's (dgram_poll_in). Needs s->lock. */
 static bool rx_direct_ok(const struct sock *s)
 {
 	return s->qp && s->qp_type == DGV_QPT_UD && !s->cq_fd && !s->shared && !s->rx_free_n &&
 	       sock_can(s, DGV_CAP_ADOPT_FD) && sock_can(s, DGV_CAP_RX_FEED) && shim_rxbuf();
 }
 
-/* A blocking receive's wait as the kernel's own: one recvfrom on the program's socket, which
- * sleeps until a datagram comes (SO_RCVTIMEO, signals and cancellation are the kernel's and
- * libc's, as natively), into the thread's buffer; the datagram then goes to the QP
- * (dgv_qp_rx_feed), which places it into a posted receive as if it had read it. Natively a
- * receive that waits is one system call; a look that found nothing, a poll and then a read
- * made it three. One datagram per call, as the QP reads such a socket (rx_cap 1): what stays
- * in the kernel wakes the program's other threads asleep on the socket.
- * Called with s->lock held (rx_direct_ok), returns with it held. Returns -ENOMSG (given to the
- * QP: look at the completions), or what the program's receive returns: -EAGAIN (the socket's
- * timeout), -EINTR, -EBADF (closed meanwhile), another -errno, or the datagram's length when
- * the QP went away meanwhile (a mode change) and the datagram was delivered here as read. A
+/* A receive straight off the program's socket into the thread's buffer: one recvfrom (the
+ * kernel's own wait when blocking: SO_RCVTIMEO, signals and cancellation are the kernel's and
+ * libc's, as natively; natively a receive that waits is one system call, and a look that found
+ * nothing, a poll and then a read made it three). A datagram that is by itself the next whole
+ * message is taken where it lies (dgv_qp_rx_take: checked as placement checks it, one QP lock,
+ * no receive slot written, no completion made or taken, no receive posted again); anything
+ * else (a segment of a longer message, a datagram that fails its checks, MSG_PEEK) goes to the
+ * QP as if it had read it (dgv_qp_rx_feed). One datagram per call, as the QP reads such a
+ * socket (rx_cap 1): what stays in the kernel wakes the program's other threads asleep on it.
+ * nb: MSG_DONTWAIT, with s->lock kept. Called with s->lock held (rx_direct_ok), returns with it
+ * held. Returns -ENOMSG (the datagram went to the QP: look at the completions), or what the
+ * program's receive returns: the message's length, -EAGAIN (nothing there, or the socket's
+ * timeout), -EINTR, -EBADF (closed meanwhile), another -errno, or the datagram's length when the
+ * QP went away meanwhile (a mode change) and the datagram was delivered here as read. A
  * datagram the QP refuses is dropped and counted lost, never handed up raw (it may be framed). */
 static ssize_t rx_direct(struct sock *s, int fd, const struct iovec *iov, int iovcnt, int flags,
-			 struct sockaddr *src, socklen_t *srclen, int *mflags)
+			 struct sockaddr *src, socklen_t *srclen, int *mflags, bool nb)
 {
 	uint8_t *d = rxbuf;
 	union dgv_sockaddr from;
 	socklen_t fl = sizeof from;
-	pthread_mutex_unlock(&s->lock);
-	int c = shim_cancel_open();
+	ssize_t n;
 	/* MSG_TRUNC: the real length, so the QP drops what exceeds its buffer as when it reads */
-	ssize_t n = real.recvfrom(fd, d, SHIM_SLOT, MSG_TRUNC, &from.sa, &fl);
-	shim_cancel_close(c);
-	int e = errno;
-	pthread_mutex_lock(&s->lock);
-	if (n < 0)
-		return -e;
-	if (unlikely(sock_gone(s)))
-		return -EBADF; /* closed by another thread meanwhile: torn down */
-	if (unlikely(s->gen != G.gen))
-		sock_reset_after_fork(s);
+	if (nb) {
+		n = real.recvfrom(fd, d, SHIM_SLOT, MSG_TRUNC | MSG_DONTWAIT, &from.sa, &fl);
+		if (n < 0)
+			return -errno;
+	} else {
+		pthread_mutex_unlock(&s->lock);
+		int c = shim_cancel_open();
+		n = real.recvfrom(fd, d, SHIM_SLOT, MSG_TRUNC, &from.sa, &fl);
+		shim_cancel_close(c);
+		int e = errno;
+		pthread_mutex_lock(&s->lock);
+		if (n < 0)
+			return -e;
+		if (unlikely(sock_gone(s)))
+			return -EBADF; /* closed by another thread meanwhile: torn down */
+		if (unlikely(s->gen != G.gen))
+			sock_reset_after_fork(s);
+	}
 	if (s->qp) {
+		struct dgv_rx_msg m;
 		/* never handed up raw: it may be framed */
-		int r = dgv_qp_rx_feed(s->qp, d, (size_t)n, &from.sa, fl);
-		if (unlikely(r)) {
+		int r = (flags & MSG_PEEK) ? dgv_qp_rx_feed(s->qp, d, (size_t)n, &from.sa, fl)
+					   : dgv_qp_rx_take(s->qp, d, (size_t)n, &from.sa, fl, SHIM_SLOT, &m);
+		if (r == 1) {
+			ssize_t rc = deliver(d + m.off, m.len, m.len, iov, iovcnt, flags, mflags);
+			give_src(src, srclen, &from, fl);
+			if (m.framed)
+				s->st->rx_framed++, s->st->rx_framed_bytes += m.len;
+			else
+				s->st->rx_plain++, s->st->rx_plain_bytes += m.len;
+			peer_heard_memo(&s->heard, &from, fl, m.framed, sock_svc(s));
+			if ((++s->ops & 255) == 0)
+				stats_pull(s);
+			return rc;
+		}
+		if (unlikely(r < 0)) {
 			s->st->lost++;
 			DG_WARN("fd %d: a datagram read for the queue pair was refused by it (%s): dropped", fd,
 				strerror(-r));
@@ -348,14 +373,13 @@ static ssize_t dgram_recv(struct sock *s, int fd, const struct iovec *iov, int i
 		if (rc != -ENOMSG)
 			goto out;
 	}
-	bool fed = false;
 	for (;;) {
-		/* a blocking receive reads straight into the kernel's wait (rx_direct), which
-		 * costs what a look would when a datagram is there; a datagram it read is looked
-		 * for in the completions next */
-		if (!s->pend_n && (nb || fed || !rx_direct_ok(s)))
+		/* a receive reads the program's socket itself (rx_direct), blocking in the kernel's
+		 * own wait; the completions are looked at first only when one is there (a message of
+		 * several datagrams that a read completed, the provider thread's timers) */
+		bool direct = !s->pend_n && rx_direct_ok(s);
+		if (!s->pend_n && (!direct || dgv_cq_ready(s->cq) > 0))
 			consume_cq(s);
-		fed = false;
 		if (s->pend_n)
 			break;
 		if (s->shut_rd) {
@@ -375,17 +399,17 @@ static ssize_t dgram_recv(struct sock *s, int fd, const struct iovec *iov, int i
 			if (rc != -EAGAIN)
 				goto out;
 		}
-		if (nb) {
-			rc = -EAGAIN;
+		/* asked again: a look at the completions may have freed receive slots. A datagram
+		 * that went to the QP is followed by another read, also when not blocking: an
+		 * edge-triggered program reads until EAGAIN, which must mean the socket is empty */
+		if (rx_direct_ok(s)) {
+			rc = rx_direct(s, fd, iov, iovcnt, flags, src, srclen, mflags, nb);
+			if (rc == -ENOMSG)
+				continue;
 			goto out;
 		}
-		/* asked again: a look at the completions may have freed receive slots */
-		if (rx_direct_ok(s)) {
-			rc = rx_direct(s, fd, iov, iovcnt, flags, src, srclen, mflags);
-			if (rc == -ENOMSG) {
-				fed = true;
-				continue;
-			}
+		if (nb) {
+			rc = -EAGAIN;
 			goto out;
 		}
 		int w = wait_sock(s, fd, POLLIN, &timeout);
@@ -445,7 +469,15 @@ int sock_is_bound(int fd)
 	return (la.sa.sa_family == AF_INET ? la.sin.sin_port : la.sin6.sin6_port) != 0;
 }
 
-static int dgram_poll_in(struct sock *s, int fd)
+/* Readiness to read (shim.h poll_in). kernel_in: the kernel has just reported the program's
+ * socket readable (a wait that watched it), so an rx_direct socket with nothing of its own
+ * queued is readable without another look; otherwise such a socket asks the kernel (one poll,
+ * no read: the receive that follows reads the datagram into the caller's buffer, where a read
+ * here would have put it into a receive slot first, a page of every active socket). A datagram
+ * there that turns out to be no message by itself (a segment of a longer one, a damaged one)
+ * made the socket readable without a message, as a UDP datagram with a bad checksum does
+ * natively: the receive then says EAGAIN, or waits when blocking. */
+static int poll_in(struct sock *s, int fd, bool kernel_in)
 {
 	pthread_mutex_lock(&s->lock);
 	if (unlikely(s->gen != G.gen))
@@ -458,6 +490,9 @@ static int dgram_poll_in(struct sock *s, int fd)
 	} else if (s->shared && sock_can(s, DGV_CAP_ADOPT_FD)) {
 		/* reading here would take a datagram another process may be about to read */
 		r = s->pend_n || s->carry || s->shut_rd ? POLLIN : -1;
+	} else if (!s->pend_n && !s->carry && !s->shut_rd && rx_direct_ok(s) && dgv_cq_ready(s->cq) <= 0) {
+		struct pollfd k = {.fd = fd, .events = POLLIN};
+		r = kernel_in || (real.poll(&k, 1, 0) > 0 && (k.revents & POLLIN)) ? POLLIN : 0;
 	} else {
 		consume_cq(s);
 		/* DGV_CAP_ARM_ONCE: left armed, and looked at once more after that (one arming
@@ -475,6 +510,9 @@ static int dgram_poll_in(struct sock *s, int fd)
 	pthread_mutex_unlock(&s->lock);
 	return r;
 }
+
+static int dgram_poll_in(struct sock *s, int fd) { return poll_in(s, fd, false); }
+static int dgram_poll_in_fired(struct sock *s, int fd) { return poll_in(s, fd, true); }
 
 static int dgram_poll_in_queued(struct sock *s, int fd)
 {
@@ -890,6 +928,7 @@ const struct sock_ops dgram_ops = {
 	.fionread = dgram_fionread,
 	.poll_in = dgram_poll_in,
 	.poll_in_queued = dgram_poll_in_queued,
+	.poll_in_fired = dgram_poll_in_fired,
 	.wait_fds = dgram_wait_fds,
 	.cq_ack = dgram_cq_ack,
 };

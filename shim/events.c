@@ -251,7 +251,9 @@ int ev_poll(struct pollfd *fds, nfds_t n, int timeout_ms, const sigset_t *mask)
 					rdy = stream_rdy(ev, (ev & POLLIN) ? sock_poll_in(s, fds[i].fd) : -1,
 							 (ev & POLLOUT) ? sock_poll_out(s, fds[i].fd) : -1);
 				} else if (s) {
-					if ((own & ~rdy & POLLIN) && sock_poll_in(s, fds[i].fd) > 0)
+					if ((own & ~rdy & POLLIN) &&
+					    ((p[i].revents & POLLIN) ? sock_poll_in_fired(s, fds[i].fd)
+								     : sock_poll_in(s, fds[i].fd)) > 0)
 						rdy |= POLLIN;
 					if ((own & ~rdy & POLLOUT) && sock_poll_out(s, fds[i].fd) > 0)
 						rdy |= POLLOUT;
@@ -1241,7 +1243,9 @@ static void ep_translate(struct ep *ep, const struct epoll_event *k, int n, stru
 			} else if ((e & EPOLLIN) || cq) {
 				if (r->cqfd < 0 && sock_cqfd_made(r->s))
 					reg_cq_late(ep, r, i, d, -1);
-				int in = (r->events & EPOLLIN) ? sock_poll_in(r->s, r->fd) : 0;
+				int in = !(r->events & EPOLLIN) ? 0
+					 : (e & EPOLLIN) && !cq    ? sock_poll_in_fired(r->s, r->fd)
+								   : sock_poll_in(r->s, r->fd);
 				if (in >= 0) /* < 0: the OS carries it, the kernel's word stands */
 					e = (e & ~EPOLLIN) | (in > 0 ? EPOLLIN : 0);
 			}

@@ -281,6 +281,9 @@ struct sock_ops {
 	 * anyway and drives progress only once the kernel reports something there. */
 	int (*poll_in)(struct sock *s, int fd);
 	int (*poll_in_queued)(struct sock *s, int fd);
+	/* poll_in after the wait saw the kernel socket readable (the program's descriptor fired):
+	 * a kind whose data waits there may say so without looking again; NULL: poll_in */
+	int (*poll_in_fired)(struct sock *s, int fd);
 	/* POLLOUT the shim decides (> 0 ready, 0 wait on the CQ fd), -1: the kernel's; NULL:
 	 * always the kernel's */
 	int (*poll_out)(struct sock *s, int fd);
@@ -322,6 +325,10 @@ static inline ssize_t sock_recv(struct sock *s, int fd, const struct iovec *iov,
 }
 static inline int sock_poll_in(struct sock *s, int fd) { return sock_ops(s)->poll_in(s, fd); }
 static inline int sock_poll_in_queued(struct sock *s, int fd) { return sock_ops(s)->poll_in_queued(s, fd); }
+static inline int sock_poll_in_fired(struct sock *s, int fd)
+{
+	return sock_ops(s)->poll_in_fired ? sock_ops(s)->poll_in_fired(s, fd) : sock_ops(s)->poll_in(s, fd);
+}
 static inline int sock_poll_out(struct sock *s, int fd)
 {
 	return sock_ops(s)->poll_out ? sock_ops(s)->poll_out(s, fd) : -1;

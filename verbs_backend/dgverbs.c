@@ -269,7 +269,17 @@ int dgv_qp_rx_feed(struct dgv_qp *qp, void *dgram, size_t len, const struct sock
 {
 	if (!qp || (!dgram && len) || !src || !srclen || srclen > sizeof(union dgv_sockaddr))
 		return -EINVAL;
-	return qp->ctx->ops->qp_rx_feed ? qp->ctx->ops->qp_rx_feed(qp, dgram, len, src, srclen) : -EOPNOTSUPP;
+	return qp->ctx->ops->qp_rx_feed ? qp->ctx->ops->qp_rx_feed(qp, dgram, len, src, srclen, 0, NULL)
+					: -EOPNOTSUPP;
+}
+
+int dgv_qp_rx_take(struct dgv_qp *qp, void *dgram, size_t len, const struct sockaddr *src,
+		   socklen_t srclen, uint32_t max, struct dgv_rx_msg *out)
+{
+	if (!qp || (!dgram && len) || !src || !srclen || srclen > sizeof(union dgv_sockaddr) || !out)
+		return -EINVAL;
+	return qp->ctx->ops->qp_rx_feed ? qp->ctx->ops->qp_rx_feed(qp, dgram, len, src, srclen, max, out)
+					: -EOPNOTSUPP;
 }
 
 int dgv_qp_socket_events(struct dgv_qp *qp)

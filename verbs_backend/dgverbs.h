@@ -663,6 +663,27 @@ int dgv_qp_peer_gone(struct dgv_qp *qp, const struct sockaddr *to, socklen_t tol
 int dgv_qp_rx_feed(struct dgv_qp *qp, void *dgram, size_t len, const struct sockaddr *src,
 		   socklen_t srclen);
 
+/* A whole message found in a datagram by dgv_qp_rx_take: its bytes are dgram[off, off + len). */
+struct dgv_rx_msg {
+	uint32_t off, len;
+	bool framed; /* a Send (false: a plain datagram of a pass_plain QP) */
+};
+
+/*
+ * dgv_qp_rx_feed, except that a datagram which is by itself a whole message of at most max
+ * bytes, next in order (nothing of the QP waits in its receive CQ, no message of several
+ * datagrams is being put together, no receive-edge fault holds datagrams), is not placed: it is
+ * checked as placement would check it (CRC, header) and handed back where it lies, *out saying
+ * where, with no receive consumed and no completion made. So a caller that reads the socket
+ * into its own buffer takes a message with one lock and no copy into a posted receive; the QP
+ * counts it received as if it had been placed. Everything else (segments of a longer message,
+ * Write-Record, Read, Terminate, a datagram that fails its checks, or any datagram while order
+ * asks for the queue) is processed as dgv_qp_rx_feed does. Returns 1 (taken: *out), 0 (fed),
+ * -EINVAL, -EOPNOTSUPP.
+ */
+int dgv_qp_rx_take(struct dgv_qp *qp, void *dgram, size_t len, const struct sockaddr *src,
+		   socklen_t srclen, uint32_t max, struct dgv_rx_msg *out);
+
 /*
  * An RC queue pair on an adopted TCP socket (DGV_CAP_RC_RX_FEED), read by the caller itself for
  * one read: so that a program's blocking receive waits in the kernel's own recv on its socket

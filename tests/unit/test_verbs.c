@@ -661,6 +661,95 @@ Test(ud, rx_feed_places_a_datagram_read_by_the_caller)
 	teardown_pair();
 }
 
+/* dgv_qp_rx_take: a datagram that is by itself the next whole message is handed back where it
+ * lies (no receive consumed, no completion); one too long for the caller's max, one read while
+ * a completion still waits in the CQ (order), and a damaged one go the feed's way (placed in
+ * order, or dropped and counted, never handed back). */
+Test(ud, rx_take_hands_back_a_whole_message_in_order)
+{
+	setup_pair(DGV_QPT_UD, NULL, 0);
+	int fd = socket(AF_INET, SOCK_DGRAM, 0);
+	struct sockaddr_in lo = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	cr_assert_eq(bind(fd, (struct sockaddr *)&lo, sizeof lo), 0);
+	static const struct dgv_fault none;
+	struct dgv_qp_init_attr a = {.qp_type = DGV_QPT_UD, .send_cq = B.cq, .recv_cq = B.cq, .max_send_wr = 16,
+				     .max_recv_wr = 16, .rx_hold = 1, .use_adopt_fd = 1, .adopt_fd = fd,
+				     .fault_tx = &none, .fault_rx = &none};
+	struct dgv_qp *q;
+	cr_assert_eq(dgv_create_qp(pd, &a, &q), 0);
+	struct dgv_sge rs[2] = {{(uint64_t)(uintptr_t)B.buf, 4096, B.mr->lkey},
+				{(uint64_t)(uintptr_t)B.buf + 4096, 4096, B.mr->lkey}};
+	struct dgv_recv_wr rw = {.wr_id = 77, .sg_list = &rs[0], .num_sge = 1};
+	cr_assert_eq(dgv_post_recv(q, &rw, NULL), 0);
+	union dgv_sockaddr to;
+	socklen_t tl = sizeof to.sin;
+	cr_assert_eq(getsockname(fd, &to.sa, &tl), 0);
+	struct dgv_ah *ah;
+	cr_assert_eq(dgv_create_ah(pd, &to.sa, tl, &ah), 0);
+	static uint8_t d[65536];
+	union dgv_sockaddr from;
+	socklen_t fl;
+	struct dgv_rx_msg m;
+	struct dgv_wc wc[2];
+	struct dgv_qp_stats st0, st1;
+	/* one message of 1000 bytes, read by the caller: taken where it lies */
+	fill(A.buf, 3000, 4);
+	struct dgv_sge sge = {(uint64_t)(uintptr_t)A.buf, 1000, A.mr->lkey};
+	struct dgv_send_wr wr = {.wr_id = 1, .sg_list = &sge, .num_sge = 1, .opcode = DGV_WR_SEND, .ah = ah};
+	cr_assert_eq(dgv_post_send(A.qp, &wr, NULL), 0);
+	fl = sizeof from;
+	ssize_t n = recvfrom(fd, d, sizeof d, 0, &from.sa, &fl);
+	cr_assert_gt(n, 1000);
+	cr_assert_eq(dgv_qp_stats(q, &st0), 0);
+	cr_assert_eq(dgv_qp_rx_take(q, d, (size_t)n, &from.sa, fl, 65536, &m), 1);
+	cr_assert(m.framed);
+	cr_assert_eq(m.len, 1000);
+	cr_assert_leq((size_t)m.off + m.len, (size_t)n);
+	cr_assert_eq(memcmp(d + m.off, A.buf, 1000), 0, "the payload where it lies");
+	cr_assert_eq(dgv_poll_cq(B.cq, 2, wc), 0, "no completion: nothing was placed");
+	cr_assert_eq(dgv_qp_stats(q, &st1), 0);
+	cr_assert_eq(st1.rx_msgs, st0.rx_msgs + 1, "counted received");
+	cr_assert_eq(st1.rx_datagrams, st0.rx_datagrams + 1);
+	/* longer than the caller's max: placed into the receive still posted (wr 77) */
+	sge.addr += 1000;
+	cr_assert_eq(dgv_post_send(A.qp, &wr, NULL), 0);
+	fl = sizeof from;
+	n = recvfrom(fd, d, sizeof d, 0, &from.sa, &fl);
+	cr_assert_eq(dgv_qp_rx_take(q, d, (size_t)n, &from.sa, fl, 999, &m), 0);
+	/* its completion not yet polled: the next message must not overtake it */
+	rw.wr_id = 78, rw.sg_list = &rs[1];
+	cr_assert_eq(dgv_post_recv(q, &rw, NULL), 0);
+	sge.addr += 1000;
+	cr_assert_eq(dgv_post_send(A.qp, &wr, NULL), 0);
+	fl = sizeof from;
+	n = recvfrom(fd, d, sizeof d, 0, &from.sa, &fl);
+	cr_assert_eq(dgv_qp_rx_take(q, d, (size_t)n, &from.sa, fl, 65536, &m), 0, "order: fed behind the first");
+	cr_assert_eq(dgv_poll_cq(B.cq, 2, wc), 2);
+	cr_assert_eq(wc[0].wr_id, 77);
+	cr_assert_eq(wc[1].wr_id, 78);
+	cr_assert_eq(wc[0].byte_len, 1000);
+	cr_assert_eq(wc[1].byte_len, 1000);
+	cr_assert_eq(memcmp(B.buf, A.buf + 1000, 1000), 0);
+	cr_assert_eq(memcmp(B.buf + 4096, A.buf + 2000, 1000), 0);
+	/* damaged on the way: dropped and counted, never handed back */
+	cr_assert_eq(dgv_post_send(A.qp, &wr, NULL), 0);
+	fl = sizeof from;
+	n = recvfrom(fd, d, sizeof d, 0, &from.sa, &fl);
+	d[n / 2] ^= 0x40;
+	cr_assert_eq(dgv_qp_stats(q, &st0), 0);
+	cr_assert_eq(dgv_qp_rx_take(q, d, (size_t)n, &from.sa, fl, 65536, &m), 0);
+	cr_assert_eq(dgv_qp_stats(q, &st1), 0);
+	cr_assert_eq(st1.crc_drops, st0.crc_drops + 1);
+	cr_assert_eq(st1.rx_msgs, st0.rx_msgs);
+	cr_assert_eq(dgv_poll_cq(B.cq, 2, wc), 0);
+	cr_assert_eq(dgv_qp_rx_take(q, d, 10, &from.sa, fl, 65536, NULL), -EINVAL);
+	cr_assert_eq(dgv_qp_rx_take(B.qp, d, 10, &from.sa, fl, 65536, &m), -EOPNOTSUPP);
+	dgv_destroy_ah(ah);
+	cr_assert_eq(dgv_destroy_qp(q), 0);
+	close(fd);
+	teardown_pair();
+}
+
 /* IPv6 queue pairs and address handles. */
 Test(ud, ipv6_send_and_write_record)
 {

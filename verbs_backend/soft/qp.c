@@ -1859,8 +1859,44 @@ void soft_qp_test_rx(struct dgv_qp *qpb, uint8_t *buf, size_t len, const union d
 	pthread_mutex_unlock(&qp->lock);
 }
 
+/* dgv_qp_rx_take's check: whether buf (len bytes from *from) is by itself a whole message the
+ * caller may take where it lies, and if so counts it received as placement would (rx_msgs, the
+ * datagram counters) and says where it is in *out. Only what changes no QP state but the
+ * counters qualifies: a single-segment Send or Send with Solicited Event (an Invalidate names
+ * an STag), or a plain datagram of a pass_plain QP, at most max bytes; and only while order
+ * allows it: no completion waits in the receive CQ (a message placed earlier goes first), no
+ * message of several segments is being put together (rx_send holds a later message of the
+ * same sender behind it), no receive-edge fault holds datagrams. An armed CQ is left armed: the
+ * message goes to the caller, and a notification of it would be for nobody. Needs qp->lock.
+ * Returns true when taken. */
+static bool rx_takeable(struct soft_qp *qp, const uint8_t *buf, size_t len, uint32_t max,
+			struct dgv_rx_msg *out)
+{
+	if (qp->base.type != DGV_QPT_UD || qp->frx.active || qp->slots_active ||
+	    __atomic_load_n(&qp->rcq->count, __ATOMIC_ACQUIRE))
+		return false;
+	if (len < DG_CRC_LEN + 2 || !dg_crc_check(buf, len)) {
+		if (!qp->pass_plain || len > max || looks_framed(qp, buf, len))
+			return false; /* dropped, or too long for the receive: rx_datagram says so */
+		qp->st.rx_plain++;
+		*out = (struct dgv_rx_msg){.off = 0, .len = (uint32_t)len, .framed = false};
+	} else {
+		struct dg_seg g;
+		struct dg_reject why;
+		if (dg_seg_parse(buf, len - DG_CRC_LEN, qp->max_msg, &g, &why) ||
+		    (g.opcode != RDMAP_SEND && g.opcode != RDMAP_SEND_SE) || g.mo != 0 || g.plen != g.ml ||
+		    g.ml > max)
+			return false;
+		qp->st.rx_msgs++;
+		*out = (struct dgv_rx_msg){.off = (uint32_t)(g.payload - buf), .len = g.ml, .framed = true};
+	}
+	qp->st.rx_datagrams++;
+	qp->st.rx_bytes += len;
+	return true;
+}
+
 int soft_qp_rx_feed(struct dgv_qp *qpb, void *dgram, size_t len, const struct sockaddr *src,
-		    socklen_t srclen)
+		    socklen_t srclen, uint32_t max, struct dgv_rx_msg *take)
 {
 	struct soft_qp *qp = to_sqp(qpb);
 	if (qp->rc || qp->own_fd)
@@ -1868,16 +1904,20 @@ int soft_qp_rx_feed(struct dgv_qp *qpb, void *dgram, size_t len, const struct so
 	union dgv_sockaddr from;
 	memset(&from, 0, sizeof from);
 	memcpy(&from, src, srclen < sizeof from ? srclen : sizeof from);
+	int r = 0;
 	pthread_mutex_lock(&qp->lock);
 	qp->now_us = 0;
 	if (len > qp->rxbuf_size) {
 		drop_oversize(qp); /* what the kernel's MSG_TRUNC says when the QP reads */
 	} else {
-		rx_piece(qp, dgram, len, &from, srclen);
+		if (take && rx_takeable(qp, dgram, len, max, take))
+			r = 1;
+		else
+			rx_piece(qp, dgram, len, &from, srclen);
 		after_rx_locked(qp);
 	}
 	pthread_mutex_unlock(&qp->lock);
-	return 0;
+	return r;
 }
 
 /* ------------------------------------------------------------------ verbs */

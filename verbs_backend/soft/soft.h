@@ -498,7 +498,7 @@ int soft_qp_rx_stream_feed(struct dgv_qp *qp, const void *buf, ssize_t n);
 int soft_qp_set_fd(struct dgv_qp *qp, int fd);
 int soft_qp_socket_events(struct dgv_qp *qp);
 int soft_qp_rx_feed(struct dgv_qp *qp, void *dgram, size_t len, const struct sockaddr *src,
-		    socklen_t srclen);
+		    socklen_t srclen, uint32_t max, struct dgv_rx_msg *take);
 /* Receives, runs timers and transmits what is queued. from_app: called by an application
  * call (records app activity). Takes qp->lock (trylock when !block). Returns >0 when it did
  * something, 0 when not, -EBUSY when another thread holds the QP. */
