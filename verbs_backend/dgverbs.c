@@ -287,6 +287,13 @@ int dgv_qp_socket_events(struct dgv_qp *qp)
 	return qp && qp->ctx->ops->qp_socket_events ? qp->ctx->ops->qp_socket_events(qp) : 0;
 }
 
+int dgv_qp_tx_held(struct dgv_qp *qp)
+{
+	if (!qp)
+		return -EINVAL;
+	return qp->ctx->ops->qp_tx_held ? qp->ctx->ops->qp_tx_held(qp) : -EOPNOTSUPP;
+}
+
 int dgv_qp_rx_claim(struct dgv_qp *qp, size_t *room)
 {
 	if (!qp || !room)

@@ -110,6 +110,9 @@ enum dgv_cap_flag {
 	/* dgv_qp_rx_claim / dgv_qp_rx_stream_feed: the caller may read an adopted RC QP's TCP
 	 * socket itself (a blocking read, the kernel's own wait) and hand the bytes to the QP */
 	DGV_CAP_RC_RX_FEED = 1u << 11,
+	/* RC: sends are handed to the transport during dgv_post_send when it has room (the soft
+	 * provider's TCP socket), DGV_SEND_SIGNAL_HELD and dgv_qp_tx_held work */
+	DGV_CAP_RC_TX_HELD = 1u << 12,
 };
 
 struct dgv_caps {
@@ -313,6 +316,11 @@ enum dgv_send_flags {
 	 * to the network during the post it copies. A send from a program's own buffer with no
 	 * staging copy, no registration and, unsignaled, no completion (-EINVAL elsewhere). */
 	DGV_SEND_INLINE = 1u << 1,
+	/* RC (DGV_CAP_RC_TX_HELD): signaled only if dgv_post_send returns with the send not yet
+	 * wholly handed to the transport (then its completion says when it is): a writer that must
+	 * know its bytes left the process asks dgv_qp_tx_held after the post and waits for a
+	 * completion only then, instead of making and taking one per send */
+	DGV_SEND_SIGNAL_HELD = 1u << 2,
 };
 
 struct dgv_send_wr {
@@ -683,6 +691,14 @@ struct dgv_rx_msg {
  */
 int dgv_qp_rx_take(struct dgv_qp *qp, void *dgram, size_t len, const struct sockaddr *src,
 		   socklen_t srclen, uint32_t max, struct dgv_rx_msg *out);
+
+/*
+ * Whether sends posted on an RC queue pair are still held by the provider, not yet wholly handed
+ * to its transport (DGV_CAP_RC_TX_HELD): 1 when one is, 0 when every one is in it (a process
+ * that exits now loses none of them). A send posted with DGV_SEND_SIGNAL_HELD and held when the
+ * post returned completes with a completion. Returns 1, 0, -EINVAL, -EOPNOTSUPP.
+ */
+int dgv_qp_tx_held(struct dgv_qp *qp);
 
 /*
  * An RC queue pair on an adopted TCP socket (DGV_CAP_RC_RX_FEED), read by the caller itself for

@@ -67,6 +67,8 @@ struct dgv_ops {
 	/* optional (NULL: -EOPNOTSUPP): dgv_qp_rx_feed (take NULL), dgv_qp_rx_take */
 	int (*qp_rx_feed)(struct dgv_qp *qp, void *dgram, size_t len, const struct sockaddr *src,
 			  socklen_t srclen, uint32_t max, struct dgv_rx_msg *take);
+	/* optional (NULL: -EOPNOTSUPP): dgv_qp_tx_held */
+	int (*qp_tx_held)(struct dgv_qp *qp);
 	/* optional (NULL: -EOPNOTSUPP): dgv_qp_rx_claim, dgv_qp_rx_stream_feed */
 	int (*qp_rx_claim)(struct dgv_qp *qp, size_t *room);
 	int (*qp_rx_stream_feed)(struct dgv_qp *qp, const void *buf, ssize_t n);

@@ -545,6 +545,60 @@ Test(rc, send_queue_grows_with_work_in_flight)
 	}
 }
 
+/* DGV_SEND_SIGNAL_HELD and dgv_qp_tx_held (DGV_CAP_RC_TX_HELD): a send TCP took whole during
+ * its post makes no completion and is not held; one TCP had no room for (the server's provider
+ * reads only when the server calls it, and it does not) is held and completes once the server
+ * reads, with a completion. */
+Test(rc, signal_held_completes_only_what_tcp_did_not_take)
+{
+	end_close(&S);
+	cr_assert_eq(dgv_open(&(struct dgv_context_attr){.progress = DGV_PROGRESS_APP}, &S.ctx), 0);
+	cr_assert_eq(dgv_alloc_pd(S.ctx, &S.pd), 0);
+	cr_assert_eq(dgv_create_cq(S.ctx, 4096, &S.cq), 0);
+	S.ch = dgv_cm_default_channel(S.ctx);
+	S.buf = aligned_alloc(4096, BUFSZ);
+	cr_assert(S.ch && S.buf);
+	memset(S.buf, 0, BUFSZ);
+	cr_assert_eq(dgv_reg_mr(S.pd, S.buf, BUFSZ, DGV_ACCESS_LOCAL_WRITE | DGV_ACCESS_REMOTE_WRITE, &S.mr), 0);
+	struct dgv_caps caps;
+	cr_assert_eq(dgv_query_caps(C.ctx, &caps), 0);
+	cr_assert(caps.flags & DGV_CAP_RC_TX_HELD);
+	connect_pair(NULL, NULL);
+	fill(C.buf, BUFSZ, 11);
+	struct dgv_sge sg = {(uint64_t)(uintptr_t)C.buf, 1000, C.mr->lkey};
+	struct dgv_send_wr wr = {.wr_id = 1, .sg_list = &sg, .num_sge = 1, .opcode = DGV_WR_WRITE,
+				 .send_flags = DGV_SEND_SIGNAL_HELD, .remote_addr = (uint64_t)(uintptr_t)S.buf,
+				 .rkey = S.mr->rkey};
+	/* 1000 bytes: TCP takes them during the post */
+	cr_assert_eq(dgv_post_send(C.qp, &wr, NULL), 0);
+	cr_assert_eq(dgv_qp_tx_held(C.qp), 0);
+	struct dgv_wc wc;
+	cr_assert_eq(dgv_cq_wait(C.cq, 50), -ETIMEDOUT, "no completion for a send TCP took");
+	cr_assert_eq(dgv_poll_cq(C.cq, 1, &wc), 0);
+	/* 16 MiB to a reader that does not read: more than TCP's buffers hold */
+	wr.wr_id = 2, sg.addr += 1000, sg.length = 16u << 20, wr.remote_addr += 1000;
+	cr_assert_eq(dgv_post_send(C.qp, &wr, NULL), 0);
+	cr_assert_eq(dgv_qp_tx_held(C.qp), 1, "the rest waits for room in TCP");
+	cr_assert_eq(dgv_poll_cq(C.cq, 1, &wc), 0);
+	/* the server reads: the held send completes, with a completion */
+	struct dgv_wc sw;
+	int got = 0;
+	for (int i = 0; i < 5000 && !(got = dgv_poll_cq(C.cq, 1, &wc)); i++) {
+		cr_assert_eq(dgv_poll_cq(S.cq, 1, &sw), 0, "a Write makes no completion at the target");
+		usleep(1000);
+	}
+	cr_assert_eq(got, 1, "the held send completed");
+	cr_assert_eq(wc.wr_id, 2);
+	cr_assert_eq(wc.status, DGV_WC_SUCCESS);
+	cr_assert_eq(dgv_qp_tx_held(C.qp), 0);
+	for (int i = 0; i < 5000 && memcmp(S.buf, C.buf, 1000 + (16u << 20)); i++) {
+		dgv_poll_cq(S.cq, 1, &sw);
+		usleep(1000);
+	}
+	cr_assert(memcmp(S.buf, C.buf, 1000 + (16u << 20)) == 0, "both writes placed byte-exact");
+	cr_assert_eq(dgv_qp_tx_held(NULL), -EINVAL);
+}
+
 Test(rc, receiver_not_ready_holds_the_sender)
 {
 	connect_pair(NULL, NULL);

@@ -510,6 +510,8 @@ int soft_rc_post_send(struct soft_qp *qp, struct dgv_send_wr *wr, struct dgv_sen
 	 * the queue, not each of its pages in turn (qp.c soft_post_send does the same) */
 	if (qp->sq_head == qp->sq_tail && qp->sq_pump == qp->sq_tail && !rc->b_bytes && rc->cur != 1)
 		qp->sq_head = qp->sq_pump = qp->sq_tail = 0;
+	uint32_t first = qp->sq_tail;
+	bool held_asked = false;
 	for (; wr; wr = wr->next) {
 		if ((unsigned)wr->opcode > DGV_WR_SEND_SE_INV || wr->opcode == DGV_WR_SEND_PLAIN || wr->num_sge < 0 ||
 		    (uint32_t)wr->num_sge > qp->max_sge || (wr->num_sge && !wr->sg_list) ||
@@ -535,6 +537,7 @@ int soft_rc_post_send(struct soft_qp *qp, struct dgv_send_wr *wr, struct dgv_sen
 				bad_sge = 1;
 		uint32_t pos = qp->sq_tail;
 		struct soft_swqe *w = soft_sq_at(qp, pos);
+		held_asked |= (wr->send_flags & DGV_SEND_SIGNAL_HELD) != 0;
 		*w = (struct soft_swqe){.wr_id = wr->wr_id, .opcode = wr->opcode, .flags = wr->send_flags,
 					.num_sge = (uint32_t)wr->num_sge, .len = (uint32_t)total,
 					.remote_addr = wr->remote_addr, .rkey = wr->rkey,
@@ -550,8 +553,31 @@ int soft_rc_post_send(struct soft_qp *qp, struct dgv_send_wr *wr, struct dgv_sen
 	*bad = wr;
 	if (!rc->ended && rc->phase == PH_RTS && !rc->b_bytes)
 		rc_tx_pump(qp);
+	/* DGV_SEND_SIGNAL_HELD: what TCP did not take whole during the post completes with a
+	 * completion (the ones it took were retired as unsignaled, or wait done behind a Read) */
+	for (uint32_t i = first; held_asked && i != qp->sq_tail; i++) {
+		struct soft_swqe *w = soft_sq_at(qp, i);
+		if ((int32_t)(i - qp->sq_head) >= 0 && !w->done && (w->flags & DGV_SEND_SIGNAL_HELD))
+			w->flags |= DGV_SEND_SIGNALED;
+	}
 	pthread_mutex_unlock(&qp->lock);
 	return ret;
+}
+
+int soft_qp_tx_held(struct dgv_qp *qpb)
+{
+	struct soft_qp *qp = to_sqp(qpb);
+	if (!qp->rc)
+		return -EOPNOTSUPP;
+	int held = 0;
+	pthread_mutex_lock(&qp->lock);
+	/* in order: only a Read waits for its response after it went (not held) */
+	for (uint32_t i = qp->sq_head; i != qp->sq_tail && !held; i++) {
+		const struct soft_swqe *w = soft_sq_at(qp, i);
+		held = !w->done && w->opcode != DGV_WR_READ;
+	}
+	pthread_mutex_unlock(&qp->lock);
+	return held;
 }
 
 /* ------------------------------------------------------------------ Terminate */
