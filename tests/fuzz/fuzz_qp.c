@@ -13,7 +13,8 @@
  *                        bytes are taken as they are), bit 1: from peer 1 (else 0), bit 2: RD
  *                        ack_epoch := the epoch our QP last sent that peer, bit 3: a tagged
  *                        segment's STag and TO, or a Read Request's source STag and TO, are
- *                        moved into our region (the fuzzer cannot know its STag)
+ *                        moved into our region (the fuzzer cannot know its STag), bit 4:
+ *                        through dgv_qp_rx_take's check (bit 5: the caller's limit 1442 bytes)
  *   1 count size         post count receives of one of four sizes
  *   2                    poll the CQ (and make progress)
  *   3 kind stag32 to64 len32  post a Send (0), Write-Record (1), Read (2) or Write (3) to peer 0
@@ -36,6 +37,8 @@
 
 void soft_qp_test_rx(struct dgv_qp *qpb, uint8_t *buf, size_t len, const union dgv_sockaddr *from,
 		     socklen_t fromlen);
+int soft_qp_test_rx_take(struct dgv_qp *qpb, uint8_t *buf, size_t len, const union dgv_sockaddr *from,
+			 socklen_t fromlen, uint32_t max, struct dgv_rx_msg *out);
 
 #define REGION (64u << 10)
 #define RECV_AREA (32u << 10) /* the region's first half takes receives, the rest is remote */
@@ -171,7 +174,20 @@ static void datagram(struct run *r, struct fz *f)
 		memcpy(d + n, &c, 4);
 		n += 4;
 	}
-	soft_qp_test_rx(r->qp, d, n, &sink_addr[p], sink_len[p]);
+	if (flags & 16) {
+		/* the caller's own read (dgv_qp_rx_take): a whole message comes back where it lies,
+		 * inside the datagram and within the caller's limit; anything else is placed */
+		struct dgv_rx_msg m;
+		uint32_t max = flags & 32 ? 1442 : 65536;
+		int t = soft_qp_test_rx_take(r->qp, d, n, &sink_addr[p], sink_len[p], max, &m);
+		FUZZ_CHECK(t == 0 || t == 1);
+		if (t == 1)
+			FUZZ_CHECK(!r->rd && m.len <= max && (size_t)m.off + m.len <= n);
+		if (t == 1 && m.framed)
+			FUZZ_CHECK(m.off >= DG_UNTAGGED_HLEN && (size_t)m.off + m.len + DG_CRC_LEN == n);
+	} else {
+		soft_qp_test_rx(r->qp, d, n, &sink_addr[p], sink_len[p]);
+	}
 	free(d);
 }
 

@@ -102,7 +102,7 @@ def frame_seeds():
 
 # --- fuzz_qp.c input: [config] then ops (see the harness) ---------------------------------
 OP_DGRAM, OP_RECV, OP_POLL, OP_SEND = 0, 1, 2, 3
-DG_CRC, DG_PEER1, DG_EPOCH, DG_PATCH = 1, 2, 4, 8
+DG_CRC, DG_PEER1, DG_EPOCH, DG_PATCH, DG_TAKE, DG_TAKE_SMALL = 1, 2, 4, 8, 16, 32
 
 
 def qp_dgram(payload, flags=DG_CRC | DG_PATCH):
@@ -130,6 +130,16 @@ def qp_seeds():
     write("qp", "rd_send_then_ack", b"\x01" + bytes([OP_SEND, 0]) + struct.pack(">IQI", 0, 0, 100)
           + qp_dgram(ack, DG_CRC | DG_EPOCH) + poll)
     write("qp", "ud_plain", b"\x02" + recv + qp_dgram(b"GET / HTTP/1.0\r\n", 0) + poll)
+    # the caller's own read (dgv_qp_rx_take): whole Sends, one longer than the caller's limit,
+    # a multi-segment message around a whole one, a plain datagram
+    for name in ("send", "send_se", "send_inv", "wire_ex1_write_record"):
+        write("qp", "ud_take_" + name, b"\x00" + recv + qp_dgram(segs[name], DG_CRC | DG_PATCH | DG_TAKE) + poll)
+    big = untagged(SEND, True, 0, 1, 0, 2000, 2000) + bytes(2000)
+    write("qp", "ud_take_send_over_limit", b"\x00" + recv + qp_dgram(big, DG_CRC | DG_TAKE | DG_TAKE_SMALL) + poll)
+    take_multi = b"".join(qp_dgram(segs[f"wire_ex2_send_seg{i}"], DG_CRC | DG_TAKE) for i in (0, 1))
+    write("qp", "ud_take_around_a_message", b"\x00" + recv + take_multi
+          + qp_dgram(segs["send"], DG_CRC | DG_TAKE) + qp_dgram(segs["wire_ex2_send_seg2"], DG_CRC | DG_TAKE) + poll)
+    write("qp", "ud_take_plain", b"\x02" + recv + qp_dgram(b"GET / HTTP/1.0\r\n", DG_TAKE) + poll)
 
 
 # --- fuzz_rd.c input: ops on one RD endpoint ---------------------------------------------

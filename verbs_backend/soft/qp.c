@@ -1895,12 +1895,10 @@ static bool rx_takeable(struct soft_qp *qp, const uint8_t *buf, size_t len, uint
 	return true;
 }
 
-int soft_qp_rx_feed(struct dgv_qp *qpb, void *dgram, size_t len, const struct sockaddr *src,
-		    socklen_t srclen, uint32_t max, struct dgv_rx_msg *take)
+/* soft_qp_rx_feed's work, also the fuzzer's (soft_qp_test_rx_take). Returns 1 (taken), 0. */
+static int rx_feed_one(struct soft_qp *qp, uint8_t *dgram, size_t len, const struct sockaddr *src,
+		       socklen_t srclen, uint32_t max, struct dgv_rx_msg *take)
 {
-	struct soft_qp *qp = to_sqp(qpb);
-	if (qp->rc || qp->own_fd)
-		return -EOPNOTSUPP; /* only a socket the caller may read: the program's own */
 	union dgv_sockaddr from;
 	memset(&from, 0, sizeof from);
 	memcpy(&from, src, srclen < sizeof from ? srclen : sizeof from);
@@ -1918,6 +1916,26 @@ int soft_qp_rx_feed(struct dgv_qp *qpb, void *dgram, size_t len, const struct so
 	}
 	pthread_mutex_unlock(&qp->lock);
 	return r;
+}
+
+int soft_qp_rx_feed(struct dgv_qp *qpb, void *dgram, size_t len, const struct sockaddr *src,
+		    socklen_t srclen, uint32_t max, struct dgv_rx_msg *take)
+{
+	struct soft_qp *qp = to_sqp(qpb);
+	if (qp->rc || qp->own_fd)
+		return -EOPNOTSUPP; /* only a socket the caller may read: the program's own */
+	return rx_feed_one(qp, dgram, len, src, srclen, max, take);
+}
+
+/* Test hook, declared by tests/fuzz/fuzz_qp.c (not part of soft.h): dgv_qp_rx_take on a QP that
+ * reads its own socket too (the fuzzer's), so that hostile datagrams reach its checks. */
+int soft_qp_test_rx_take(struct dgv_qp *qpb, uint8_t *buf, size_t len, const union dgv_sockaddr *from,
+			 socklen_t fromlen, uint32_t max, struct dgv_rx_msg *out);
+int soft_qp_test_rx_take(struct dgv_qp *qpb, uint8_t *buf, size_t len, const union dgv_sockaddr *from,
+			 socklen_t fromlen, uint32_t max, struct dgv_rx_msg *out)
+{
+	struct soft_qp *qp = to_sqp(qpb);
+	return qp->rc ? -EOPNOTSUPP : rx_feed_one(qp, buf, len, &from->sa, fromlen, max, out);
 }
 
 /* ------------------------------------------------------------------ verbs */
