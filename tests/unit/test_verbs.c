@@ -591,6 +591,26 @@ Test(ud, adopted_connected_socket)
 	teardown_pair();
 }
 
+/* A UD QP of B's on a new socket bound to 127.0.0.1 (*fd) that it adopts and reads only when
+ * asked (rx_hold), no faults: the shim's QP on a program's socket; *to_it: an AH to it. */
+static struct dgv_qp *adopted_rx_hold_qp(int *fd, struct dgv_ah **to_it)
+{
+	*fd = socket(AF_INET, SOCK_DGRAM, 0);
+	struct sockaddr_in lo = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	cr_assert_eq(bind(*fd, (struct sockaddr *)&lo, sizeof lo), 0);
+	static const struct dgv_fault none;
+	struct dgv_qp_init_attr a = {.qp_type = DGV_QPT_UD, .send_cq = B.cq, .recv_cq = B.cq, .max_send_wr = 16,
+				     .max_recv_wr = 16, .rx_hold = 1, .use_adopt_fd = 1, .adopt_fd = *fd,
+				     .fault_tx = &none, .fault_rx = &none};
+	struct dgv_qp *q;
+	cr_assert_eq(dgv_create_qp(pd, &a, &q), 0);
+	union dgv_sockaddr to;
+	socklen_t tl = sizeof to.sin;
+	cr_assert_eq(getsockname(*fd, &to.sa, &tl), 0);
+	cr_assert_eq(dgv_create_ah(pd, &to.sa, tl, to_it), 0);
+	return q;
+}
+
 /* dgv_qp_rx_feed: a datagram the caller read itself from an adopted rx_hold socket (a
  * program's blocking receive, the shim's rx_direct) is decoded and placed as if the QP had read
  * it; a QP on its own socket refuses (nobody else may read that one); arguments are checked;
@@ -601,23 +621,12 @@ Test(ud, rx_feed_places_a_datagram_read_by_the_caller)
 	struct dgv_caps caps;
 	cr_assert_eq(dgv_query_caps(ctx, &caps), 0);
 	cr_assert_eq(caps.flags & DGV_CAP_RX_FEED, DGV_CAP_RX_FEED);
-	int fd = socket(AF_INET, SOCK_DGRAM, 0);
-	struct sockaddr_in lo = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	cr_assert_eq(bind(fd, (struct sockaddr *)&lo, sizeof lo), 0);
-	static const struct dgv_fault none;
-	struct dgv_qp_init_attr a = {.qp_type = DGV_QPT_UD, .send_cq = B.cq, .recv_cq = B.cq, .max_send_wr = 16,
-				     .max_recv_wr = 16, .rx_hold = 1, .use_adopt_fd = 1, .adopt_fd = fd,
-				     .fault_tx = &none, .fault_rx = &none};
-	struct dgv_qp *q;
-	cr_assert_eq(dgv_create_qp(pd, &a, &q), 0);
+	int fd;
+	struct dgv_ah *ah;
+	struct dgv_qp *q = adopted_rx_hold_qp(&fd, &ah);
 	struct dgv_sge rs = {(uint64_t)(uintptr_t)B.buf, 65536, B.mr->lkey};
 	struct dgv_recv_wr rw = {.wr_id = 77, .sg_list = &rs, .num_sge = 1};
 	cr_assert_eq(dgv_post_recv(q, &rw, NULL), 0);
-	union dgv_sockaddr to;
-	socklen_t tl = sizeof to.sin;
-	cr_assert_eq(getsockname(fd, &to.sa, &tl), 0);
-	struct dgv_ah *ah;
-	cr_assert_eq(dgv_create_ah(pd, &to.sa, tl, &ah), 0);
 	fill(A.buf, 1000, 4);
 	struct dgv_sge sge = {(uint64_t)(uintptr_t)A.buf, 1000, A.mr->lkey};
 	struct dgv_send_wr wr = {.wr_id = 1, .sg_list = &sge, .num_sge = 1, .opcode = DGV_WR_SEND, .ah = ah};
@@ -668,24 +677,13 @@ Test(ud, rx_feed_places_a_datagram_read_by_the_caller)
 Test(ud, rx_take_hands_back_a_whole_message_in_order)
 {
 	setup_pair(DGV_QPT_UD, NULL, 0);
-	int fd = socket(AF_INET, SOCK_DGRAM, 0);
-	struct sockaddr_in lo = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	cr_assert_eq(bind(fd, (struct sockaddr *)&lo, sizeof lo), 0);
-	static const struct dgv_fault none;
-	struct dgv_qp_init_attr a = {.qp_type = DGV_QPT_UD, .send_cq = B.cq, .recv_cq = B.cq, .max_send_wr = 16,
-				     .max_recv_wr = 16, .rx_hold = 1, .use_adopt_fd = 1, .adopt_fd = fd,
-				     .fault_tx = &none, .fault_rx = &none};
-	struct dgv_qp *q;
-	cr_assert_eq(dgv_create_qp(pd, &a, &q), 0);
+	int fd;
+	struct dgv_ah *ah;
+	struct dgv_qp *q = adopted_rx_hold_qp(&fd, &ah);
 	struct dgv_sge rs[2] = {{(uint64_t)(uintptr_t)B.buf, 4096, B.mr->lkey},
 				{(uint64_t)(uintptr_t)B.buf + 4096, 4096, B.mr->lkey}};
 	struct dgv_recv_wr rw = {.wr_id = 77, .sg_list = &rs[0], .num_sge = 1};
 	cr_assert_eq(dgv_post_recv(q, &rw, NULL), 0);
-	union dgv_sockaddr to;
-	socklen_t tl = sizeof to.sin;
-	cr_assert_eq(getsockname(fd, &to.sa, &tl), 0);
-	struct dgv_ah *ah;
-	cr_assert_eq(dgv_create_ah(pd, &to.sa, tl, &ah), 0);
 	static uint8_t d[65536];
 	union dgv_sockaddr from;
 	socklen_t fl;
