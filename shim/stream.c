@@ -2128,9 +2128,7 @@ static size_t tx_room(const struct stream *t)
 /* Copies up to n bytes of iov (from byte skip) into the send ring and posts them as data
  * records, as far as the window lets. Where completions cost (DGV_CAP_SIGNAL_COSTS) one record
  * in SIGNAL_EVERY asks for one, and with sig_last the one that ends the n bytes (a later
- * completion retires the records before it), on DGV_CAP_RC_TX_HELD only if TCP did not take it
- * during the post; elsewhere every record does. t->sig_seq is the last record that will
- * complete. Returns the bytes posted, or -errno when none was. Needs s->lock. */
+ * completion retires the records before it); elsewhere every record does. Returns the bytes posted, or -errno when none was. Needs s->lock. */
 static ssize_t post_data(struct sock *s, struct stream *t, const struct iovec *iov, int iovcnt, size_t skip,
 			 size_t n, bool sig_last)
 {
@@ -2158,22 +2156,17 @@ static ssize_t post_data(struct sock *s, struct stream *t, const struct iovec *i
 			at = 0;
 		}
 		struct dgv_sge sge = {(uint64_t)(uintptr_t)(t->tx + toff), (uint32_t)c, t->mr_out->lkey};
-		/* the last record: where the provider hands sends to TCP during the post, it asks
-		 * for a completion only if TCP had no room for all of it (a completion made and taken
-		 * per write was two CQ locks and a progress pass of each ping-pong round) */
-		bool last = sig_last && done + c == n, held = last && pv_can(t->pv, DGV_CAP_RC_TX_HELD);
 		bool sig = !pv_can(t->pv, DGV_CAP_SIGNAL_COSTS) || (t->data_seq + 1) % SIGNAL_EVERY == 0 ||
-			   (last && !held);
+			   (sig_last && done + c == n);
 		struct dgv_send_wr wr = {.wr_id = WR_SEND | (t->data_seq + 1) << 8 | WR_DATA, .sg_list = &sge, .num_sge = 1,
-					 .opcode = DGV_WR_WRITE_RECORD,
-					 .send_flags = sig ? DGV_SEND_SIGNALED : held ? DGV_SEND_SIGNAL_HELD : 0,
+					 .opcode = DGV_WR_WRITE_RECORD, .send_flags = sig ? DGV_SEND_SIGNALED : 0,
 					 .remote_addr = t->p_ring_addr + poff, .rkey = t->p_stag},
 				   *bad;
 		int rc = dgv_post_send(t->qp, &wr, &bad);
 		if (rc)
 			return done ? (ssize_t)done : rc;
 		t->data_seq++;
-		if (sig || (held && dgv_qp_tx_held(t->qp) > 0))
+		if (sig)
 			t->sig_seq = t->data_seq;
 		t->sent += c;
 		t->recs_sent++;
@@ -2444,7 +2437,7 @@ ssize_t stream_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt,
 		goto out;
 	size_t total = iov_total(iov, iovcnt), done = 0;
 	bool waitall = (flags & MSG_WAITALL) && !(flags & MSG_PEEK);
-	bool lowat_expired = false, eager = false, fed = false;
+	bool lowat_expired = false, eager = false;
 	int timeout = s->rcvtimeo_ms > 0 ? s->rcvtimeo_ms : -1;
 	for (;;) {
 		/* a blocking receive with nothing at hand claims the socket's reading before it looks
@@ -2456,11 +2449,7 @@ ssize_t stream_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt,
 		 * that filled its buffer, the next look reads TCP too (eager). */
 		struct rx_claim cl = {s, t, NULL};
 		size_t room = 0;
-		/* Right after a direct read fed the QP its bytes, the look finds them (their
-		 * completion): no claim for it (a claim and its end are two QP locks). */
-		bool after_feed = fed;
-		fed = false;
-		if (!nb && total && !eager && !after_feed && t->arrived == t->consumed && rx_wait_ok(s, t) &&
+		if (!nb && total && !eager && t->arrived == t->consumed && rx_wait_ok(s, t) &&
 		    dgv_qp_rx_claim(t->qp, &room) == 0)
 			cl.qp = t->qp;
 		/* Bytes at hand: they are returned without a look at TCP (a short read, as the
@@ -2534,14 +2523,9 @@ ssize_t stream_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt,
 				rc = -EAGAIN;
 			break;
 		}
-		if (after_feed)
-			continue; /* what was read held no whole record: wait again the direct way */
-		bool direct = cl.qp != NULL;
-		int w = direct ? rx_wait(&cl, room) : stream_wait(s, t, &timeout);
+		int w = cl.qp ? rx_wait(&cl, room) : stream_wait(s, t, &timeout);
 		if (w == 1)
 			eager = true, w = 0;
-		else if (direct && w == 0)
-			fed = true;
 		if (w) {
 			if (!done && !(total == 0 && w == -EAGAIN))
 				rc = w;
