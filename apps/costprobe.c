@@ -29,6 +29,9 @@
  *   per_socket udp fds=X rss_kb=Y        (the slopes, for people; scripts compute their own)
  *   per_socket tcp fds=X rss_kb=Y
  *   per_socket tcp_accepted fds=X rss_kb=Y
+ *   idle wakeups=W ms=T                  (context switches of all this process's threads while
+ *                                        its main thread sleeps T ms with every socket open and
+ *                                        idle: natively 1, the sleep itself)
  * With COSTPROBE_SMAPS=DIR each phase also copies /proc/self/smaps to DIR/NAME.smaps (where the
  * memory is: which mappings grew).
  * Exit status: 0 ok, 1 a socket call or the peer failed (stderr says which), 2 usage.
@@ -123,6 +126,34 @@ static void save_smaps(const char *name)
 		fclose(in);
 	if (to)
 		fclose(to);
+}
+
+/* Context switches of every thread of this process so far (a thread's each sleep is one): what
+ * an idle process costs the machine beyond its memory. */
+static long switches(void)
+{
+	DIR *d = opendir("/proc/self/task");
+	if (!d)
+		die("opendir /proc/self/task");
+	long n = 0;
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		if (e->d_name[0] == '.')
+			continue;
+		char path[300], line[128];
+		snprintf(path, sizeof path, "/proc/self/task/%s/status", e->d_name);
+		FILE *f = fopen(path, "r");
+		if (!f)
+			continue; /* a thread that ended meanwhile */
+		long v;
+		while (fgets(line, sizeof line, f))
+			if (sscanf(line, "voluntary_ctxt_switches: %ld", &v) == 1 ||
+			    sscanf(line, "nonvoluntary_ctxt_switches: %ld", &v) == 1)
+				n += v;
+		fclose(f);
+	}
+	closedir(d);
+	return n;
 }
 
 /* Prints a phase line with the time the phase took (ms, since the previous measurement);
@@ -390,6 +421,12 @@ int main(int argc, char **argv)
 	printf("per_socket tcp fds=%.3f rss_kb=%.2f\n", (double)(t2.fds - t1.fds) / nt, (double)(t2.rss - t1.rss) / nt);
 	printf("per_socket tcp_accepted fds=%.3f rss_kb=%.2f\n", (double)(pt.fds - pb.fds) / (nt + 1),
 	       (double)(pt.rss - pb.rss) / (nt + 1));
+	fflush(stdout);
+
+	long w0 = switches();
+	struct timespec idle = {1, 0};
+	nanosleep(&idle, NULL);
+	printf("idle wakeups=%ld ms=1000\n", switches() - w0);
 	fflush(stdout);
 
 	free(us);

@@ -15,6 +15,9 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <stdatomic.h>
+#include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "dgverbs.h"
@@ -746,6 +749,92 @@ Test(ud, rx_take_hands_back_a_whole_message_in_order)
 	cr_assert_eq(dgv_destroy_qp(q), 0);
 	close(fd);
 	teardown_pair();
+}
+
+/* The provider's thread, as the shim runs it: every QP read only by the program's calls. */
+static _Atomic pid_t progress_tid;
+static void note_progress_tid(void) { atomic_store(&progress_tid, (pid_t)syscall(SYS_gettid)); }
+
+/* Context switches of thread tid of this process so far (each sleep of the thread is one). */
+static long thread_switches(pid_t tid)
+{
+	char path[64], line[128];
+	snprintf(path, sizeof path, "/proc/self/task/%d/status", (int)tid);
+	FILE *f = fopen(path, "r");
+	cr_assert_not_null(f, "%s", path);
+	long n = 0, v;
+	while (fgets(line, sizeof line, f))
+		if (sscanf(line, "voluntary_ctxt_switches: %ld", &v) == 1 ||
+		    sscanf(line, "nonvoluntary_ctxt_switches: %ld", &v) == 1)
+			n += v;
+	fclose(f);
+	return n;
+}
+
+static uint64_t now_ms(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (uint64_t)t.tv_sec * 1000 + (uint64_t)t.tv_nsec / 1000000;
+}
+
+/* While no QP needs the provider's thread (every one read only by the program: rx_hold, no
+ * timer pending) its tick sleeps: an idle process is not woken 200 times a second. Work given
+ * to a QP meanwhile wakes it: a reassembly begun by a datagram the caller fed expires on time
+ * (50 ms) with the program making no call, not at the idle tick's next second. */
+Test(ud, idle_tick_sleeps_until_a_qp_has_work)
+{
+	dgv_set_thread_hook(note_progress_tid);
+	open_ctx();
+	struct dgv_qp_init_attr a = {.qp_type = DGV_QPT_UD, .max_send_wr = 64, .max_recv_wr = 64, .rx_hold = 1};
+	cr_assert_eq(side_open(&A, &a, 1u << 20), 0);
+	int fd = socket(AF_INET, SOCK_DGRAM, 0);
+	struct sockaddr_in lo = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	cr_assert_eq(bind(fd, (struct sockaddr *)&lo, sizeof lo), 0);
+	struct dgv_qp_init_attr b = {.qp_type = DGV_QPT_UD, .max_send_wr = 64, .max_recv_wr = 64, .rx_hold = 1,
+				     .use_adopt_fd = 1, .adopt_fd = fd, .reasm_timeout_us = 50000};
+	cr_assert_eq(side_open(&B, &b, 1u << 20), 0);
+	link_sides();
+	for (int i = 0; i < 200 && !atomic_load(&progress_tid); i++)
+		usleep(1000);
+	pid_t tid = atomic_load(&progress_tid);
+	cr_assert_gt(tid, 0, "the provider's thread ran the thread hook");
+	usleep(100000); /* a tick or two find nothing to do */
+	long s0 = thread_switches(tid);
+	usleep(300000);
+	long idle_wakes = thread_switches(tid) - s0;
+	cr_assert_leq(idle_wakes, 3, "the idle thread woke %ld times in 300 ms (a 5 ms tick: 60)", idle_wakes);
+
+	/* the first of three segments, read and fed by the caller; the others never come */
+	post_recv(&B, 0, 65536, 9);
+	fill(A.buf, 4000, 3);
+	post_send(&A, DGV_WR_SEND, 0, 4000, 0, 0, 1);
+	static uint8_t d[65536];
+	union dgv_sockaddr from;
+	socklen_t fl = sizeof from;
+	ssize_t n = recvfrom(fd, d, sizeof d, 0, &from.sa, &fl);
+	cr_assert_gt(n, 0);
+	cr_assert_lt(n, 1500, "a segment, not the whole message");
+	while (recv(fd, d + n, sizeof d - (size_t)n, MSG_DONTWAIT) > 0)
+		; /* the rest lost */
+	struct dgv_qp_stats st;
+	cr_assert_eq(dgv_qp_stats(B.qp, &st), 0);
+	cr_assert_eq(st.reasm_timeouts, 0);
+	cr_assert_eq(dgv_qp_rx_feed(B.qp, d, (size_t)n, &from.sa, fl), 0);
+	uint64_t t0 = now_ms(), waited = 0;
+	for (;;) {
+		cr_assert_eq(dgv_qp_stats(B.qp, &st), 0); /* reads counters: no progress */
+		waited = now_ms() - t0;
+		if (st.reasm_timeouts || waited > 3000)
+			break;
+		usleep(2000);
+	}
+	cr_assert_eq(st.reasm_timeouts, 1, "the partial message was given up");
+	cr_assert_lt(waited, 300, "given up after %" PRIu64 " ms (timeout 50 ms): the tick slept on", waited);
+	struct dgv_wc wc;
+	cr_assert_eq(dgv_poll_cq(B.cq, 1, &wc), 0, "a Send given up completes nothing");
+	teardown_pair();
+	close(fd);
 }
 
 /* IPv6 queue pairs and address handles. */

@@ -494,7 +494,7 @@ int soft_cq_wait(struct dgv_cq *cqb, int timeout_ms)
 				pfd[i + 1].events |= POLLOUT;
 			if (pthread_mutex_trylock(&qp->lock) == 0) {
 				uint64_t t = soft_qp_next_timer_locked(qp, now);
-				pthread_mutex_unlock(&qp->lock);
+				soft_qp_unlock(qp);
 				if (t != UINT64_MAX && now + t < next)
 					next = now + t;
 			}

@@ -5,8 +5,9 @@
  * Progress model (DGV_PROGRESS_AUTO): an application thread that polls or waits on a CQ makes
  * progress itself (lowest latency, no thread hand-off). When a QP has seen no application call
  * for SOFT_APP_IDLE_US, the libev thread starts watching its socket, so one-sided placement, RD
- * acks and Read Responses go on while the application is busy elsewhere. A 1 ms timer runs RD
- * retransmission, reassembly timeouts and the switch between the two. The loop's mutex is
+ * acks and Read Responses go on while the application is busy elsewhere. A 1-5 ms tick runs RD
+ * retransmission, reassembly timeouts and the switch between the two, and sleeps while no QP
+ * needs it (tick_cb). The loop's mutex is
  * released while it sleeps (libev's documented locking pattern), so other threads may add and
  * remove watchers under it.
  */
@@ -36,16 +37,21 @@ static void loop_acquire(struct ev_loop *loop)
 	pthread_mutex_lock(&ctx->loop_lock);
 }
 
+/* Whether nobody but the program reads qp's socket (rx_hold changes under the QP's lock: an RC
+ * QP's receive path; rx_claimed while a caller reads the socket itself). */
+static bool rx_held(struct soft_qp *qp)
+{
+	return qp->rx_app || __atomic_load_n(&qp->rx_hold, __ATOMIC_RELAXED) ||
+	       __atomic_load_n(&qp->rx_claimed, __ATOMIC_RELAXED);
+}
+
 static void io_cb(struct ev_loop *loop, ev_io *w, int revents)
 {
 	struct soft_qp *qp = w->data;
 	(void)loop;
 	(void)revents;
 	soft_qp_progress(qp, false, false);
-	/* rx_hold changes under the QP's lock (an RC QP's receive path): read it atomically; and
-	 * while a caller reads the socket itself (rx_claimed) its readiness is that caller's */
-	if (qp->rx_app || __atomic_load_n(&qp->rx_hold, __ATOMIC_RELAXED) ||
-	    __atomic_load_n(&qp->rx_claimed, __ATOMIC_RELAXED)) {
+	if (rx_held(qp)) { /* its readiness is the program's (or a claiming caller's) */
 		ev_io_stop(loop, w);
 		qp->io_on = false;
 	}
@@ -65,15 +71,45 @@ static int timers_pending_trylock(struct soft_qp *qp)
 	return pending;
 }
 
+bool soft_qp_needs_tick(struct soft_qp *qp)
+{
+	return !rx_held(qp) || soft_qp_timers_pending(qp);
+}
+
+/* The tick's repeat. The loop's thread only (loop_lock). */
+static void tick_pace(struct soft_ctx *ctx, double s)
+{
+	if (ctx->tick.repeat != s) {
+		ctx->tick.repeat = s;
+		ev_timer_again(ctx->loop, &ctx->tick);
+	}
+}
+
+void soft_tick_need(struct soft_ctx *ctx)
+{
+	if (!atomic_exchange(&ctx->tick_idle, false) || !ctx->loop)
+		return;
+	if (soft_in_progress_thread)
+		tick_pace(ctx, 0.005); /* inside its loop (io_cb, tick_cb: one thread per context) */
+	else
+		ev_async_send(ctx->loop, &ctx->wake); /* wake_cb sets the pace */
+}
+
 /* Timers of every QP, and socket watching for the QPs nobody polls. Runs every millisecond
- * while the thread is responsible for a QP with timers pending, every 5 ms otherwise: a QP
- * whose application polls runs its own timers, and a busy-polling application should not be
- * preempted a thousand times a second for nothing. */
+ * while the thread is responsible for a QP with timers pending, every 5 ms while some QP needs
+ * it otherwise, and every SOFT_TICK_IDLE_S while none does: a QP whose application polls runs
+ * its own timers, and neither a busy-polling application nor an idle one should be woken a
+ * thousand or two hundred times a second for nothing.
+ * Going idle without losing work: tick_idle is set before the scan, and every QP the scan
+ * passes over unlocked (below) or finds locked can only get work under its lock, whose release
+ * (soft_qp_unlock) then sees the flag and wakes the tick. */
 static void tick_cb(struct ev_loop *loop, ev_timer *w, int revents)
 {
 	struct soft_ctx *ctx = w->data;
-	bool fast = false;
+	bool fast = false, need = false;
 	(void)revents;
+	atomic_store(&ctx->tick_idle, true);
+	atomic_thread_fence(memory_order_seq_cst); /* against tx_refused's store: rc_tx.c */
 	for (struct soft_qp *qp = ctx->qps; qp; qp = qp->next) {
 		/* The application counts its polls; reading no clock on its side keeps the polling
 		 * loop short. Quiet for SOFT_APP_IDLE_TICKS ticks means it went elsewhere. */
@@ -86,10 +122,7 @@ static void tick_cb(struct ev_loop *loop, ev_timer *w, int revents)
 		}
 		bool app_active = ctx->progress == DGV_PROGRESS_AUTO &&
 				  (atomic_load(&qp->app_waiting) || qp->quiet_ticks < SOFT_APP_IDLE_TICKS);
-		/* rx_hold, rx_app: the socket is read only by the program's calls (rx_hold set under
-		 * the QP's lock, rx_app fixed at creation) */
-		bool held = qp->rx_app || __atomic_load_n(&qp->rx_hold, __ATOMIC_RELAXED) ||
-			    __atomic_load_n(&qp->rx_claimed, __ATOMIC_RELAXED);
+		bool held = rx_held(qp);
 		if (!app_active && !held && !qp->io_on) {
 			ev_io_start(loop, &qp->io);
 			qp->io_on = qp->io_used = true;
@@ -97,6 +130,8 @@ static void tick_cb(struct ev_loop *loop, ev_timer *w, int revents)
 			ev_io_stop(loop, &qp->io);
 			qp->io_on = false;
 		}
+		if (!held)
+			need = true; /* its reading passes between the program and the thread */
 		/* Only a QP with time-driven work is progressed here: reads are the io watcher's
 		 * (or the program's), and a progress call costs an RC QP a recv on its socket,
 		 * which with thousands of connections was most of a CPU (SIPp at 3 000 calls). An
@@ -106,18 +141,20 @@ static void tick_cb(struct ev_loop *loop, ev_timer *w, int revents)
 		if (qp->rx_app && !__atomic_load_n(&qp->tx_refused, __ATOMIC_RELAXED) &&
 		    !__atomic_load_n(&qp->tcp_wait, __ATOMIC_RELAXED))
 			continue;
+		/* busy: its holder's soft_qp_unlock looks at what it leaves */
 		if (timers_pending_trylock(qp) == 1) {
+			need = true;
 			soft_qp_progress(qp, false, false);
 			if (!app_active && timers_pending_trylock(qp) != 0)
 				fast = true;
 		}
 	}
-	soft_rc_tick(ctx);
-	double want = fast ? 0.001 : 0.005;
-	if (w->repeat != want) {
-		w->repeat = want;
-		ev_timer_again(loop, w);
-	}
+	if (soft_rc_tick(ctx))
+		need = true;
+	if (need)
+		atomic_store(&ctx->tick_idle, false);
+	bool idle = atomic_load(&ctx->tick_idle); /* false too when a holder woke it meanwhile */
+	tick_pace(ctx, idle ? SOFT_TICK_IDLE_S : fast ? 0.001 : 0.005);
 }
 
 static void wake_cb(struct ev_loop *loop, ev_async *w, int revents)
@@ -126,6 +163,8 @@ static void wake_cb(struct ev_loop *loop, ev_async *w, int revents)
 	(void)revents;
 	if (atomic_load(&ctx->stopping))
 		ev_break(loop, EVBREAK_ALL);
+	else if (!atomic_load(&ctx->tick_idle) && ctx->tick.repeat == SOFT_TICK_IDLE_S)
+		tick_pace(ctx, 0.005);
 }
 
 static void *progress_thread(void *arg)
@@ -182,6 +221,7 @@ void soft_ctx_add_qp(struct soft_ctx *ctx, struct soft_qp *qp)
 		ev_async_send(ctx->loop, &ctx->wake);
 	}
 	pthread_mutex_unlock(&ctx->loop_lock);
+	soft_tick_need(ctx); /* the tick looks at it: it may be one the thread reads */
 }
 
 void soft_ctx_remove_qp(struct soft_ctx *ctx, struct soft_qp *qp)

@@ -1826,7 +1826,7 @@ int soft_qp_progress(struct soft_qp *qp, bool from_app, bool block)
 	if (qp->rd || qp->slots_active || qp->ord_count || qp->ftx.nheld || qp->frx.nheld)
 		run_timers(qp, qp_now(qp));
 	after_rx_locked(qp);
-	pthread_mutex_unlock(&qp->lock);
+	soft_qp_unlock(qp);
 	return n;
 }
 
@@ -1839,7 +1839,7 @@ void soft_qp_test_block_tx(struct dgv_qp *qpb, bool on)
 	struct soft_qp *qp = to_sqp(qpb);
 	pthread_mutex_lock(&qp->lock);
 	qp->tx_test_block = on;
-	pthread_mutex_unlock(&qp->lock);
+	soft_qp_unlock(qp);
 }
 
 /* Test hook, declared by tests/fuzz/fuzz_qp.c (not part of soft.h): one datagram as UDP would
@@ -1856,7 +1856,7 @@ void soft_qp_test_rx(struct dgv_qp *qpb, uint8_t *buf, size_t len, const union d
 	qp->now_us = 0;
 	rx_datagram(qp, buf, len, from, fromlen);
 	after_rx_locked(qp);
-	pthread_mutex_unlock(&qp->lock);
+	soft_qp_unlock(qp);
 }
 
 /* dgv_qp_rx_take's check: whether buf (len bytes from *from) is by itself a whole message the
@@ -1914,7 +1914,7 @@ static int rx_feed_one(struct soft_qp *qp, uint8_t *dgram, size_t len, const str
 			rx_piece(qp, dgram, len, &from, srclen);
 		after_rx_locked(qp);
 	}
-	pthread_mutex_unlock(&qp->lock);
+	soft_qp_unlock(qp);
 	return r;
 }
 
@@ -2160,7 +2160,7 @@ void soft_qp_quiesce(struct soft_qp *qp)
 	while (atomic_load(&qp->refs))
 		sched_yield();
 	pthread_mutex_lock(&qp->lock);
-	pthread_mutex_unlock(&qp->lock);
+	soft_qp_unlock(qp);
 }
 
 int soft_destroy_qp(struct dgv_qp *qpb)
@@ -2191,7 +2191,7 @@ int soft_destroy_qp(struct dgv_qp *qpb)
 			union dgv_sockaddr none = {0};
 			recv_complete(qp, &qp->slots[i].wqe, DGV_WC_WR_FLUSH_ERR, 0, 0, &none, 0, false);
 		}
-	pthread_mutex_unlock(&qp->lock);
+	soft_qp_unlock(qp);
 	soft_qp_quiesce(qp);
 	atomic_fetch_sub(&qp->pd->refs, 1);
 	qp_free(qp);
@@ -2307,7 +2307,7 @@ int soft_post_send(struct dgv_qp *qpb, struct dgv_send_wr *wr, struct dgv_send_w
 	pthread_mutex_lock(&qp->lock);
 	if (qp->base.type == DGV_QPT_UD && wr && !wr->next && (wr->send_flags & DGV_SEND_INLINE) &&
 	    qp->sq_head == qp->sq_tail && !qp->ird_count && !qp->ftx.active && ud_send_now(qp, wr)) {
-		pthread_mutex_unlock(&qp->lock);
+		soft_qp_unlock(qp);
 		*bad = NULL;
 		return 0;
 	}
@@ -2367,7 +2367,7 @@ int soft_post_send(struct dgv_qp *qpb, struct dgv_send_wr *wr, struct dgv_send_w
 	pump(qp);
 	if (inl)
 		inline_keep(qp, first);
-	pthread_mutex_unlock(&qp->lock);
+	soft_qp_unlock(qp);
 	return rc;
 }
 
@@ -2409,7 +2409,7 @@ int soft_post_recv(struct dgv_qp *qpb, struct dgv_recv_wr *wr, struct dgv_recv_w
 		rd_kick(qp->rd); /* RD segments refused for want of a receive can go now */
 	if (qp->rc)
 		soft_rc_after_post_recv(qp);
-	pthread_mutex_unlock(&qp->lock);
+	soft_qp_unlock(qp);
 	return rc;
 }
 
@@ -2424,7 +2424,7 @@ int soft_poll_errq(struct dgv_qp *qpb, int n, struct dgv_async_err *out)
 		qp->errq_head = (qp->errq_head + 1) % SOFT_ERRQ;
 		qp->errq_count--;
 	}
-	pthread_mutex_unlock(&qp->lock);
+	soft_qp_unlock(qp);
 	return got;
 }
 
@@ -2448,7 +2448,7 @@ int soft_qp_stats(struct dgv_qp *qpb, struct dgv_qp_stats *out)
 		out->rd_peer_failures = r.peer_failures;
 		out->dup_drops += r.dup_drops;
 	}
-	pthread_mutex_unlock(&qp->lock);
+	soft_qp_unlock(qp);
 	return 0;
 }
 
@@ -2526,7 +2526,7 @@ int soft_peek(struct dgv_qp *qpb, void *buf, size_t len, struct dgv_peek *out)
 out:
 	if (b)
 		rx_batch_put(b);
-	pthread_mutex_unlock(&qp->lock);
+	soft_qp_unlock(qp);
 	return rc;
 }
 
@@ -2541,7 +2541,7 @@ int soft_qp_peer_gone(struct dgv_qp *qpb, const struct sockaddr *to, socklen_t t
 	memcpy(&a, to, tolen);
 	pthread_mutex_lock(&qp->lock);
 	int r = rd_peer_gone(qp->rd, &a, tolen);
-	pthread_mutex_unlock(&qp->lock);
+	soft_qp_unlock(qp);
 	return r < 0 ? r : 0;
 }
 
@@ -2554,6 +2554,6 @@ int soft_set_rx_cap(struct dgv_qp *qpb, unsigned n)
 	qp->rx_cap = n;
 	if (n == 1)
 		qp->rx_vlen = 1;
-	pthread_mutex_unlock(&qp->lock);
+	soft_qp_unlock(qp);
 	return 0;
 }

@@ -484,7 +484,7 @@ int soft_rc_destroy(struct soft_qp *qp)
 	rc_flush_all(qp, DGV_WC_WR_FLUSH_ERR);
 	/* the batch may point into the program's buffers: nothing more is sent from them */
 	rc_batch_reset(rc);
-	pthread_mutex_unlock(&qp->lock);
+	soft_qp_unlock(qp);
 	soft_qp_quiesce(qp);
 	ch_purge(rc->ch, &qp->base, NULL);
 	atomic_fetch_sub(&rc->ch->refs, 1);
@@ -835,7 +835,7 @@ int soft_rc_progress(struct soft_qp *qp, bool from_app, bool block)
 	} else if (rc->b_bytes || rc->term_pending) {
 		rc_tx_pump(qp); /* the Terminate still going out */
 	}
-	pthread_mutex_unlock(&qp->lock);
+	soft_qp_unlock(qp);
 	return did;
 }
 
@@ -878,7 +878,7 @@ int soft_rc_disconnect(struct dgv_qp *qpb)
 		if (rc->phase == PH_RTS)
 			rc_tx_pump(qp);
 	}
-	pthread_mutex_unlock(&qp->lock);
+	soft_qp_unlock(qp);
 	soft_qp_progress(qp, true, true);
 	return ret;
 }
@@ -888,7 +888,7 @@ enum dgv_qp_state soft_rc_qp_state(struct dgv_qp *qpb)
 	struct soft_qp *qp = to_sqp(qpb);
 	pthread_mutex_lock(&qp->lock);
 	enum dgv_qp_state s = qp->rc->state;
-	pthread_mutex_unlock(&qp->lock);
+	soft_qp_unlock(qp);
 	return s;
 }
 
@@ -899,7 +899,7 @@ int soft_rc_conn_info(struct dgv_qp *qpb, struct dgv_conn_info *out)
 	int ret = qp->rc->established ? 0 : -ENOTCONN;
 	if (!ret)
 		*out = qp->rc->info;
-	pthread_mutex_unlock(&qp->lock);
+	soft_qp_unlock(qp);
 	return ret;
 }
 
@@ -1088,6 +1088,7 @@ static struct soft_conn_req *req_new(struct soft_ctx *ctx, int fd, bool own, str
 	atomic_fetch_add(&ch->refs, 1);
 	r->next = ctx->cm->reqs;
 	ctx->cm->reqs = r;
+	soft_tick_need(ctx); /* its deadline is the tick's (soft_rc_tick) */
 	set_nodelay(fd);
 	if (ctx->loop && loop_locked) {
 		ev_io_init(&r->io, req_io_cb, fd, EV_READ);
@@ -1153,18 +1154,24 @@ static void listener_io_cb(struct ev_loop *loop, ev_io *w, int revents)
 	pthread_mutex_unlock(&cm->lock);
 }
 
-void soft_rc_tick(struct soft_ctx *ctx)
+/* Returns whether a connection request is still the thread's to read (or cm->lock was busy):
+ * the tick keeps its pace for it. */
+bool soft_rc_tick(struct soft_ctx *ctx)
 {
 	struct rc_cm *cm = ctx->cm;
 	if (pthread_mutex_trylock(&cm->lock))
-		return;
+		return true;
 	uint64_t now = dg_now_us();
+	bool left = false;
 	for (struct soft_conn_req *r = cm->reqs, *nx; r; r = nx) {
 		nx = r->next;
 		if (r->state == REQ_READING && !r->app_read)
-			req_step(cm, r, now);
+			req_step(cm, r, now); /* may free r */
 	}
+	for (struct soft_conn_req *r = cm->reqs; r && !left; r = r->next)
+		left = r->state == REQ_READING && !r->app_read;
 	pthread_mutex_unlock(&cm->lock);
+	return left;
 }
 
 int soft_rc_listen(struct dgv_context *cb, const struct sockaddr *addr, socklen_t len, int backlog,

@@ -669,14 +669,14 @@ int soft_qp_rx_claim(struct dgv_qp *qpb, size_t *room)
 	if (!qp->rx_claimed && !rc->ended && rc->phase == PH_RTS && !rc->rx_paused && !rc->eof) {
 		/* the buffer the feed copies into, held until the claim ends */
 		if (!rc->rxb && !(rc->rxb = dg_spare_get(DG_SPARE_RC_RXBUF, RC_RXBUF))) {
-			pthread_mutex_unlock(&qp->lock);
+			soft_qp_unlock(qp);
 			return -ENOMEM;
 		}
 		*room = rx_room(rc);
 		__atomic_store_n(&qp->rx_claimed, true, __ATOMIC_RELAXED);
 		r = 0;
 	}
-	pthread_mutex_unlock(&qp->lock);
+	soft_qp_unlock(qp);
 	return r;
 }
 
@@ -688,7 +688,7 @@ int soft_qp_rx_stream_feed(struct dgv_qp *qpb, const void *buf, ssize_t n)
 		return -EOPNOTSUPP;
 	pthread_mutex_lock(&qp->lock);
 	if (!qp->rx_claimed) {
-		pthread_mutex_unlock(&qp->lock);
+		soft_qp_unlock(qp);
 		return -EINVAL;
 	}
 	int r = 0;
@@ -710,7 +710,7 @@ int soft_qp_rx_stream_feed(struct dgv_qp *qpb, const void *buf, ssize_t n)
 	rx_buf_settle(qp);
 	if (!r && n >= 0 && !rc->ended && rc_tx_owed(qp))
 		rc_tx_pump(qp); /* what the bytes asked for (Read Responses, a Terminate) */
-	pthread_mutex_unlock(&qp->lock);
+	soft_qp_unlock(qp);
 	return r;
 }
 

@@ -381,8 +381,13 @@ ssize_t rc_send_some(struct soft_qp *qp, const struct iovec *iov, int n)
 			__atomic_store_n(&qp->pump_blocked, true, __ATOMIC_RELAXED);
 			/* the thread finishes it, completing sends while the program may wait:
 			 * soft_qp_self_driven is false from now on (its waiters take the eventfd) */
-			if (qp->rx_app && !qp->tx_refused)
+			if (qp->rx_app && !qp->tx_refused) {
 				__atomic_store_n(&qp->tx_refused, true, __ATOMIC_RELEASE);
+				/* the tick reads it without the lock: a fence each side of the flags */
+				atomic_thread_fence(memory_order_seq_cst);
+				if (atomic_load_explicit(&qp->ctx->tick_idle, memory_order_relaxed))
+					soft_tick_need(qp->ctx);
+			}
 			return 0;
 		}
 		return r;
@@ -560,7 +565,7 @@ int soft_rc_post_send(struct soft_qp *qp, struct dgv_send_wr *wr, struct dgv_sen
 		if ((int32_t)(i - qp->sq_head) >= 0 && !w->done && (w->flags & DGV_SEND_SIGNAL_HELD))
 			w->flags |= DGV_SEND_SIGNALED;
 	}
-	pthread_mutex_unlock(&qp->lock);
+	soft_qp_unlock(qp);
 	return ret;
 }
 
@@ -576,7 +581,7 @@ int soft_qp_tx_held(struct dgv_qp *qpb)
 		const struct soft_swqe *w = soft_sq_at(qp, i);
 		held = !w->done && w->opcode != DGV_WR_READ;
 	}
-	pthread_mutex_unlock(&qp->lock);
+	soft_qp_unlock(qp);
 	return held;
 }
 

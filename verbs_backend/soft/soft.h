@@ -38,6 +38,7 @@
 #define SOFT_ERRQ 64
 #define SOFT_RX_BATCH 16
 #define SOFT_APP_IDLE_TICKS 2 /* app silent this many 1 ms ticks: the libev thread watches the socket */
+#define SOFT_TICK_IDLE_S 1.0  /* the tick's pace while no QP needs it (a backstop: work wakes it) */
 
 struct soft_qp;
 
@@ -59,6 +60,11 @@ struct soft_ctx {
 	pthread_t thread;
 	bool thread_running;
 	atomic_bool stopping;
+	/* The tick sleeps (SOFT_TICK_IDLE_S) while no QP needs it (soft_qp_needs_tick): an idle
+	 * process, or one whose sockets the program alone reads, is not woken 200 times a second
+	 * (that wake-up on the receiver's CPU cost a loopback UDP stream's sender 10 %). Set by the
+	 * thread at each tick's start, cleared by whoever gives a QP work (soft_tick_need). */
+	atomic_bool tick_idle;
 	struct soft_qp *qps; /* list, under loop_lock */
 	struct rc_cm *cm;    /* RC connection management (rc_cm.c) */
 };
@@ -519,7 +525,7 @@ void soft_qp_quiesce(struct soft_qp *qp);
 int soft_rc_ctx_init(struct soft_ctx *ctx);
 void soft_rc_ctx_fini(struct soft_ctx *ctx);
 /* Loop thread, ctx->loop_lock held: MPA deadlines of pending requests, listeners. */
-void soft_rc_tick(struct soft_ctx *ctx);
+bool soft_rc_tick(struct soft_ctx *ctx);
 int soft_rc_progress(struct soft_qp *qp, bool from_app, bool block);
 int soft_rc_destroy(struct soft_qp *qp);
 /* An accepted RC QP whose descriptor its connection request's libev watcher watched. */
@@ -564,5 +570,25 @@ void soft_ctx_add_qp(struct soft_ctx *ctx, struct soft_qp *qp);
  * Called with ctx->loop_lock held; releases it. */
 void soft_loop_forget_fd_unlock(struct soft_ctx *ctx, int fd);
 void soft_ctx_remove_qp(struct soft_ctx *ctx, struct soft_qp *qp);
+/* Whether the progress thread's tick has a part in qp: its socket may need watching (nobody
+ * holds its reading: rx_app, rx_hold, rx_claimed) or it has time-driven work
+ * (soft_qp_timers_pending). Needs qp->lock. */
+bool soft_qp_needs_tick(struct soft_qp *qp);
+/* The tick runs at its working pace from now (it may have been idle): any thread, any lock.
+ * A flag's exchange while the tick works; an ev_async_send when it had gone idle. */
+void soft_tick_need(struct soft_ctx *ctx);
+
+/* Releases qp->lock, first waking an idle tick when what the holder did left the QP needing
+ * it (a reassembly begun, a send the kernel refused, a Read outstanding...). Every path that
+ * changes a QP under its lock releases it here: the thread's scan (device.c tick_cb) takes
+ * each lock, so either it saw the change or the holder sees tick_idle set. Hot paths pay one
+ * relaxed load while the tick works. */
+static inline void soft_qp_unlock(struct soft_qp *qp)
+{
+	if (__builtin_expect(atomic_load_explicit(&qp->ctx->tick_idle, memory_order_relaxed), 0) &&
+	    soft_qp_needs_tick(qp))
+		soft_tick_need(qp->ctx);
+	pthread_mutex_unlock(&qp->lock);
+}
 
 #endif

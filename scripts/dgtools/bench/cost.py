@@ -21,6 +21,7 @@ TARGETS = [
     ("udp_rss", "RSS per idle taken UDP socket [kB]", ("extra", 8.0), True),
     ("tcp_rss", "RSS per idle carried TCP connection, connecting side [kB]", ("extra", 16.0), True),
     ("tcp_acc_rss", "RSS per idle carried TCP connection, accepting side [kB]", ("extra", 16.0), True),
+    ("idle_wakes", "wake-ups per second of the idle probe, all its threads (every socket open)", ("extra", 5.0), True),
     ("udp_lat1c", "UDP ping-pong 64 B, 1 core (sockperf), median half RTT [us]", ("ratio", 1.10), True),
     ("tcp_lat1c", "TCP ping-pong 64 B, 1 core (sockperf), median half RTT [us]", ("ratio", 1.10), True),
     ("udp_lat2c", "UDP ping-pong 64 B, 2 cores (sockperf), median half RTT [us]", ("ratio", 1.0), True),
@@ -44,6 +45,8 @@ GROUPS = [
      ("udp_fds", "tcp_fds", "tcp_acc_fds")),
     ("Memory: idle taken UDP socket at most 8 kB RSS, carried idle TCP connection at most 16 kB (issue 14)",
      ("udp_rss", "tcp_rss", "tcp_acc_rss")),
+    ("Idle: a process holding taken sockets wakes at most 5 times a second more than natively (issue 14)",
+     ("idle_wakes",)),
     ("One-core ping-pong (64 B) within 1.10x native, UDP and TCP (issue 14)", ("udp_lat1c", "tcp_lat1c")),
     ("Two-core ping-pong median not above native, UDP and TCP (issue 14)", ("udp_lat2c", "tcp_lat2c")),
     ("SIPp BYE -> 200 OK within 1.2x native, UDP and TCP (issue 14)", ("sipp_udp", "sipp_tcp")),
@@ -97,6 +100,7 @@ def probe(pre, nu, nt):
             "tcp_acc_fds": per("peer_base", "peer_tcp", "fds", nt + 1),
             "udp_rss": per("udp1", "udp", "rss", nu), "tcp_rss": per("tcp1", "tcp", "rss", nt),
             "tcp_acc_rss": per("peer_base", "peer_tcp", "rss", nt + 1),
+            "idle_wakes": int(grab(r"(?m)^idle wakeups=(\d+) ms=1000$", out, "costprobe's idle line")[1]),
             "first_fds": ph["udp1"]["fds"] - ph["base"]["fds"], "first_rss": ph["udp1"]["rss"] - ph["base"]["rss"],
             "udp_ms": ph["udp"]["ms"] / nu, "tcp_ms": ph["tcp"]["ms"] / nt}
 
@@ -325,6 +329,8 @@ def page_section(C, w, fmt, made, summary):
       "process's set-up, is left out of the slope) and the peer does the same for the connections it accepted. "
       "Preloaded, every socket is checked carried (IWARP_STATS tx_framed / IWARP_TAKEN on each, and the exit "
       "summaries). RSS counts user-space pages only (the kernel's socket memory is the same both ways). "
+      "**Idle**: then, every socket still open, the probe sleeps a second and counts the context switches of "
+      "all its threads (natively 1, its own sleep; the shim's provider thread adds its wake-ups). "
       "**Latency**: sockperf ping-pong 64 B for %d s, both ends pinned to CPU 0 (one core) or to CPUs 0 and 1; "
       "SIPp's BYE -> 200 OK from %s. **Rate**: sockperf throughput for %d s, datagrams/s the server counted. "
       "**Servers**: redis-server with redis-benchmark (10 clients, SET and GET, -P 1 and -P 16) and memcached "
