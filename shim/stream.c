@@ -2128,7 +2128,9 @@ static size_t tx_room(const struct stream *t)
 /* Copies up to n bytes of iov (from byte skip) into the send ring and posts them as data
  * records, as far as the window lets. Where completions cost (DGV_CAP_SIGNAL_COSTS) one record
  * in SIGNAL_EVERY asks for one, and with sig_last the one that ends the n bytes (a later
- * completion retires the records before it); elsewhere every record does. Returns the bytes posted, or -errno when none was. Needs s->lock. */
+ * completion retires the records before it); elsewhere every record does. t->sig_seq is the
+ * last record that will complete. Returns the bytes posted, or -errno when none was. Needs
+ * s->lock. */
 static ssize_t post_data(struct sock *s, struct stream *t, const struct iovec *iov, int iovcnt, size_t skip,
 			 size_t n, bool sig_last)
 {

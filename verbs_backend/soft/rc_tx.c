@@ -385,8 +385,7 @@ ssize_t rc_send_some(struct soft_qp *qp, const struct iovec *iov, int n)
 				__atomic_store_n(&qp->tx_refused, true, __ATOMIC_RELEASE);
 				/* the tick reads it without the lock: a fence each side of the flags */
 				atomic_thread_fence(memory_order_seq_cst);
-				if (atomic_load_explicit(&qp->ctx->tick_idle, memory_order_relaxed))
-					soft_tick_need(qp->ctx);
+				soft_tick_need(qp->ctx);
 			}
 			return 0;
 		}
