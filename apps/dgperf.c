@@ -127,7 +127,7 @@ static void client_phase(uint64_t phase, uint64_t size)
 	char label[48];
 	struct ctl_msg m;
 	struct report rep;
-	uint64_t t_report;
+	uint64_t t_report, cpu0;
 
 	snprintf(label, sizeof label, "size %" PRIu64 ":", size);
 	memset(&rep, 0, sizeof rep);
@@ -145,6 +145,7 @@ static void client_phase(uint64_t phase, uint64_t size)
 	m.v[0] = phase;
 	m.v[1] = size;
 	m.v[2] = iters;
+	cpu0 = cpu_ns(); /* the server's window starts as START arrives, ours as it leaves */
 	ctl_send(CTL_START, &m);
 	ctl_recv(CTL_READY, &m, CTL_TIMEOUT_MS, "READY");
 
@@ -194,6 +195,7 @@ static void client_phase(uint64_t phase, uint64_t size)
 		ctl_send(CTL_DONE, &m);
 		ctl_recv(CTL_REPORT, &m, CTL_TIMEOUT_MS, "its report");
 		t_report = now_ns();
+		g_detail.cpu_client_ns = cpu_ns() - cpu0;
 		report_get(&m, phase, &rep);
 		if (!opt.raw && test_kind() == K_READ) {
 			bytes = V.c_bytes;
@@ -214,7 +216,10 @@ static void client_phase(uint64_t phase, uint64_t size)
 		}
 		if (!opt.raw)
 			stats_log(label);
+		uint64_t cpu_client = g_detail.cpu_client_ns;
 		memset(&g_detail, 0, sizeof g_detail);
+		g_detail.cpu_client_ns = cpu_client;
+		g_detail.cpu_server_ns = rep.cpu_ns;
 		g_detail.sent = br.posted;
 		if (!opt.raw && dgv_qp_stats(V.qp, &st1) == 0) {
 			/* after the server's report: retransmissions up to the last acknowledgement */
@@ -228,6 +233,9 @@ static void client_phase(uint64_t phase, uint64_t size)
 			vlog("size %" PRIu64 ": server received %" PRIu64 " datagrams", size, rep.dgrams);
 		vlog("size %" PRIu64 ": last local completion %.3f ms after the first post; the receiver's last "
 		     "arrival %.3f ms", size, (double)(br.t_end - br.t_start) / 1e6, (double)elapsed / 1e6);
+		vlog("size %" PRIu64 ": CPU over the phase: client %.3f s, server %.3f s (%.2f s per GB delivered)",
+		     size, (double)g_detail.cpu_client_ns / 1e9, (double)rep.cpu_ns / 1e9,
+		     bytes ? (double)(g_detail.cpu_client_ns + rep.cpu_ns) / (double)bytes : 0.0);
 		print_bw_row(size, iters, bytes, msgs, elapsed ? elapsed : 1, vf);
 	}
 }
@@ -250,6 +258,7 @@ static void server_phases(void)
 		}
 		if (m.type != CTL_START)
 			die(1, "control channel: got %s while waiting for START", ctl_names[m.type]);
+		uint64_t cpu0 = cpu_ns();
 		size = m.v[1];
 		iters = m.v[2];
 		if (m.v[0] != expect || size == 0 || size > max_msg_size() || iters == 0 || iters > MAX_ITERS)
@@ -290,6 +299,7 @@ static void server_phases(void)
 		}
 		vlog("size %" PRIu64 ": received %" PRIu64 " messages, %" PRIu64 " bytes, %" PRIu64
 		     " valid of %" PRIu64 " recorded", size, rep.count, rep.bytes, rep.valid, rep.lensum);
+		rep.cpu_ns = cpu_ns() - cpu0;
 		report_put(&m, expect, &rep);
 		ctl_send(CTL_REPORT, &m);
 	}

@@ -78,7 +78,7 @@
 #define SEG_OVERHEAD 64u              /* our datagram headers stay below this */
 #define CR_TAG 0xffffffffull          /* RC: wr_id >> 32 of a credit Write */
 #define NTESTS ((int)(sizeof test_names / sizeof test_names[0]))
-#define CTL_VERSION 1u
+#define CTL_VERSION 2u /* 2: the server's report carries its CPU time (v[9]) */
 #define CTL_NV 12
 #define CTL_CHECK_NS (10 * NS_PER_MS)
 #define LAT_SILENCE_NS (30 * NS_PER_S) /* no completed round trip for this long: give up */
@@ -115,6 +115,7 @@ struct dgperf_opt {
 	bool loss_set;
 	bool json;
 	bool detail;        /* --detail: extra JSON keys (sent/delivered counts, wire datagrams) */
+	bool event;         /* --event: *_bw waits block (CQ wait, poll) instead of busy-polling */
 	unsigned port;
 	uint32_t seg;
 	bool seg_set;
@@ -141,6 +142,7 @@ struct report { /* the receiver's view of one phase */
 	uint64_t dgrams;  /* datagrams received (raw; write_bw: QP rx_datagrams) */
 	uint64_t rejects; /* write_bw: datagrams the QP received but did not place */
 	uint64_t fault_drops; /* verbs: datagrams the receiver's --loss dropped (QP fault_dropped) */
+	uint64_t cpu_ns;  /* the receiver's CPU time (all its threads) from START to its report */
 };
 
 /* --detail: what the client knows about the row being printed (filled by client_phase). */
@@ -148,6 +150,7 @@ struct row_detail {
 	uint64_t pings, lost;                  /* *_lat */
 	uint64_t sent, tx_dg, tx_bytes, retx;  /* *_bw; the QP counters only when qp_stats */
 	uint64_t peer_drops;                   /* *_bw: the server's fault_drops (its report) */
+	uint64_t cpu_client_ns, cpu_server_ns; /* *_bw: each side's CPU time over the phase */
 	bool qp_stats;
 };
 
@@ -277,6 +280,19 @@ static inline uint64_t now_ns(void)
 	return (uint64_t)ts.tv_sec * NS_PER_S + (uint64_t)ts.tv_nsec;
 }
 
+/* CPU time of the whole process (every thread: the provider's progress thread too), ns. */
+static inline uint64_t cpu_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+	return (uint64_t)ts.tv_sec * NS_PER_S + (uint64_t)ts.tv_nsec;
+}
+
+/* --event: the longest a wait for a completion or a datagram sleeps before the loop looks at
+ * its control channel and deadlines again. */
+#define EVENT_WAIT_MS 1
+
 /* ---------------------------------------------------------------- functions, by file */
 
 /* dgperf.c */
@@ -341,6 +357,7 @@ bool server_tick(uint64_t t, uint64_t *next_ctl, struct watch *w, const struct r
 void check_wc(const struct dgv_wc *wc, const char *cq);
 bool transient(int r);
 int drain_scq(void);
+void cq_event_wait(struct dgv_cq *cq);
 bool post_one(struct dgv_send_wr *wr, uint64_t deadline);
 void post_recvs(void);
 void prepare_wr(struct dgv_send_wr *wr, struct dgv_sge *sge, uint64_t size, bool echo);

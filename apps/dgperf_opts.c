@@ -59,11 +59,19 @@ static const char usage_text[] =
 "                        delivered_msgs, delivered_bytes, elapsed_s, and from the client's QP\n"
 "                        tx_datagrams, tx_wire_bytes (headers included), rd_retransmits, and\n"
 "                        peer_fault_drops (datagrams the server's --loss dropped) (null for raw\n"
-"                        sockets); *_lat: pings, lost (round trips timed out).\n"
+"                        sockets); cpu_client_s and cpu_server_s: each process's CPU time (all\n"
+"                        its threads, CLOCK_PROCESS_CPUTIME_ID) from the phase's START to the\n"
+"                        server's report; *_lat: pings, lost (round trips timed out).\n"
+"      --event           *_bw tests: wait for completions (dgv_cq_wait) and for socket\n"
+"                        readiness (poll) instead of busy-polling, so the CPU figures are the\n"
+"                        work of moving the bytes rather than the spinning (as perftest's -e).\n"
+"                        Applies to the side it is given to. Exceptions that still spin: an RC\n"
+"                        send_bw/wr_bw client waiting for the server's credit Write (which\n"
+"                        makes no completion). Refused with the *_lat tests.\n"
 "  -v, --verbose         progress and QP counters on stderr (both sides).\n"
 "  -h, --help            this text.\n"
 "\n"
-"TESTS (SIZE bytes per message; all loops busy-poll dgv_poll_cq, never sleep):\n"
+"TESTS (SIZE bytes per message; all loops busy-poll dgv_poll_cq, never sleep, unless --event):\n"
 "  send_lat   Send ping-pong: both sides keep receives posted, the client sends, the server\n"
 "             replies (echoes the message) on receipt. Reports half the round trip.\n"
 "  wr_lat     RDMA Write-Record ping-pong: the target sees a RECV_WRITE_RECORD completion\n"
@@ -226,7 +234,7 @@ static int name_index(const char *s, const char *const *names, int n, bool nocas
 
 void parse_options(int argc, char **argv)
 {
-	enum { O_LOSS = 256, O_JSON, O_RAW, O_RAWC, O_RAWT, O_SEG, O_DETAIL, O_BIND };
+	enum { O_LOSS = 256, O_JSON, O_RAW, O_RAWC, O_RAWT, O_SEG, O_DETAIL, O_BIND, O_EVENT };
 	static const struct option longopts[] = {
 		{ "connection", required_argument, NULL, 'c' },
 		{ "test", required_argument, NULL, 't' },
@@ -236,6 +244,7 @@ void parse_options(int argc, char **argv)
 		{ "loss", required_argument, NULL, O_LOSS },
 		{ "json", no_argument, NULL, O_JSON },
 		{ "detail", no_argument, NULL, O_DETAIL },
+		{ "event", no_argument, NULL, O_EVENT },
 		{ "port", required_argument, NULL, 'p' },
 		{ "raw-udp", no_argument, NULL, O_RAW },
 		{ "raw-connected", no_argument, NULL, O_RAWC },
@@ -331,6 +340,9 @@ void parse_options(int argc, char **argv)
 			opt.json = true;
 			opt.detail = true;
 			break;
+		case O_EVENT:
+			opt.event = true;
+			break;
 		case O_RAW:
 			opt.raw = true;
 			break;
@@ -384,6 +396,9 @@ void parse_options(int argc, char **argv)
 			    "-c RC");
 	if (opt.seg_set && opt.raw_tcp)
 		usage_error("--seg has no meaning with --raw-tcp (TCP segments the stream itself)");
+	if (opt.event && test_lat())
+		usage_error("--event applies to the *_bw tests only: the *_lat tests busy-poll, as a "
+			    "latency test must");
 	if (!opt.size_set && !opt.sweep)
 		opt.size = test_lat() ? DEFAULT_LAT_SIZE : DEFAULT_BW_SIZE;
 }

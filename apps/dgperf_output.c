@@ -144,6 +144,8 @@ void print_bw_row(uint64_t size, uint64_t iters, uint64_t bytes, uint64_t msgs,
 			printf(",\"sent_msgs\":%" PRIu64 ",\"delivered_msgs\":%" PRIu64
 			       ",\"delivered_bytes\":%" PRIu64 ",", g_detail.sent, msgs, bytes);
 			json_num("elapsed_s", secs, false, 6, false);
+			json_num("cpu_client_s", (double)g_detail.cpu_client_ns / 1e9, false, 6, false);
+			json_num("cpu_server_s", (double)g_detail.cpu_server_ns / 1e9, false, 6, false);
 			if (g_detail.qp_stats)
 				printf("\"tx_datagrams\":%" PRIu64 ",\"tx_wire_bytes\":%" PRIu64
 				       ",\"rd_retransmits\":%" PRIu64 ",\"peer_fault_drops\":%" PRIu64,
@@ -194,6 +196,7 @@ void report_put(struct ctl_msg *m, uint64_t phase, const struct report *r)
 	m->v[6] = r->dgrams;
 	m->v[7] = r->rejects;
 	m->v[8] = r->fault_drops;
+	m->v[9] = r->cpu_ns;
 }
 
 void report_get(const struct ctl_msg *m, uint64_t phase, struct report *r)
@@ -209,4 +212,5 @@ void report_get(const struct ctl_msg *m, uint64_t phase, struct report *r)
 	r->dgrams = m->v[6];
 	r->rejects = m->v[7];
 	r->fault_drops = m->v[8];
+	r->cpu_ns = m->v[9];
 }

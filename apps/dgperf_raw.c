@@ -74,6 +74,16 @@ void raw_setup(const union dgv_sockaddr *ctl_local, const union dgv_sockaddr *ct
 }
 
 /* Sends one message of size bytes as ceil(size/seg) datagrams; false at the deadline. */
+/* --event: waits until fd is ready for ev or EVENT_WAIT_MS pass (then the loop looks at its
+ * control channel and deadlines). Dies on a poll error. */
+static void event_wait(int fd, short ev)
+{
+	int e = io_wait(fd, ev, now_ns() + EVENT_WAIT_MS * NS_PER_MS);
+
+	if (e && e != -ETIMEDOUT)
+		die(1, "poll: %s", strerror(-e));
+}
+
 static bool raw_send_msg(uint64_t size, uint64_t deadline)
 {
 	uint64_t left = size;
@@ -89,6 +99,14 @@ static bool raw_send_msg(uint64_t size, uint64_t deadline)
 			continue;
 		}
 		if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS || errno == EINTR) {
+			if (opt.event) {
+				uint64_t t = now_ns();
+
+				if (t > deadline)
+					return false;
+				event_wait(R.fd, POLLOUT);
+				continue;
+			}
 			if ((++spin & 255) == 0 && now_ns() > deadline)
 				return false;
 			continue;
@@ -236,6 +254,8 @@ void raw_server_bw(uint64_t size, uint64_t iters, uint64_t budget_dl, struct rep
 			t_last = now_ns();
 			continue;
 		}
+		if (opt.event)
+			event_wait(R.fd, POLLIN);
 		t = now_ns();
 		if (t >= next_ctl && !done) {
 			next_ctl = t + CTL_POLL_NS;
@@ -528,6 +548,8 @@ void tcp_server_bw(uint64_t size, uint64_t iters, uint64_t budget_dl, struct rep
 				t_last = now_ns();
 				continue;
 			}
+			if (opt.event)
+				event_wait(T.fd, POLLIN);
 		}
 		t = now_ns();
 		if (!done && (t >= next_ctl || rep->bytes >= want)) {

@@ -111,6 +111,16 @@ void check_wc(const struct dgv_wc *wc, const char *cq)
 
 bool transient(int r) { return r == -ENOMEM || r == -EAGAIN || r == -ENOBUFS || r == -ENOSPC; }
 
+/* --event: sleeps until cq holds a completion or EVENT_WAIT_MS pass; the provider progresses
+ * meanwhile. Dies on an error other than the time-out or a signal. */
+void cq_event_wait(struct dgv_cq *cq)
+{
+	int r = dgv_cq_wait(cq, EVENT_WAIT_MS);
+
+	if (r && r != -ETIMEDOUT && r != -EINTR)
+		die(1, "dgv_cq_wait: %s", strerror(-r));
+}
+
 /* Polls the send CQ once (drives progress), accounting completions of the current phase. */
 int drain_scq(void)
 {

@@ -250,6 +250,7 @@ void vb_client_bw(uint64_t size, uint64_t iters, struct bw_run *out)
 	out->t_start = last_progress = next_check = now_ns();
 	while (V.c_done < iters) {
 		uint64_t before = V.c_done, t;
+		bool full = false; /* the provider refused a post: its queue is full */
 
 		while (posted < iters && posted - V.c_done < depth) {
 			uint64_t room = depth - (posted - V.c_done), k = iters - posted;
@@ -286,9 +287,13 @@ void vb_client_bw(uint64_t size, uint64_t iters, struct bw_run *out)
 				V.sq_out++;
 				V.cr_sent++;
 			}
+			full = true;
 			break;
 		}
 		drain_scq();
+		/* --event: nothing to post until a completion comes (a credit wait still spins) */
+		if (opt.event && V.c_done == before && (full || posted == iters || posted - V.c_done >= depth))
+			cq_event_wait(V.scq);
 		t = V.c_done != before ? V.t_last_c : now_ns();
 		if (t >= next_check) {
 			next_check = t + CTL_CHECK_NS;
@@ -368,7 +373,7 @@ void vb_server_bw(uint64_t size, uint64_t iters, uint64_t budget_dl, struct repo
 		} else {
 			drain_scq(); /* nothing completes here, but it drives progress */
 			/* Plain Writes leave no trace but the QP's counters: watch them. */
-			if (kind == K_WRITE && ((spin & 31) == 0 || done)) {
+			if (kind == K_WRITE && ((spin & 31) == 0 || done || opt.event)) {
 				struct dgv_qp_stats s;
 
 				if (dgv_qp_stats(V.qp, &s) == 0 && (s.rx_datagrams - o->rx_datagrams != rep->dgrams ||
@@ -385,6 +390,16 @@ void vb_server_bw(uint64_t size, uint64_t iters, uint64_t budget_dl, struct repo
 		if (arrivals) {
 			t_last = now_ns();
 			continue;
+		}
+		if (opt.event) {
+			if (kind == K_SEND || kind == K_WR) {
+				cq_event_wait(V.rcq);
+			} else {
+				/* a Write or a Read makes no completion here: look again in 0.1 ms */
+				struct timespec ts = { 0, 100000 };
+
+				nanosleep(&ts, NULL);
+			}
 		}
 		{
 			uint64_t t = now_ns();
