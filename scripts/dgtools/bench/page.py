@@ -556,6 +556,9 @@ def page(R, M, made, elapsed):
             d = A.get(key)
             if d and d["shim"] and d["native"]:
                 summary.append((what, "%.2fx" % (d["shim"] / d["native"]), d["shim"] / d["native"] <= limit))
+        item5 = twohost.item5(R["twohost"])
+        if item5:
+            summary.append(item5)
     if "cost" in R:
         cost.page_section(R["cost"], w, fmt, made, summary)
     if R.get("soak"):

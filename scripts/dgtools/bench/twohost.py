@@ -349,6 +349,21 @@ def _progs_med(res):
             d[side] = m
 
 
+def item5(T):
+    """Issue 14 item 5 across the link: (target, ours, met) for the summary, or None."""
+    s = str(BW_SIZES[-1])
+    bw = {k: T["bw"].get(k, {}).get(s) for k in ("ud_wr", "rc_write")}  # medians already
+    cg = {k: T["cpu_gb"].get(k, {}).get(s) for k in ("ud_wr", "rc_write")}
+    if not all(bw.values()) or not all(cg.values()):
+        return None
+    rb, rc = bw["ud_wr"] / bw["rc_write"], cg["ud_wr"] / cg["rc_write"]
+    return ("UD Write-Record 512 KB in MTU-sized datagrams across the 10 Gbit/s link: at least 0.95x RC "
+            "Write's bandwidth at no more CPU per GB (issue 14 item 5; stretch: half)",
+            "%.2fx the bandwidth (%.0f vs %.0f MB/s) at %.2fx the CPU per GB (%.2f vs %.2f s)"
+            % (rb, bw["ud_wr"], bw["rc_write"], rc, cg["ud_wr"], cg["rc_write"]),
+            rb >= 0.95 and rc <= 1.0)
+
+
 def page_section(T, w, fmt, made):
     """The "Two hosts" part of results.md, written through w (one line per call)."""
     w("## 6. Two hosts: a 10 Gbit/s link between two network namespaces (issue \"Two hosts\")")
