@@ -1431,3 +1431,171 @@ Test(rd, long_receiver_stall_one_duplicate)
 		      (unsigned long)stalls);
 	sim_fini(&s);
 }
+
+/* ------------------------------------------------------------------ GSO trains, batched acks */
+
+/* xmit_train for the tests: counts the trains and their shapes, checks that every datagram
+ * but the last is seg bytes, then hands each datagram to the channel as xmit would; with
+ * refuse set it answers -EOPNOTSUPP (a kernel without GSO) and sends nothing. */
+static int train_calls, train_last_n, train_refuse;
+static size_t train_last_seg, train_last_tail;
+static int cb_train(void *arg, const struct iovec *iov, int n, uint16_t seg, const union dgv_sockaddr *to,
+		    socklen_t tolen)
+{
+	train_calls++;
+	if (train_refuse)
+		return -EOPNOTSUPP;
+	cr_assert_geq(n, 2, "a train of %d datagrams", n);
+	for (int j = 0; j < n; j++) {
+		if (j < n - 1)
+			cr_assert_eq(iov[j].iov_len, seg, "datagram %d of %d: %zu bytes, not the train's %u", j, n,
+				     iov[j].iov_len, seg);
+		else
+			cr_assert_leq(iov[j].iov_len, seg);
+		cb_xmit(arg, &iov[j], 1, to, tolen);
+	}
+	train_last_n = n;
+	train_last_seg = seg;
+	train_last_tail = iov[n - 1].iov_len;
+	return 0;
+}
+
+static const struct rd_ops train_ops = {
+	.xmit = cb_xmit, .deliver = cb_deliver, .acked = cb_acked, .failed = cb_failed, .xmit_train = cb_train,
+};
+
+static struct node *node_add_trains(struct sim *s, const struct rd_cfg *cfg)
+{
+	struct node *n = node_add(s, cfg, false);
+	rd_destroy(n->ep);
+	cr_assert_eq(rd_create(&n->cfg, &train_ops, n, &n->ep), 0);
+	rd_test_set_clock(n->ep, sim_clock, n->sim);
+	return n;
+}
+
+Test(rd, cork_sends_gso_trains)
+{
+	struct sim s;
+	sim_init(&s, 41);
+	struct rd_cfg c = base_cfg();
+	struct node *a = node_add_trains(&s, &c), *b = node_add(&s, &c, false), *d = node_add(&s, &c, false);
+	train_calls = train_refuse = 0;
+	/* uncorked: one datagram at a time, as before */
+	cr_assert_eq(send_msg(a, b, c.max_dgram, true), 0);
+	cr_assert_eq(train_calls, 0);
+	cr_assert_eq(a->data_xmits, 1);
+	sim_settle(&s);
+	/* corked: nothing leaves until rd_uncork, then one train of 10 full datagrams and a
+	 * shorter last one */
+	rd_cork(a->ep);
+	for (int k = 0; k < 10; k++)
+		cr_assert_eq(send_msg(a, b, c.max_dgram, true), 0);
+	cr_assert_eq(send_msg(a, b, 100, true), 0);
+	cr_assert_eq(a->data_xmits, 1, "corked datagrams left before rd_uncork");
+	cr_assert(rd_busy(a->ep));
+	rd_uncork(a->ep);
+	cr_assert_eq(train_calls, 1);
+	cr_assert_eq(train_last_n, 11);
+	cr_assert_eq(train_last_seg, DG_RD_HLEN + c.max_dgram + DG_CRC_LEN);
+	cr_assert_eq(train_last_tail, DG_RD_HLEN + 100 + DG_CRC_LEN);
+	cr_assert_eq(a->data_xmits, 12);
+	/* another peer's datagram ends the train: b's two go together, d's alone, b's last two
+	 * together again; a shorter datagram ends a train too */
+	rd_cork(a->ep);
+	cr_assert_eq(send_msg(a, b, c.max_dgram, true), 0);
+	cr_assert_eq(send_msg(a, b, c.max_dgram, true), 0);
+	cr_assert_eq(send_msg(a, d, c.max_dgram, true), 0);
+	cr_assert_eq(send_msg(a, b, 200, true), 0);
+	cr_assert_eq(send_msg(a, b, c.max_dgram, true), 0);
+	rd_uncork(a->ep);
+	cr_assert_eq(train_calls, 2, "trains: %d", train_calls);
+	cr_assert_eq(a->data_xmits, 17);
+	sim_settle(&s);
+	cr_assert_eq(b->rcv[a->id].count, 16);
+	cr_assert_eq(d->rcv[a->id].count, 1);
+	cr_assert_eq(a->nacked[b->id], 16);
+	cr_assert_eq(a->nacked[d->id], 1);
+	cr_assert_eq(stats(a).retransmits, 0);
+	/* a kernel that refuses GSO: the train goes one by one, and no train is tried again */
+	train_refuse = 1;
+	rd_cork(a->ep);
+	for (int k = 0; k < 5; k++)
+		cr_assert_eq(send_msg(a, b, c.max_dgram, true), 0);
+	rd_uncork(a->ep);
+	cr_assert_eq(train_calls, 3);
+	cr_assert_eq(a->data_xmits, 22, "the refused train's datagrams were not sent one by one");
+	rd_cork(a->ep);
+	for (int k = 0; k < 5; k++)
+		cr_assert_eq(send_msg(a, b, c.max_dgram, true), 0);
+	rd_uncork(a->ep);
+	cr_assert_eq(train_calls, 3);
+	cr_assert_eq(a->data_xmits, 27);
+	sim_settle(&s);
+	cr_assert_eq(b->rcv[a->id].count, 26);
+	cr_assert_eq(stats(a).retransmits, 0);
+	sim_fini(&s);
+}
+
+/* The receiver reads a's queued datagrams itself, in order, inside or outside a batch. */
+static void feed(struct sim *s, struct node *to, bool skip_first)
+{
+	bool first = true;
+	while (s->n) {
+		struct pkt p = heap_pop(s);
+		if (!(skip_first && first) && p.dst == to->id)
+			cr_assert_eq(rd_input(to->ep, &s->nodes[p.src]->addr, s->nodes[p.src]->alen, p.data,
+					      p.len - DG_CRC_LEN), 0);
+		first = false;
+		free(p.data);
+	}
+}
+
+Test(rd, rx_batch_acks_once)
+{
+	struct sim s;
+	sim_init(&s, 42);
+	struct rd_cfg c = base_cfg();
+	struct node *a = node_add(&s, &c, false), *b = node_add(&s, &c, false);
+	/* 20 in-order datagrams outside a batch: an ack per second one */
+	s.hold = true;
+	for (int k = 0; k < 20; k++)
+		cr_assert_eq(send_msg(a, b, 300, true), 0);
+	s.hold = false;
+	uint64_t acks0 = stats(b).acks_sent;
+	feed(&s, b, false);
+	cr_assert_eq(stats(b).acks_sent - acks0, 10);
+	sim_settle(&s);
+	/* the same inside a batch: none until its end, then one */
+	s.hold = true;
+	for (int k = 0; k < 20; k++)
+		cr_assert_eq(send_msg(a, b, 300, true), 0);
+	s.hold = false;
+	acks0 = stats(b).acks_sent;
+	rd_rx_batch_begin(b->ep);
+	feed(&s, b, false);
+	cr_assert_eq(stats(b).acks_sent - acks0, 0, "acked inside the batch");
+	rd_rx_batch_end(b->ep);
+	cr_assert_eq(stats(b).acks_sent - acks0, 1);
+	sim_settle(&s);
+	cr_assert_eq(a->nacked[b->id], 40);
+	/* a hole: the first of 20 lost; the 19 after it buffered, one ack with their SACK bits at
+	 * the batch's end (not 19), and the sender retransmits just the one */
+	s.hold = true;
+	for (int k = 0; k < 20; k++)
+		cr_assert_eq(send_msg(a, b, 300, true), 0);
+	s.hold = false;
+	acks0 = stats(b).acks_sent;
+	uint64_t rtx0 = stats(a).retransmits;
+	rd_rx_batch_begin(b->ep);
+	feed(&s, b, true);
+	cr_assert_eq(stats(b).acks_sent - acks0, 0);
+	cr_assert_eq(stats(b).ooo_buffered, 19);
+	rd_rx_batch_end(b->ep);
+	cr_assert_eq(stats(b).acks_sent - acks0, 1, "acks for one batch with a hole: %lu",
+		     (unsigned long)(stats(b).acks_sent - acks0));
+	sim_settle(&s);
+	cr_assert_eq(b->rcv[a->id].count, 60);
+	cr_assert_eq(a->nacked[b->id], 60);
+	cr_assert_eq(stats(a).retransmits - rtx0, 1);
+	sim_fini(&s);
+}

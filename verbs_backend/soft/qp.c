@@ -429,6 +429,32 @@ static bool gso_refused(int err)
 	       err == EMSGSIZE;
 }
 
+/* Hands k iovec entries, whole datagrams of seg bytes (the last may be shorter), to UDP as one
+ * GSO train (a UDP_SEGMENT cmsg of seg). to NULL: the socket's connected peer. Returns the bytes
+ * sent or -errno (EINTR retried). */
+static ssize_t udp_send_train(struct soft_qp *qp, const struct iovec *iov, int k, uint16_t seg,
+			      const union dgv_sockaddr *to, socklen_t tolen)
+{
+	union {
+		char buf[CMSG_SPACE(sizeof(uint16_t))];
+		struct cmsghdr align;
+	} ctl;
+	memset(&ctl, 0, sizeof ctl);
+	struct cmsghdr *cm = &ctl.align;
+	cm->cmsg_level = SOL_UDP;
+	cm->cmsg_type = UDP_SEGMENT;
+	cm->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+	memcpy(CMSG_DATA(cm), &seg, sizeof seg);
+	struct msghdr mh = {.msg_name = (void *)(uintptr_t)to, .msg_namelen = to ? tolen : 0,
+			    .msg_iov = (struct iovec *)(uintptr_t)iov, .msg_iovlen = (size_t)k,
+			    .msg_control = ctl.buf, .msg_controllen = sizeof ctl.buf};
+	ssize_t r;
+	do
+		r = dg_sys_sendmsg(qp->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+	while (r == -EINTR);
+	return r;
+}
+
 /*
  * UD bulk path with UDP GSO: up to dg_gso_max_segs() whole datagrams of one message (each its
  * own DDP/RDMAP header, payload and CRC, exactly what pump_ud_batched sends one by one) laid
@@ -454,17 +480,6 @@ static int pump_ud_gso(struct soft_qp *qp, uint32_t idx, uint8_t op, bool tagged
 	} h[DG_GSO_MAX_SEGS];
 	be32 crc[DG_GSO_MAX_SEGS];
 	struct iovec iov[DG_GSO_MAX_SEGS * (SOFT_MAX_SGE + 2)];
-	union {
-		char buf[CMSG_SPACE(sizeof(uint16_t))];
-		struct cmsghdr align;
-	} ctl;
-	memset(&ctl, 0, sizeof ctl);
-	struct cmsghdr *cm = &ctl.align;
-	cm->cmsg_level = SOL_UDP;
-	cm->cmsg_type = UDP_SEGMENT;
-	cm->cmsg_len = CMSG_LEN(sizeof(uint16_t));
-	uint16_t gso = (uint16_t)dgram;
-	memcpy(CMSG_DATA(cm), &gso, sizeof gso);
 	bool conn = qp->has_peer && dgv_addr_eq(&w->dst, &qp->peer);
 	while (w->len - w->sent > 2 * (uint64_t)w->segsz) {
 		uint32_t pos = w->sent, n = 0;
@@ -486,13 +501,7 @@ static int pump_ud_gso(struct soft_qp *qp, uint32_t idx, uint8_t op, bool tagged
 		}
 		if (n < 2)
 			break; /* one datagram: no train to make */
-		struct msghdr mh = {.msg_name = conn ? NULL : &w->dst, .msg_namelen = conn ? 0 : w->dstlen,
-				    .msg_iov = iov, .msg_iovlen = (size_t)k, .msg_control = ctl.buf,
-				    .msg_controllen = sizeof ctl.buf};
-		ssize_t r;
-		do
-			r = dg_sys_sendmsg(qp->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
-		while (r == -EINTR);
+		ssize_t r = udp_send_train(qp, iov, k, (uint16_t)dgram, conn ? NULL : &w->dst, w->dstlen);
 		if (r < 0) {
 			int e = (int)-r;
 			if (e == EAGAIN || e == EWOULDBLOCK || e == ENOBUFS) {
@@ -668,7 +677,22 @@ static int pump_ird(struct soft_qp *qp)
 	return 0;
 }
 
+static void pump_queue(struct soft_qp *qp);
+
+/* Hands down what the send queue and the Read Responses hold. RD: the datagrams of one peer
+ * leave in GSO trains (rd_cork). Needs qp->lock. */
 static void pump(struct soft_qp *qp)
+{
+	if (!qp->rd) {
+		pump_queue(qp);
+		return;
+	}
+	rd_cork(qp->rd);
+	pump_queue(qp);
+	rd_uncork(qp->rd);
+}
+
+static void pump_queue(struct soft_qp *qp)
 {
 	/* pump_blocked is read without the lock (soft_qp_wants_pollout, from soft_cq_wait):
 	 * every store is atomic, as rc.c's are */
@@ -1347,8 +1371,41 @@ static void rd_failed_cb(void *arg, uint64_t cookie, int err)
 	sq_complete(qp, idx, st, w->sent);
 }
 
+/* RD's GSO trains (rd.h xmit_train). Fault injection and a QP without GSO send the datagrams
+ * one by one here (each through the send-edge faults); a kernel that refuses GSO turns it off
+ * for the QP (-EOPNOTSUPP: RD then sends this train and the rest one by one). Needs qp->lock. */
+static int rd_train_cb(void *arg, const struct iovec *iov, int n, uint16_t seg, const union dgv_sockaddr *to,
+		       socklen_t tolen)
+{
+	struct soft_qp *qp = arg;
+	if (qp->gso_off || qp->ftx.active || __builtin_expect(qp->tx_test_block, 0)) {
+		int rc = 0;
+		for (int j = 0; j < n; j++) {
+			int e = udp_xmit(qp, &iov[j], 1, to, tolen);
+			if (e && !rc)
+				rc = e;
+		}
+		return rc;
+	}
+	ssize_t r = udp_send_train(qp, iov, n, seg, to, tolen);
+	if (r < 0) {
+		int e = (int)-r;
+		if (gso_refused(e)) {
+			qp->gso_off = true;
+			DG_INFO("UDP GSO refused on fd %d (%s): one datagram per send from now on", qp->fd,
+				strerror(e));
+			return -EOPNOTSUPP;
+		}
+		return e == EWOULDBLOCK || e == ENOBUFS ? -EAGAIN : -e;
+	}
+	qp->st.tx_datagrams += (uint64_t)n;
+	qp->st.tx_bytes += (uint64_t)r;
+	return 0;
+}
+
 static const struct rd_ops qp_rd_ops = {
 	.xmit = rd_xmit_cb,
+	.xmit_train = rd_train_cb,
 	.deliver = rd_deliver_cb,
 	.acked = rd_acked_cb,
 	.failed = rd_failed_cb,
@@ -1694,7 +1751,12 @@ static int rx_drain(struct soft_qp *qp, int budget)
 	struct rx_batch *b = rx_batch_get(qp);
 	if (!b)
 		return 0;
+	/* RD: what one drain reads (a GRO train's pieces, a recvmmsg batch) is acknowledged once */
+	if (qp->rd)
+		rd_rx_batch_begin(qp->rd);
 	int total = rx_drain_into(qp, b, budget);
+	if (qp->rd)
+		rd_rx_batch_end(qp->rd);
 	rx_batch_put(b);
 	return total;
 }

@@ -63,6 +63,12 @@
 #define RD_MAX_SLOTS (1u << 20)
 #define RD_MAX_PEERS (1u << 20)
 #define RD_MAX_RETRIES 1000u
+/* rd_cork: the most datagrams one train carries (the kernel's smallest UDP_MAX_SEGMENTS, as
+ * frame.h DG_GSO_MAX_SEGS), and the most bytes (an IP datagram's payload) */
+#define RD_CORK_MAX 64u
+#define RD_TRAIN_BYTES 65000u
+/* rd_rx_batch_begin: peers one receive batch acks at its end (more: acked as they come) */
+#define RD_ACK_BATCH 8u
 
 struct rd_txslot {
 	uint64_t cookie;
@@ -117,6 +123,7 @@ struct rd_peer {
 	uint8_t sack_seen; /* the previous ack had SACK bits: the receiver sat on a hole */
 	uint8_t rnr;       /* receive side: deliver() refused rcv_nxt; we answer RNR */
 	uint8_t peer_rnr;  /* send side: the peer answered RNR: no new data, no retry spent */
+	uint8_t ack_urgent; /* receive batch: the owed ack carries news (a hole, a duplicate) */
 };
 
 struct rd_ep {
@@ -145,6 +152,14 @@ struct rd_ep {
 	uint32_t rnr_peers;     /* peers with rnr set */
 	uint64_t last_reap, last_full_scan;
 	struct rd_stats st;
+	/* rd_cork: new datagrams waiting for rd_uncork (all to peer cork_peer), in order */
+	bool corked, no_trains;
+	uint32_t cork_n, cork_peer;
+	uint32_t cork[RD_CORK_MAX];
+	/* rd_rx_batch_begin: peers whose in-order ack waits for rd_rx_batch_end */
+	bool rx_batch;
+	uint32_t ack_n;
+	uint32_t ack_peer[RD_ACK_BATCH];
 };
 
 /* Sequence numbers of a fresh epoch start here: 0 on the wire (wire.h); tests move it near 2^32
@@ -406,6 +421,8 @@ static void rx_reset(struct rd_ep *ep, struct rd_peer *p)
  * nothing is in flight), and the next rd_send starts a new epoch at isn. */
 static void tx_reset(struct rd_ep *ep, struct rd_peer *p, int err)
 {
+	if (ep->cork_n && &ep->peers[ep->cork_peer] == p)
+		ep->cork_n = 0; /* the corked datagrams are this epoch's: they end with it */
 	uint32_t s = p->tx_head;
 	while (s != RD_NIL) {
 		uint32_t n = ep->tx[s].next;
@@ -557,6 +574,7 @@ static int xmit_raw(struct rd_ep *ep, uint8_t *buf, size_t len, const union dgv_
 static inline void ack_sent(struct rd_peer *p)
 {
 	p->ack_dirty = 0;
+	p->ack_urgent = 0;
 	p->rx_unacked = 0;
 	p->ack_due = 0;
 }
@@ -570,6 +588,58 @@ static void xmit_slot(struct rd_ep *ep, struct rd_peer *p, uint32_t s)
 	memcpy(b, &h, sizeof(h));
 	if (xmit_raw(ep, b, ep->tx[s].len, &p->addr, p->addrlen) == 0 && p->rx_valid)
 		ack_sent(p);
+}
+
+/* Hands down the corked datagrams: trains of equal-size datagrams (the last of a train may be
+ * shorter) through xmit_train, single ones (and every one once trains failed) by xmit_slot. */
+static void cork_flush(struct rd_ep *ep)
+{
+	uint32_t n = ep->cork_n;
+	ep->cork_n = 0;
+	if (!n)
+		return;
+	struct rd_peer *p = &ep->peers[ep->cork_peer];
+	uint32_t i = 0;
+	while (i < n) {
+		uint32_t seg = ep->tx[ep->cork[i]].len + DG_CRC_LEN, k = i + 1, bytes = seg;
+		while (k < n && !ep->no_trains && ep->tx[ep->cork[k - 1]].len + DG_CRC_LEN == seg &&
+		       ep->tx[ep->cork[k]].len + DG_CRC_LEN <= seg && bytes + seg <= RD_TRAIN_BYTES)
+			bytes += ep->tx[ep->cork[k++]].len + DG_CRC_LEN;
+		if (k - i < 2 || !ep->ops.xmit_train || seg > UINT16_MAX) {
+			xmit_slot(ep, p, ep->cork[i++]);
+			continue;
+		}
+		struct iovec iov[RD_CORK_MAX];
+		for (uint32_t j = i; j < k; j++) {
+			uint32_t s = ep->cork[j];
+			uint8_t *b = txbuf(ep, s);
+			struct dg_rd_hdr h;
+			hdr_fill(ep, p, &h, RD_FLAG_DATA, ep->tx[s].seq);
+			memcpy(b, &h, sizeof(h));
+			uint32_t crc = htobe32(dg_crc32c(b, ep->tx[s].len));
+			memcpy(b + ep->tx[s].len, &crc, sizeof(crc));
+			iov[j - i] = (struct iovec){b, ep->tx[s].len + DG_CRC_LEN};
+		}
+		int rc = ep->ops.xmit_train(ep->arg, iov, (int)(k - i), (uint16_t)seg, &p->addr, p->addrlen);
+		if (rc == -EOPNOTSUPP) {
+			ep->no_trains = true; /* one by one from here on, this train too */
+			continue;
+		}
+		if (rc == 0 && p->rx_valid)
+			ack_sent(p);
+		i = k;
+	}
+}
+
+void rd_cork(struct rd_ep *ep)
+{
+	ep->corked = true;
+}
+
+void rd_uncork(struct rd_ep *ep)
+{
+	ep->corked = false;
+	cork_flush(ep);
 }
 
 static void send_ack(struct rd_ep *ep, struct rd_peer *p, uint64_t now)
@@ -689,7 +759,14 @@ int rd_send(struct rd_ep *ep, const union dgv_sockaddr *to, socklen_t tolen,
 	ep->st.data_sent++;
 	activate(ep, i);
 	arm(ep, now + slot_rto(ep, p, t));
-	xmit_slot(ep, p, s);
+	if (!ep->corked || ep->no_trains || !ep->ops.xmit_train) {
+		xmit_slot(ep, p, s);
+		return 0;
+	}
+	if (ep->cork_n && (ep->cork_peer != i || ep->cork_n == RD_CORK_MAX))
+		cork_flush(ep);
+	ep->cork_peer = i;
+	ep->cork[ep->cork_n++] = s;
 	return 0;
 }
 
@@ -1064,6 +1141,19 @@ static void ack_later(struct rd_ep *ep, struct rd_peer *p, uint32_t i, uint64_t 
 	activate(ep, i);
 }
 
+/* Within a receive batch: notes that peer i's in-order ack is owed at the batch's end. Returns
+ * false when the batch's list is full (the caller acks as outside a batch). */
+static bool ack_batched(struct rd_ep *ep, uint32_t i)
+{
+	for (uint32_t k = 0; k < ep->ack_n; k++)
+		if (ep->ack_peer[k] == i)
+			return true;
+	if (ep->ack_n == RD_ACK_BATCH)
+		return false;
+	ep->ack_peer[ep->ack_n++] = i;
+	return true;
+}
+
 /* Returns the peer's index (created and pinned here if it was unknown), or RD_NIL. */
 static uint32_t rx_data(struct rd_ep *ep, uint32_t i, const union dgv_sockaddr *from, socklen_t fromlen,
 			const struct dg_rd_hdr *h, const uint8_t *seg, size_t len, uint64_t now)
@@ -1113,8 +1203,16 @@ static uint32_t rx_data(struct rd_ep *ep, uint32_t i, const union dgv_sockaddr *
 			return i;
 		p->ack_dirty = 1;
 		/* A duplicate, or news the SACK bits can carry (a hole, or what arrived after it):
-		 * the sender needs to know at once. Beyond the SACK's reach an ack only says the
+		 * the sender needs to know at once (in a receive batch: once the batch is read, one
+		 * ack with the SACK bits of all of it). Beyond the SACK's reach an ack only says the
 		 * same again, so those are acked as in-order data is. */
+		if (ep->rx_batch && ack_batched(ep, i)) {
+			if (d <= 32)
+				p->ack_urgent = 1;
+			else
+				p->rx_unacked++;
+			return i;
+		}
 		if (d <= 32 || ++p->rx_unacked >= 2)
 			send_ack(ep, p, now);
 		else
@@ -1140,11 +1238,41 @@ static uint32_t rx_data(struct rd_ep *ep, uint32_t i, const union dgv_sockaddr *
 	deliver_buffered(ep, p, epoch);
 	if (!p->ack_dirty)
 		return i; /* a reply from deliver() carried the ack */
+	if (ep->rx_batch && ack_batched(ep, i)) {
+		p->ack_urgent |= filled_hole;
+		return i; /* acked with the rest of the receive: rd_rx_batch_end */
+	}
 	if (filled_hole || p->rx_unacked >= 2)
 		send_ack(ep, p, now);
 	else
 		ack_later(ep, p, i, now);
 	return i;
+}
+
+void rd_rx_batch_begin(struct rd_ep *ep)
+{
+	ep->rx_batch = true;
+	ep->ack_n = 0;
+}
+
+void rd_rx_batch_end(struct rd_ep *ep)
+{
+	ep->rx_batch = false;
+	if (!ep->ack_n)
+		return;
+	uint64_t now = rd_now(ep);
+	for (uint32_t k = 0; k < ep->ack_n; k++) {
+		uint32_t i = ep->ack_peer[k];
+		struct rd_peer *p = &ep->peers[i];
+		if (!p->in_use || !p->rx_valid || !p->ack_dirty)
+			continue; /* acked meanwhile (a reply) */
+		if (p->ack_urgent || p->rx_unacked >= 2)
+			send_ack(ep, p, now);
+		else
+			ack_later(ep, p, i, now);
+	}
+	ep->ack_n = 0;
+	drain(ep);
 }
 
 int rd_input(struct rd_ep *ep, const union dgv_sockaddr *from, socklen_t fromlen, uint8_t *buf,

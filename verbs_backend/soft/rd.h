@@ -41,6 +41,13 @@ struct rd_ops {
 	/* The peer failed (retry budget exhausted, or it reset): each pending non-zero cookie to it
 	 * is reported once with err (-ETIMEDOUT or -ECONNRESET). */
 	void (*failed)(void *arg, uint64_t cookie, int err);
+	/* Optional (NULL: none). Hand n >= 2 complete datagrams to UDP in one call as a GSO train
+	 * (UDP_SEGMENT of seg bytes): each iov entry one whole datagram, CRC included, every one seg
+	 * bytes but the last, which may be shorter. Returns 0; -EOPNOTSUPP when trains cannot go
+	 * (the kernel refused GSO, fault injection is on): nothing was sent and RD sends each
+	 * datagram by xmit, now and from then on; or -EAGAIN/-errno (all of them lost, as xmit's). */
+	int (*xmit_train)(void *arg, const struct iovec *iov, int n, uint16_t seg,
+			  const union dgv_sockaddr *to, socklen_t tolen);
 };
 
 struct rd_cfg {
@@ -77,6 +84,24 @@ void rd_destroy(struct rd_ep *ep);
 int rd_send(struct rd_ep *ep, const union dgv_sockaddr *to, socklen_t tolen,
 	    const struct iovec *iov, int iovcnt, uint64_t cookie);
 bool rd_can_send(struct rd_ep *ep, const union dgv_sockaddr *to, socklen_t tolen);
+/*
+ * Between rd_cork and rd_uncork, the new datagrams rd_send takes wait (at most RD_CORK_MAX, all
+ * to one peer; another peer's, or the limit, sends what waits first) and rd_uncork hands them
+ * down as GSO trains through xmit_train (issue 14 item 5: a bulk sender's system calls per
+ * datagram). Retransmissions and acks never wait. What rd_send says is unchanged: a datagram it
+ * took counts in flight, and one UDP refuses is lost and retransmitted, corked or not. Corks
+ * do not nest.
+ */
+void rd_cork(struct rd_ep *ep);
+void rd_uncork(struct rd_ep *ep);
+/*
+ * The datagrams rd_input gets between these two came in one read (the pieces of a GRO train, a
+ * recvmmsg batch): each peer gets one ack at rd_rx_batch_end, with the SACK bits of all of it,
+ * not one per second in-order datagram and one per out-of-order one (an ack with news still
+ * goes at the batch's end, not at the delayed-ack deadline). Batches do not nest.
+ */
+void rd_rx_batch_begin(struct rd_ep *ep);
+void rd_rx_batch_end(struct rd_ep *ep);
 /* Whether the slot pool has room (a -EAGAIN from rd_send was then one peer's window). */
 bool rd_can_send_any(const struct rd_ep *ep);
 
