@@ -30,6 +30,8 @@ BW = [  # key, label, dgperf args (leading NAME=VALUE items: environment of both
     ("ud_wr_nogso", "UD Write-Record, 1472-B datagrams, no UDP GSO/GRO",
      ["DGSHIM_UDP_GSO=off", "-c", "UD", "-t", "wr_bw"]),
     ("ud_wr64", "UD Write-Record, 64 KB datagrams", ["-c", "UD", "-t", "wr_bw", "--seg", "65507"]),
+    ("ud_send", "UD Send/Recv, 1472-B datagrams", ["-c", "UD", "-t", "send_bw"]),
+    ("rd_send", "RD Send/Recv, 1472-B datagrams", ["-c", "RD", "-t", "send_bw"]),
     ("rc_write", "RC Write", ["-c", "RC", "-t", "write_bw"]),
     ("raw_udp", "plain UDP, 1472-B datagrams", ["--raw-udp", "-t", "send_bw", "--seg", "1472"]),
     ("raw_tcp", "plain TCP", ["--raw-tcp", "-t", "send_bw"]),
