@@ -434,3 +434,92 @@ Test(gso_wire, loss_drops_single_datagrams_of_a_train)
 	side_close(&b);
 	close_ctx();
 }
+
+/* Small messages posted together to one destination (a chain of 30 one-datagram Sends and
+ * Write-Records of 1 000 bytes, then one of 300) leave as GSO trains across the work requests:
+ * a plain UDP_GRO socket gets trains of whole datagrams, each a complete message with its own
+ * MSN (Sends) or target offset (Write-Records), in the order posted; every work request
+ * completes. With DGSHIM_UDP_GSO=off: the same datagrams, one per send. Returns the trains. */
+static uint32_t small_to_plain(bool gso_on)
+{
+	if (!gso_on)
+		setenv("DGSHIM_UDP_GSO", "off", 1);
+	open_ctx();
+	struct side a;
+	side_open(&a, 0, NULL);
+	unsetenv("DGSHIM_UDP_GSO");
+	union dgv_sockaddr pa;
+	socklen_t pl;
+	int fd = plain_socket(true, &pa, &pl);
+	struct dgv_ah *ah;
+	cr_assert_eq(dgv_create_ah(pd, &pa.sa, pl, &ah), 0);
+	enum { N = 31, LEN = 1000 };
+	struct dgv_sge sge[N];
+	struct dgv_send_wr wr[N];
+	for (uint32_t i = 0; i < N * LEN; i++)
+		a.buf[i] = (uint8_t)(i * 7 + 3);
+	for (int i = 0; i < N; i++) {
+		bool wrec = i % 3 == 2; /* every third a Write-Record: other header, other size */
+		uint32_t len = i == N - 1 ? 300 : LEN;
+		sge[i] = (struct dgv_sge){(uint64_t)(uintptr_t)(a.buf + (size_t)i * LEN), len, a.mr->lkey};
+		wr[i] = (struct dgv_send_wr){.wr_id = 100 + (uint64_t)i, .sg_list = &sge[i], .num_sge = 1,
+					     .opcode = wrec ? DGV_WR_WRITE_RECORD : DGV_WR_SEND,
+					     .send_flags = DGV_SEND_SIGNALED, .ah = ah, .next = i + 1 < N ? &wr[i + 1] : NULL,
+					     .remote_addr = 0x200000 + (uint64_t)i * LEN, .rkey = 0x55};
+	}
+	cr_assert_eq(dgv_post_send(a.qp, wr, NULL), 0);
+	for (int i = 0; i < N; i++) {
+		struct dgv_wc wc;
+		cr_assert(wait_wc(&a, &wc, 3000), "completion %d missing", i);
+		cr_assert_eq(wc.status, DGV_WC_SUCCESS);
+		cr_assert_eq(wc.wr_id, 100 + (uint64_t)i, "completions in order");
+	}
+	static uint8_t rb[65536];
+	uint32_t got = 0, trains = 0, sends = 0, msn0 = 0;
+	while (got < N) {
+		int gso;
+		ssize_t r = recv_train(fd, rb, sizeof rb, &gso);
+		struct dg_gso_piece pc[128];
+		int n = gso ? dg_gso_split(rb, (size_t)r, (size_t)gso, false, pc, 128) : 1;
+		if (!gso)
+			pc[0] = (struct dg_gso_piece){rb, (uint32_t)r};
+		cr_assert_gt(n, 0);
+		trains += n > 1;
+		for (int k = 0; k < n; k++, got++) {
+			cr_assert(dg_crc_check(pc[k].buf, pc[k].len), "datagram %u fails its CRC", got);
+			struct dg_seg g;
+			struct dg_reject why;
+			cr_assert_eq(dg_seg_parse(pc[k].buf, pc[k].len - DG_CRC_LEN, 1u << 24, &g, &why), 0,
+				     "datagram %u: %s", got, why.reason);
+			bool wrec = got % 3 == 2;
+			uint32_t len = got == N - 1 ? 300 : LEN;
+			cr_assert_eq(g.opcode, wrec ? RDMAP_WRITE_RECORD : RDMAP_SEND, "datagram %u out of order", got);
+			cr_assert(g.last);
+			cr_assert_eq(g.mo, 0);
+			cr_assert_eq(g.plen, len);
+			if (wrec)
+				cr_assert_eq(g.to, 0x200000 + (uint64_t)got * LEN);
+			else if (sends++ == 0)
+				msn0 = g.msn;
+			else
+				cr_assert_eq(g.msn, msn0 + sends - 1, "Send %u carries MSN %u", got, g.msn);
+			cr_assert_eq(memcmp(g.payload, a.buf + (size_t)got * LEN, len), 0);
+		}
+	}
+	cr_assert_eq(got, N);
+	close(fd);
+	dgv_destroy_ah(ah);
+	side_close(&a);
+	close_ctx();
+	return trains;
+}
+
+Test(gso_wire, small_messages_leave_as_trains_across_work_requests)
+{
+	cr_assert_geq(small_to_plain(true), 2, "30 small messages went one datagram per send");
+}
+
+Test(gso_wire, small_messages_one_per_send_without_gso)
+{
+	cr_assert_eq(small_to_plain(false), 0);
+}

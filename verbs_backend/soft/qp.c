@@ -527,6 +527,102 @@ static int pump_ud_gso(struct soft_qp *qp, uint32_t idx, uint8_t op, bool tagged
 	return 0;
 }
 
+/* Whether send WQE w is a whole message of one datagram that pump_ud_train may carry: a
+ * Send or a Write(-Record) not begun, 1..segsz bytes. */
+static bool ud_train_fits(const struct soft_swqe *w)
+{
+	return !w->all_sent && !w->done && w->sent == 0 && w->len > 0 && w->len <= w->segsz &&
+	       (w->opcode == DGV_WR_SEND || w->opcode == DGV_WR_SEND_SE || w->opcode == DGV_WR_WRITE ||
+		w->opcode == DGV_WR_WRITE_RECORD);
+}
+
+/*
+ * UD: consecutive one-datagram messages to one destination (a stream of small Sends or
+ * Write-Records, or sends the socket had no room for) leave as one GSO train, as a long
+ * message's segments do (pump_ud_gso): the datagrams are the ones pump_swqe would send, each
+ * whole (header, payload pieces, CRC), of one size but the last, which may be shorter. Each
+ * WQE completes once the train is handed to UDP. Returns the WQEs sent from sq index i on
+ * (>= 2), 0 when no train forms or the kernel refuses it (qp->gso_off is then set; the caller
+ * sends WQE i its usual way, errors included), -EAGAIN when the socket is full (nothing sent).
+ * Needs qp->lock.
+ */
+static int pump_ud_train(struct soft_qp *qp, uint32_t i)
+{
+	if (qp->gso_off || qp->ftx.active || __builtin_expect(qp->tx_test_block, 0))
+		return 0;
+	struct soft_swqe *first = &qp->sq[i % qp->sq_cap];
+	if (!ud_train_fits(first) || i + 1 == qp->sq_tail)
+		return 0;
+	union {
+		struct dg_tagged_hdr t;
+		struct dg_untagged_hdr u;
+	} h[DG_GSO_MAX_SEGS];
+	be32 crc[DG_GSO_MAX_SEGS];
+	struct iovec iov[DG_GSO_MAX_SEGS * (SOFT_MAX_SGE + 2)];
+	uint32_t seg = 0, per = 0, n = 0, bytes = 0;
+	int k = 0;
+	for (uint32_t j = i; j != qp->sq_tail && n < DG_GSO_MAX_SEGS; j++) {
+		struct soft_swqe *w = &qp->sq[j % qp->sq_cap];
+		if (!ud_train_fits(w) || !dgv_addr_eq(&w->dst, &first->dst))
+			break;
+		bool tagged = w->opcode == DGV_WR_WRITE || w->opcode == DGV_WR_WRITE_RECORD;
+		uint32_t hlen = tagged ? DG_TAGGED_HLEN : DG_UNTAGGED_HLEN;
+		uint32_t dgram = hlen + w->len + DG_CRC_LEN;
+		if (n == 0) {
+			seg = dgram;
+			per = dg_gso_max_segs(dgram);
+			if (per < 2 || dgram > UINT16_MAX)
+				return 0;
+		} else if (dgram > seg || n == per || bytes + dgram > 65000u) {
+			break;
+		}
+		uint8_t op = w->opcode == DGV_WR_SEND ? RDMAP_SEND : w->opcode == DGV_WR_SEND_SE ? RDMAP_SEND_SE
+			     : w->opcode == DGV_WR_WRITE ? RDMAP_WRITE : RDMAP_WRITE_RECORD;
+		int head = k;
+		if (tagged)
+			dg_put_tagged(&h[n].t, op, true, w->rkey, w->remote_addr, w->msn, 0, w->len,
+				      (uint16_t)w->segsz);
+		else
+			dg_put_untagged(&h[n].u, op, true, DDP_QN_SEND, w->msn, 0, w->len, (uint16_t)w->segsz, 0);
+		iov[k++] = (struct iovec){&h[n], hlen};
+		k += soft_sge_iov(w->sge, w->num_sge, 0, w->len, &iov[k], SOFT_MAX_SGE);
+		crc[n] = htobe32(dg_crc32c_iov(&iov[head], k - head));
+		iov[k++] = (struct iovec){&crc[n], sizeof crc[n]};
+		bytes += dgram;
+		n++;
+		if (dgram < seg)
+			break; /* a shorter datagram ends the train */
+	}
+	if (n < 2)
+		return 0;
+	bool conn = qp->has_peer && dgv_addr_eq(&first->dst, &qp->peer);
+	ssize_t r = udp_send_train(qp, iov, k, (uint16_t)seg, conn ? NULL : &first->dst, first->dstlen);
+	if (r < 0) {
+		int e = (int)-r;
+		if (e == EAGAIN || e == EWOULDBLOCK || e == ENOBUFS) {
+			__atomic_store_n(&qp->pump_blocked, true, __ATOMIC_RELAXED);
+			return -EAGAIN;
+		}
+		if (gso_refused(e)) {
+			qp->gso_off = true;
+			DG_INFO("UDP GSO refused on fd %d (%s): one datagram per send from now on", qp->fd,
+				strerror(e));
+		}
+		return 0; /* the usual way sends (or fails) WQE i by itself */
+	}
+	qp->st.tx_datagrams += n;
+	qp->st.tx_bytes += (uint64_t)r;
+	for (uint32_t j = i; j != i + n; j++) {
+		uint32_t idx = j % qp->sq_cap;
+		struct soft_swqe *w = &qp->sq[idx];
+		w->sent = w->len;
+		w->all_sent = true;
+		/* UD completes on hand-off to UDP (paper 003 III.F) */
+		sq_complete(qp, idx, DGV_WC_SUCCESS, w->len);
+	}
+	return (int)n;
+}
+
 /* Transmits what it can of send WQE idx. Returns 0 when the WQE is fully handed down,
  * -EAGAIN when the LLP is full, or another -errno after completing the WQE with an error. */
 static int pump_swqe(struct soft_qp *qp, uint32_t idx)
@@ -713,6 +809,16 @@ static void pump_queue(struct soft_qp *qp)
 		uint32_t idx = i % qp->sq_cap;
 		struct soft_swqe *w = &qp->sq[idx];
 		if (!w->all_sent && !w->done) {
+			if (qp->base.type == DGV_QPT_UD) {
+				int n = pump_ud_train(qp, i);
+				if (n == -EAGAIN)
+					return;
+				if (n > 0) {
+					i += (uint32_t)n - 1;
+					qp->sq_pump = i + 1; /* UD steps over nothing */
+					continue;
+				}
+			}
 			bool skip = false;
 			for (unsigned k = 0; k < nstalled && !skip; k++)
 				skip = dgv_addr_eq(stalled[k], &w->dst);
