@@ -248,19 +248,48 @@ static void send_plain_train(int fd, const union dgv_sockaddr *to, socklen_t tol
 
 /* A UD QP's Write-Record of many datagrams leaves as GSO trains: a plain UDP_GRO socket gets
  * buffers of 1472-byte datagrams, each with its own header and CRC, offsets back to back. */
-static uint32_t wrec_to_plain(bool gso_on, uint32_t *trains)
+/* A UD QP (GSO off with !gso_on) sending to a plain UDP_GRO socket fd through ah. */
+static void to_plain_open(bool gso_on, struct side *a, int *fd, struct dgv_ah **ah)
 {
 	if (!gso_on)
 		setenv("DGSHIM_UDP_GSO", "off", 1);
 	open_ctx();
-	struct side a;
-	side_open(&a, 0, NULL);
+	side_open(a, 0, NULL);
 	unsetenv("DGSHIM_UDP_GSO");
 	union dgv_sockaddr pa;
 	socklen_t pl;
-	int fd = plain_socket(true, &pa, &pl);
+	*fd = plain_socket(true, &pa, &pl);
+	cr_assert_eq(dgv_create_ah(pd, &pa.sa, pl, ah), 0);
+}
+
+static void to_plain_close(struct side *a, int fd, struct dgv_ah *ah)
+{
+	close(fd);
+	dgv_destroy_ah(ah);
+	side_close(a);
+	close_ctx();
+}
+
+/* One receive on fd cut into its datagrams (pc, up to 128): their number, >= 1. */
+static int recv_pieces(int fd, uint8_t *rb, size_t len, struct dg_gso_piece *pc)
+{
+	int gso;
+	ssize_t r = recv_train(fd, rb, len, &gso);
+	if (!gso) {
+		pc[0] = (struct dg_gso_piece){rb, (uint32_t)r};
+		return 1;
+	}
+	int n = dg_gso_split(rb, (size_t)r, (size_t)gso, false, pc, 128);
+	cr_assert_gt(n, 0);
+	return n;
+}
+
+static uint32_t wrec_to_plain(bool gso_on, uint32_t *trains)
+{
+	struct side a;
+	int fd;
 	struct dgv_ah *ah;
-	cr_assert_eq(dgv_create_ah(pd, &pa.sa, pl, &ah), 0);
+	to_plain_open(gso_on, &a, &fd, &ah);
 	const uint32_t segsz = 1472 - DG_TAGGED_HLEN - DG_CRC_LEN, len = 60 * segsz + 77;
 	for (uint32_t i = 0; i < len; i++)
 		a.buf[i] = (uint8_t)(i * 13 + 1);
@@ -301,10 +330,7 @@ static uint32_t wrec_to_plain(bool gso_on, uint32_t *trains)
 		}
 	}
 	cr_assert_eq(bytes, len);
-	close(fd);
-	dgv_destroy_ah(ah);
-	side_close(&a);
-	close_ctx();
+	to_plain_close(&a, fd, ah);
 	return got;
 }
 
@@ -442,17 +468,10 @@ Test(gso_wire, loss_drops_single_datagrams_of_a_train)
  * completes. With DGSHIM_UDP_GSO=off: the same datagrams, one per send. Returns the trains. */
 static uint32_t small_to_plain(bool gso_on)
 {
-	if (!gso_on)
-		setenv("DGSHIM_UDP_GSO", "off", 1);
-	open_ctx();
 	struct side a;
-	side_open(&a, 0, NULL);
-	unsetenv("DGSHIM_UDP_GSO");
-	union dgv_sockaddr pa;
-	socklen_t pl;
-	int fd = plain_socket(true, &pa, &pl);
+	int fd;
 	struct dgv_ah *ah;
-	cr_assert_eq(dgv_create_ah(pd, &pa.sa, pl, &ah), 0);
+	to_plain_open(gso_on, &a, &fd, &ah);
 	enum { N = 31, LEN = 1000 };
 	struct dgv_sge sge[N];
 	struct dgv_send_wr wr[N];
@@ -477,13 +496,8 @@ static uint32_t small_to_plain(bool gso_on)
 	static uint8_t rb[65536];
 	uint32_t got = 0, trains = 0, sends = 0, msn0 = 0;
 	while (got < N) {
-		int gso;
-		ssize_t r = recv_train(fd, rb, sizeof rb, &gso);
 		struct dg_gso_piece pc[128];
-		int n = gso ? dg_gso_split(rb, (size_t)r, (size_t)gso, false, pc, 128) : 1;
-		if (!gso)
-			pc[0] = (struct dg_gso_piece){rb, (uint32_t)r};
-		cr_assert_gt(n, 0);
+		int n = recv_pieces(fd, rb, sizeof rb, pc);
 		trains += n > 1;
 		for (int k = 0; k < n; k++, got++) {
 			cr_assert(dg_crc_check(pc[k].buf, pc[k].len), "datagram %u fails its CRC", got);
@@ -507,10 +521,7 @@ static uint32_t small_to_plain(bool gso_on)
 		}
 	}
 	cr_assert_eq(got, N);
-	close(fd);
-	dgv_destroy_ah(ah);
-	side_close(&a);
-	close_ctx();
+	to_plain_close(&a, fd, ah);
 	return trains;
 }
 

@@ -455,6 +455,20 @@ static ssize_t udp_send_train(struct soft_qp *qp, const struct iovec *iov, int k
 	return r;
 }
 
+/* What a train's failed send (errno e) means: -EAGAIN when the socket is full; -EOPNOTSUPP when
+ * the kernel refuses GSO (qp->gso_off is set: one datagram per send from now on, said once);
+ * else -e. Needs qp->lock. */
+static int train_failed(struct soft_qp *qp, int e)
+{
+	if (e == EAGAIN || e == EWOULDBLOCK || e == ENOBUFS)
+		return -EAGAIN;
+	if (!gso_refused(e))
+		return -e;
+	qp->gso_off = true;
+	DG_INFO("UDP GSO refused on fd %d (%s): one datagram per send from now on", qp->fd, strerror(e));
+	return -EOPNOTSUPP;
+}
+
 /*
  * UD bulk path with UDP GSO: up to dg_gso_max_segs() whole datagrams of one message (each its
  * own DDP/RDMAP header, payload and CRC, exactly what pump_ud_batched sends one by one) laid
@@ -503,18 +517,13 @@ static int pump_ud_gso(struct soft_qp *qp, uint32_t idx, uint8_t op, bool tagged
 			break; /* one datagram: no train to make */
 		ssize_t r = udp_send_train(qp, iov, k, (uint16_t)dgram, conn ? NULL : &w->dst, w->dstlen);
 		if (r < 0) {
-			int e = (int)-r;
-			if (e == EAGAIN || e == EWOULDBLOCK || e == ENOBUFS) {
+			int e = (int)-r, rc = train_failed(qp, e);
+			if (rc == -EAGAIN) {
 				__atomic_store_n(&qp->pump_blocked, true, __ATOMIC_RELAXED);
 				return -EAGAIN;
 			}
-			if (gso_refused(e)) {
-				/* nothing of this train left: the old path sends it datagram by datagram */
-				qp->gso_off = true;
-				DG_INFO("UDP GSO refused on fd %d (%s): one datagram per send from now on",
-					qp->fd, strerror(e));
-				return 0;
-			}
+			if (rc == -EOPNOTSUPP)
+				return 0; /* nothing of this train left: the old path sends it datagram by datagram */
 			DG_WARN("send to peer failed: %s", strerror(e));
 			w->all_sent = true;
 			sq_complete(qp, idx, DGV_WC_GENERAL_ERR, w->sent);
@@ -598,15 +607,9 @@ static int pump_ud_train(struct soft_qp *qp, uint32_t i)
 	bool conn = qp->has_peer && dgv_addr_eq(&first->dst, &qp->peer);
 	ssize_t r = udp_send_train(qp, iov, k, (uint16_t)seg, conn ? NULL : &first->dst, first->dstlen);
 	if (r < 0) {
-		int e = (int)-r;
-		if (e == EAGAIN || e == EWOULDBLOCK || e == ENOBUFS) {
+		if (train_failed(qp, (int)-r) == -EAGAIN) {
 			__atomic_store_n(&qp->pump_blocked, true, __ATOMIC_RELAXED);
 			return -EAGAIN;
-		}
-		if (gso_refused(e)) {
-			qp->gso_off = true;
-			DG_INFO("UDP GSO refused on fd %d (%s): one datagram per send from now on", qp->fd,
-				strerror(e));
 		}
 		return 0; /* the usual way sends (or fails) WQE i by itself */
 	}
@@ -1494,16 +1497,8 @@ static int rd_train_cb(void *arg, const struct iovec *iov, int n, uint16_t seg, 
 		return rc;
 	}
 	ssize_t r = udp_send_train(qp, iov, n, seg, to, tolen);
-	if (r < 0) {
-		int e = (int)-r;
-		if (gso_refused(e)) {
-			qp->gso_off = true;
-			DG_INFO("UDP GSO refused on fd %d (%s): one datagram per send from now on", qp->fd,
-				strerror(e));
-			return -EOPNOTSUPP;
-		}
-		return e == EWOULDBLOCK || e == ENOBUFS ? -EAGAIN : -e;
-	}
+	if (r < 0)
+		return train_failed(qp, (int)-r);
 	qp->st.tx_datagrams += (uint64_t)n;
 	qp->st.tx_bytes += (uint64_t)r;
 	return 0;
