@@ -252,10 +252,10 @@ void stats_log(const char *label)
 	vlog("%s QP: tx %" PRIu64 " dg/%" PRIu64 " msgs, rx %" PRIu64 " dg/%" PRIu64
 	     " msgs; drops: no_wqe %" PRIu64 " reasm_timeout %" PRIu64 " crc %" PRIu64 " malformed %"
 	     PRIu64 " placement %" PRIu64 " dup %" PRIu64 " cq_overflow %" PRIu64 " fault %" PRIu64
-	     "; rd: retransmits %" PRIu64 " window_stalls %" PRIu64, label, D(tx_datagrams), D(tx_msgs),
+	     "; rd: retransmits %" PRIu64 " window_stalls %" PRIu64 " ooo_buffered %" PRIu64 " timeouts %" PRIu64 " probes %" PRIu64, label, D(tx_datagrams), D(tx_msgs),
 	     D(rx_datagrams), D(rx_msgs), D(no_wqe_drops), D(reasm_timeouts), D(crc_drops),
 	     D(malformed_drops), D(placement_rejects), D(dup_drops), D(cq_overflows), D(fault_dropped),
-	     D(rd_retransmits), D(rd_window_stalls));
+	     D(rd_retransmits), D(rd_window_stalls), D(rd_ooo_buffered), D(rd_timeouts), D(rd_probes));
 #undef D
 }
 

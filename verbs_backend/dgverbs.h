@@ -619,6 +619,8 @@ struct dgv_qp_stats {
 	uint64_t errq_overflows;
 	uint64_t rd_retransmits, rd_acks_sent, rd_acks_rcvd, rd_ooo_buffered, rd_window_stalls;
 	uint64_t rd_peer_failures;
+	uint64_t rd_timeouts;                /* retransmissions by a timer (the rest: acks, probes) */
+	uint64_t rd_probes;                  /* tail-loss probes: header-only asks for an ack */
 	uint64_t fault_dropped, fault_duplicated, fault_reordered, fault_corrupted;
 };
 

@@ -178,6 +178,12 @@ enum {
 	RD_FLAG_RNR = 0x08,  /* ACK: receiver not ready: the datagram at `ack` found no receive
 			      * buffer; it is kept or will be retransmitted. The sender sends no new
 			      * data and counts no retries until an ack without RNR (flow control) */
+	RD_FLAG_PROBE = 0x10, /* no DATA, no payload: the sender of `epoch`, its acks silent for a
+			       * while, asks for an ack now; seq carries the probe's id (a tail-loss
+			       * probe, RFC 8985 7, without resending data) */
+	RD_FLAG_ANSWER = 0x20, /* ACK: sent on a PROBE (seq: the probe's id); the ack covers all
+				* the receiver had when the probe arrived, so a datagram sent before
+				* the probe and neither acked nor SACKed was lost (RACK, RFC 8985) */
 };
 
 struct dg_rd_hdr {
@@ -185,7 +191,8 @@ struct dg_rd_hdr {
 	uint8_t flags;  /* RD_FLAG_* */
 	be16 wnd;       /* receive window the sender of this datagram offers, in datagrams */
 	be32 epoch;     /* random per (QP, peer) incarnation of the sender's sequence space */
-	be32 seq;       /* DATA: sequence number, 0 for the first datagram of an epoch */
+	be32 seq;       /* DATA: sequence number, 0 for the first datagram of an epoch; PROBE,
+			 * ANSWER: the probe's id */
 	be32 ack_epoch; /* ACK: the epoch the ack refers to (the peer's) */
 	be32 ack;       /* ACK: next sequence number expected (all below received) */
 	be32 sack;      /* ACK: bit i set: ack + 1 + i received out of order */

@@ -5,7 +5,9 @@
 #    zero is the unit test rd/lossless_slow_receiver_no_retransmission, in simulated time);
 #  - with --loss 1 and --loss 5 (each receiver drops that share of what it reads): every message
 #    delivered, and retransmissions <= 1.5 x the data datagrams the server's fault injection
-#    dropped (a retransmission only for what was lost; the client's dropped acks cost none).
+#    dropped (a retransmission only for what was lost; the client's dropped acks cost none),
+#    and tail-loss probes sent (a lost retransmission or a lost last ack is found by a probe's
+#    answer; without them each waited for the retransmission timer).
 # The goodput of each run is printed (the ratio lossy/lossless is a measurement, not asserted:
 # two cores shared with other work make timings noisy).
 # A lossless run over the bound is repeated (3 runs at most) and passes only if one run is
@@ -39,13 +41,15 @@ run() {
 	retx=$(grep -o "rd: retransmits [0-9]*" "$tmp/cli" | tail -1 | awk '{print $3}')
 	drops=$(grep -o "fault [0-9]*" "$tmp/srv" | tail -1 | awk '{print $2}')
 	delivered=$(grep -o "delivered [0-9]* of [0-9]* messages" "$tmp/cli" | tail -1 | awk '{print $2}')
-	if [ -z "$bw" ] || [ -z "$retx" ] || [ -z "$drops" ] || [ -z "$delivered" ]; then
+	tmo=$(grep -o "timeouts [0-9]*" "$tmp/cli" | tail -1 | awk '{print $2}')
+	probes=$(grep -o "probes [0-9]*" "$tmp/cli" | tail -1 | awk '{print $2}')
+	if [ -z "$bw" ] || [ -z "$retx" ] || [ -z "$drops" ] || [ -z "$delivered" ] || [ -z "$tmo" ] || [ -z "$probes" ]; then
 		echo "FAIL: loss $loss: counters missing from dgperf -v"
 		sed 's/^/    | /' "$tmp/out" "$tmp/cli" "$tmp/srv" | tail -20
 		fail=1
 		return 1
 	fi
-	echo "loss $loss %: $bw MB/s, delivered $delivered/500, data datagrams dropped $drops, retransmissions $retx"
+	echo "loss $loss %: $bw MB/s, delivered $delivered/500, data datagrams dropped $drops, retransmissions $retx (timeouts $tmo, probes $probes)"
 	return 0
 }
 
@@ -63,6 +67,7 @@ for loss in 1 5; do
 	run "$loss" || continue
 	if [ "$delivered" -ne 500 ]; then echo "FAIL: loss $loss: $delivered of 500 delivered"; fail=1; fi
 	if [ "$drops" -eq 0 ]; then echo "FAIL: loss $loss: nothing dropped"; fail=1; fi
+	if [ "$probes" -eq 0 ]; then echo "FAIL: loss $loss: no tail-loss probe for $drops losses"; fail=1; fi
 	if [ $((retx * 2)) -gt $((drops * 3)) ]; then
 		echo "FAIL: loss $loss: $retx retransmissions for $drops datagrams lost (> 1.5x)"
 		fail=1

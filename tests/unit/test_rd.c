@@ -47,6 +47,8 @@ struct sim {
 	uint64_t fifo_at[MAXN][MAXN];
 	uint64_t stall_every, stall_len; /* nothing is delivered for stall_len of every stall_every µs */
 	uint64_t data_lost;         /* DATA datagrams the channel dropped */
+	/* a test's own losses: true drops this datagram (h: its header) */
+	bool (*drop)(struct sim *s, const struct node *src, const struct dg_rd_hdr *h);
 	struct node *nodes[MAXN];
 	int nnodes;
 };
@@ -209,7 +211,7 @@ static int cb_xmit(void *arg, const struct iovec *iov, int iovcnt, const union d
 
 	struct node *dst = node_by_addr(s, to);
 	bool lost = !dst || s->drop_from == n->id || (s->now >= s->outage_from && s->now < s->outage_to) ||
-		    xrand(&s->rng) % 1000 < s->loss_pm;
+		    xrand(&s->rng) % 1000 < s->loss_pm || (s->drop && s->drop(s, n, &h));
 	if (lost) {
 		if (h.flags & RD_FLAG_DATA)
 			s->data_lost++;
@@ -550,6 +552,7 @@ Test(rd, lossless_in_order)
 	struct rd_stats sa = stats(a), sb = stats(b);
 	cr_assert_eq(sa.data_sent, 2000);
 	cr_assert_eq(sa.retransmits, 0);
+	cr_assert_eq(sa.probes, 0, "a probe on a path that lost nothing, its acks in time");
 	cr_assert_eq(sb.dup_drops, 0);
 	cr_assert_eq(sb.ooo_buffered, 0);
 	cr_assert_eq(sb.malformed, 0);
@@ -1045,6 +1048,10 @@ Test(rd, malformed_rejected)
 		{ RD_MAGIC, RD_FLAG_DATA | RD_FLAG_ACK, DG_RD_HLEN },
 		{ RD_MAGIC, RD_FLAG_ACK, DG_RD_HLEN + 1 },
 		{ RD_MAGIC, RD_FLAG_RST, DG_RD_HLEN + 10 },
+		{ RD_MAGIC, RD_FLAG_PROBE | RD_FLAG_DATA, DG_RD_HLEN + 10 },
+		{ RD_MAGIC, RD_FLAG_PROBE, DG_RD_HLEN + 10 },
+		{ RD_MAGIC, RD_FLAG_ANSWER, DG_RD_HLEN },
+		{ RD_MAGIC, RD_FLAG_PROBE | RD_FLAG_ANSWER | RD_FLAG_ACK, DG_RD_HLEN },
 	};
 	for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++)
 		cr_assert_eq(rd_input(b->ep, &a->addr, a->alen, mk(buf, bad[k].magic, bad[k].flags),
@@ -1056,6 +1063,8 @@ Test(rd, malformed_rejected)
 	/* well-formed but about nothing we know: accepted and ignored */
 	cr_assert_eq(rd_input(b->ep, &a->addr, a->alen, mk(buf, RD_MAGIC, RD_FLAG_ACK), DG_RD_HLEN), 0);
 	cr_assert_eq(rd_input(b->ep, &a->addr, a->alen, mk(buf, RD_MAGIC, RD_FLAG_RST), DG_RD_HLEN), 0);
+	cr_assert_eq(rd_input(b->ep, &a->addr, a->alen, mk(buf, RD_MAGIC, RD_FLAG_PROBE), DG_RD_HLEN), 0);
+	cr_assert_eq(rd_input(b->ep, &a->addr, a->alen, mk(buf, RD_MAGIC, RD_FLAG_ACK | RD_FLAG_ANSWER), DG_RD_HLEN), 0);
 	cr_assert_eq(stats(b).malformed, sizeof(bad) / sizeof(bad[0]));
 	cr_assert_eq(b->xmits, 0);
 
@@ -1429,6 +1438,119 @@ Test(rd, long_receiver_stall_one_duplicate)
 	cr_assert_geq(sa.spurious_timeouts, 1);
 	cr_assert_leq(sa.retransmits, 3, "%lu retransmissions in %lu stalls", (unsigned long)sa.retransmits,
 		      (unsigned long)stalls);
+	sim_fini(&s);
+}
+
+/* ------------------------------------------------------------------ tail-loss probes */
+
+static bool drop_plain_acks_of_1(struct sim *s, const struct node *src, const struct dg_rd_hdr *h)
+{
+	(void)s;
+	return src->id == 1 && !(h->flags & (RD_FLAG_DATA | RD_FLAG_ANSWER));
+}
+
+/* Every ack of a burst that ends the traffic is lost (nothing after it draws another): the
+ * probe after two round trips brings the answer. The RTO (2 ms at least) would have sent
+ * again data the receiver has, and a timeout taken for spurious raises the RTO floor. */
+Test(rd, lost_acks_tail_probe)
+{
+	struct sim s;
+	sim_init(&s, 35);
+	s.fifo = true;
+	struct rd_cfg c = base_cfg();
+	struct node *a = node_add(&s, &c, false), *b = node_add(&s, &c, false);
+	struct flow f = { .a = a, .b = b, .total = 100 };
+	run_flows(&s, &f, 1, 100000); /* an RTT measured */
+	struct rd_stats s0 = stats(a);
+	s.drop = drop_plain_acks_of_1;
+	uint64_t t0 = s.now, at = 0;
+	for (int k = 0; k < 6; k++)
+		cr_assert_eq(send_msg(a, b, 500, true), 0);
+	while (a->nacked[b->id] < 106)
+		at = s.now, sim_step(&s);
+	struct rd_stats s1 = stats(a);
+	cr_assert_lt(at - t0, 1000, "the burst was acked after %lu us", (unsigned long)(at - t0));
+	cr_assert_eq(s1.retransmits, s0.retransmits, "data the receiver had went again");
+	cr_assert_eq(s1.timeouts, s0.timeouts);
+	cr_assert_eq(s1.probes, s0.probes + 1);
+	s.drop = NULL;
+	sim_settle(&s);
+	cr_assert_eq(b->ndeliver, 106);
+	sim_fini(&s);
+}
+
+/* A peer that went silent after an RTT was measured: a probe, at most two more each after twice
+ * the wait of the one before, then only the retransmission timer, which fails the peer as it
+ * always did (only the oldest datagram retransmitted, max_retries times). */
+Test(rd, probes_back_off_to_a_silent_peer, .timeout = 120)
+{
+	struct sim s;
+	sim_init(&s, 37);
+	struct rd_cfg c = base_cfg();
+	struct node *a = node_add(&s, &c, false), *b = node_add(&s, &c, false);
+	struct flow f = { .a = a, .b = b, .total = 50 };
+	run_flows(&s, &f, 1, 100000);
+	struct rd_stats s0 = stats(a);
+	s.drop_from = b->id;
+	uint64_t t0 = s.now;
+	for (int k = 0; k < 4; k++)
+		cr_assert_eq(send_msg(a, b, 100, true), 0);
+	while (stats(a).timeouts == s0.timeouts)
+		cr_assert(sim_step(&s));
+	uint64_t np = stats(a).probes - s0.probes;
+	cr_assert(np >= 1 && np <= 3, "%lu probes before the first timeout", (unsigned long)np);
+	cr_assert_geq(s.now - t0, 2000, "the RTO came early");
+	for (int k = 0; k < 100000 && !a->nfailed[b->id] && sim_step(&s); k++)
+		;
+	cr_assert_eq(a->nfailed[b->id], 4);
+	cr_assert_eq(stats(a).probes, s0.probes + np, "probes after the timeouts began");
+	cr_assert_eq(stats(a).retransmits, s0.retransmits + 12);
+	sim_fini(&s);
+}
+
+static uint32_t drop_seq, drop_seq_left;
+static bool drop_seq_of_0(struct sim *s, const struct node *src, const struct dg_rd_hdr *h)
+{
+	(void)s;
+	if (src->id != 0 || !(h->flags & RD_FLAG_DATA) || be32toh(h->seq) != drop_seq || !drop_seq_left)
+		return false;
+	drop_seq_left--;
+	return true;
+}
+
+/* A datagram and its fast retransmission are lost at the end of a burst that filled the
+ * window: nothing new follows the retransmission for RACK to see past it. The probe sent
+ * behind it does: the second retransmission goes a round trip later, not at a timer. */
+Test(rd, lost_retransmission_probe)
+{
+	struct sim s;
+	sim_init(&s, 36);
+	s.fifo = true;
+	struct rd_cfg c = base_cfg();
+	c.max_wnd = 16;
+	struct node *a = node_add(&s, &c, false), *b = node_add(&s, &c, false);
+	struct flow f = { .a = a, .b = b, .total = 100 };
+	run_flows(&s, &f, 1, 100000);
+	struct rd_stats s0 = stats(a);
+	drop_seq = a->isn + 100 + 3;
+	drop_seq_left = 2;
+	s.drop = drop_seq_of_0;
+	uint64_t t0 = s.now, at = 0;
+	for (int k = 0; k < 16; k++)
+		cr_assert_eq(send_msg(a, b, 500, true), 0);
+	cr_assert_eq(send_msg(a, b, 500, true), -EAGAIN, "the window is full");
+	while (a->nacked[b->id] < 116)
+		at = s.now, sim_step(&s);
+	struct rd_stats s1 = stats(a);
+	cr_assert_eq(drop_seq_left, 0);
+	cr_assert_eq(a->seq_xmits[103], 3);
+	cr_assert_eq(s1.retransmits, s0.retransmits + 2);
+	cr_assert_eq(s1.timeouts, s0.timeouts, "a timer found the lost retransmission");
+	cr_assert_geq(s1.probes, s0.probes + 1);
+	cr_assert_lt(at - t0, 1000, "recovered after %lu us", (unsigned long)(at - t0));
+	s.drop = NULL;
+	sim_settle(&s);
+	cr_assert_eq(b->ndeliver, 116);
 	sim_fini(&s);
 }
 

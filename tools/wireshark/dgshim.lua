@@ -69,6 +69,9 @@ local f = {
 	rd_ack = ProtoField.bool("dgiwarp.rd.flags.ack", "ACK", 8, nil, 0x02),
 	rd_rst = ProtoField.bool("dgiwarp.rd.flags.rst", "RST", 8, nil, 0x04),
 	rd_rnr = ProtoField.bool("dgiwarp.rd.flags.rnr", "RNR", 8, nil, 0x08),
+	rd_probe = ProtoField.bool("dgiwarp.rd.flags.probe", "PROBE", 8, nil, 0x10),
+	rd_answer = ProtoField.bool("dgiwarp.rd.flags.answer", "ANSWER", 8, nil, 0x20),
+	rd_probe_id = ProtoField.uint32("dgiwarp.rd.probe_id", "Probe id", base.DEC),
 	rd_wnd = ProtoField.uint16("dgiwarp.rd.wnd", "Window (datagrams)", base.DEC),
 	rd_epoch = ProtoField.uint32("dgiwarp.rd.epoch", "Epoch", base.HEX),
 	rd_seq = ProtoField.uint32("dgiwarp.rd.seq", "Sequence", base.DEC),
@@ -183,13 +186,17 @@ local function rd_header(tvb, tree)
 	local t = tree:add(p, tvb(0, 24), "RD header")
 	t:add(f.rd_magic, tvb(0, 1))
 	local ft = t:add(f.rd_flags, tvb(1, 1))
-	for _, k in ipairs({ "rd_data", "rd_ack", "rd_rst", "rd_rnr" }) do ft:add(f[k], tvb(1, 1)) end
+	for _, k in ipairs({ "rd_data", "rd_ack", "rd_rst", "rd_rnr", "rd_probe", "rd_answer" }) do ft:add(f[k], tvb(1, 1)) end
 	t:add(f.rd_wnd, tvb(2, 2)); t:add(f.rd_epoch, tvb(4, 4))
 	local flags = tvb(1, 1):uint()
 	local parts = {}
 	if band(flags, 1) ~= 0 then
 		t:add(f.rd_seq, tvb(8, 4))
 		parts[#parts + 1] = string.format("seq %d", tvb(8, 4):uint())
+	end
+	if band(flags, 0x30) ~= 0 then
+		t:add(f.rd_probe_id, tvb(8, 4))
+		parts[#parts + 1] = string.format("%s %d", band(flags, 0x10) ~= 0 and "PROBE" or "ANSWER", tvb(8, 4):uint())
 	end
 	if band(flags, 6) ~= 0 then t:add(f.rd_ack_epoch, tvb(12, 4)) end
 	if band(flags, 2) ~= 0 then
@@ -213,7 +220,7 @@ local function looks_like(tvb)
 	local b0, b1 = tvb(0, 1):uint(), tvb(1, 1):uint()
 	if b0 == 0xd2 then
 		local fl = b1
-		if fl == 0 or band(fl, 0xf0) ~= 0 then return false end
+		if fl == 0 or band(fl, 0xc0) ~= 0 then return false end
 		if band(fl, 1) ~= 0 then
 			if n < 24 + 26 + 4 then return false end
 			local c0 = tvb(24, 1):uint()

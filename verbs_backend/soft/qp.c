@@ -2619,6 +2619,8 @@ int soft_qp_stats(struct dgv_qp *qpb, struct dgv_qp_stats *out)
 		out->rd_ooo_buffered = r.ooo_buffered;
 		out->rd_window_stalls += r.window_stalls;
 		out->rd_peer_failures = r.peer_failures;
+		out->rd_timeouts = r.timeouts;
+		out->rd_probes = r.probes;
 		out->dup_drops += r.dup_drops;
 	}
 	soft_qp_unlock(qp);

@@ -69,6 +69,10 @@
 #define RD_TRAIN_BYTES 65000u
 /* rd_rx_batch_begin: peers one receive batch acks at its end (more: acked as they come) */
 #define RD_ACK_BATCH 8u
+/* A tail-loss probe goes after max(2 SRTT, this) without an ack (see tx_timers); unanswered,
+ * another after twice that, up to RD_PROBES_MAX in a row, then only the RTO */
+#define RD_PTO_MIN_US 200u
+#define RD_PROBES_MAX 3u
 
 struct rd_txslot {
 	uint64_t cookie;
@@ -97,6 +101,8 @@ struct rd_peer {
 	uint64_t una_us;       /* snd_una last advanced: the oldest datagram's timer restarts */
 	uint64_t ack_due;      /* delayed-ack deadline, 0: none armed */
 	uint64_t rack_us;      /* latest transmission time of a datagram known delivered */
+	uint64_t quiet_us;     /* the last ack from it or new data to it: the probe timer's start */
+	uint64_t probe_us;     /* when the last probe went, 0: answered or none */
 	/* send side */
 	uint32_t tx_epoch, snd_una, snd_nxt;
 	uint32_t tx_head, tx_tail, inflight;
@@ -104,6 +110,8 @@ struct rd_peer {
 	uint32_t srtt, rttvar, rto; /* µs; srtt 0: no sample yet */
 	uint32_t min_rtt;           /* µs, 0: no sample yet */
 	uint32_t behind;
+	uint32_t probe_id;          /* the last probe's id: its answer echoes it */
+	uint32_t probe_n;           /* probes since the last ack (or new data) */
 	/* recovery after a timeout (rec_start != 0): see rec_ack() */
 	uint64_t rec_start;         /* the first timeout of the episode */
 	uint64_t rec_due;           /* next batch of go-back retransmissions, 0: none armed */
@@ -437,6 +445,7 @@ static void tx_reset(struct rd_ep *ep, struct rd_peer *p, int err)
 	p->behind = 0;
 	p->sack_seen = 0;
 	p->rack_us = 0;
+	p->probe_us = 0;
 	p->rec_start = p->rec_due = 0;
 	p->peer_wnd = UINT16_MAX;
 	p->peer_rnr = 0;
@@ -642,16 +651,25 @@ void rd_uncork(struct rd_ep *ep)
 	cork_flush(ep);
 }
 
-static void send_ack(struct rd_ep *ep, struct rd_peer *p, uint64_t now)
+/* A header-only datagram to p (an ack, a probe, an answer), with our ack when we have one.
+ * Returns xmit's result. */
+static int xmit_ctl(struct rd_ep *ep, struct rd_peer *p, uint8_t flags, uint32_t seq)
 {
 	uint8_t b[DG_RD_HLEN + DG_CRC_LEN];
 	struct dg_rd_hdr h;
+	hdr_fill(ep, p, &h, flags, seq);
+	memcpy(b, &h, sizeof(h));
+	int rc = xmit_raw(ep, b, DG_RD_HLEN, &p->addr, p->addrlen);
+	if (rc == 0 && p->rx_valid)
+		ack_sent(p);
+	return rc;
+}
+
+static void send_ack(struct rd_ep *ep, struct rd_peer *p, uint64_t now)
+{
 	if (!p->rx_valid)
 		return;
-	hdr_fill(ep, p, &h, 0, p->snd_nxt);
-	memcpy(b, &h, sizeof(h));
-	if (xmit_raw(ep, b, DG_RD_HLEN, &p->addr, p->addrlen) == 0) {
-		ack_sent(p);
+	if (xmit_ctl(ep, p, 0, p->snd_nxt) == 0) {
 		ep->st.acks_sent++;
 	} else {
 		/* UDP refused it: try again later rather than wait for a retransmission */
@@ -682,6 +700,29 @@ static inline uint64_t slot_rto(const struct rd_ep *ep, const struct rd_peer *p,
 {
 	unsigned shift = t->backoff > 24 ? 24 : t->backoff;
 	return min64((uint64_t)p->rto << shift, ep->cfg.rto_max_us);
+}
+
+/* How long p's acks may be silent, with data of ours unacked, before a probe asks for one: two
+ * round trips (RFC 8985 7.2), plus the receiver's ack delay when one datagram is out (it may
+ * hold its ack for a second one). Never below RD_PTO_MIN_US: a receiver descheduled briefly
+ * would draw a probe every time. */
+static inline uint64_t pto(const struct rd_ep *ep, const struct rd_peer *p)
+{
+	uint64_t t = 2 * (uint64_t)p->srtt;
+	if (t < RD_PTO_MIN_US)
+		t = RD_PTO_MIN_US;
+	if (p->inflight == 1)
+		t += ep->cfg.ack_delay_us;
+	return t;
+}
+
+/* p's acks or new data to it: the probe timer restarts now. */
+static inline void quiet_from(struct rd_ep *ep, struct rd_peer *p, uint64_t now)
+{
+	p->quiet_us = now;
+	p->probe_n = 0;
+	if (p->srtt && p->inflight)
+		arm(ep, now + pto(ep, p));
 }
 
 static uint32_t send_wnd(const struct rd_ep *ep, const struct rd_peer *p)
@@ -759,6 +800,7 @@ int rd_send(struct rd_ep *ep, const union dgv_sockaddr *to, socklen_t tolen,
 	ep->st.data_sent++;
 	activate(ep, i);
 	arm(ep, now + slot_rto(ep, p, t));
+	quiet_from(ep, p, now);
 	if (!ep->corked || ep->no_trains || !ep->ops.xmit_train) {
 		xmit_slot(ep, p, s);
 		return 0;
@@ -841,6 +883,19 @@ static inline uint64_t reo_wnd(const struct rd_peer *p)
 	return p->min_rtt ? p->min_rtt / 4 : UINT64_MAX;
 }
 
+/* Asks p for an ack now (RD_FLAG_PROBE). Datagrams corked before it go first: its answer
+ * speaks of everything sent before it. */
+static void send_probe(struct rd_ep *ep, struct rd_peer *p, uint64_t now)
+{
+	if (ep->cork_n)
+		cork_flush(ep);
+	if (xmit_ctl(ep, p, RD_FLAG_PROBE, ++p->probe_id) == 0) {
+		p->probe_us = now;
+		p->probe_n++;
+		ep->st.probes++;
+	}
+}
+
 static void retransmit(struct rd_ep *ep, struct rd_peer *p, uint32_t s, uint64_t now)
 {
 	ep->tx[s].retries++;
@@ -920,6 +975,15 @@ static void rx_ack(struct rd_ep *ep, struct rd_peer *p, const struct dg_rd_hdr *
 	if (be32toh(h->ack_epoch) != p->tx_epoch)
 		return; /* about an epoch we ended */
 	ep->st.acks_rcvd++;
+	/* The answer to our probe: everything sent before it that the receiver lacks was lost (the
+	 * loss loop below, as for a datagram that was sent then and acked) */
+	uint64_t answered = 0;
+	if ((h->flags & RD_FLAG_ANSWER) && p->probe_us && be32toh(h->seq) == p->probe_id) {
+		/* (not ready: what it lacks may be the datagram it refused, not a lost one) */
+		if (!(h->flags & RD_FLAG_RNR))
+			answered = p->probe_us;
+		p->probe_us = 0;
+	}
 	p->peer_wnd = wnd ? wnd : 1;
 	p->peer_rnr = (h->flags & RD_FLAG_RNR) != 0;
 	if (p->peer_rnr && p->tx_head != RD_NIL) {
@@ -975,6 +1039,7 @@ static void rx_ack(struct rd_ep *ep, struct rd_peer *p, const struct dg_rd_hdr *
 	else
 		ep->tx[p->tx_head].sacked = 0; /* the ack says it is missing */
 	p->snd_una = ack;
+	quiet_from(ep, p, now);
 
 	for (uint32_t s = p->tx_head; sack && s != RD_NIL; s = ep->tx[s].next) {
 		struct rd_txslot *t = &ep->tx[s];
@@ -990,6 +1055,8 @@ static void rx_ack(struct rd_ep *ep, struct rd_peer *p, const struct dg_rd_hdr *
 	}
 	if (rtt != UINT64_MAX)
 		rtt_sample(ep, p, rtt, now);
+	if (answered > rack)
+		rack = answered;
 	if (rack > p->rack_us)
 		p->rack_us = rack;
 	if (p->rec_start)
@@ -1000,8 +1067,11 @@ static void rx_ack(struct rd_ep *ep, struct rd_peer *p, const struct dg_rd_hdr *
 	 * retransmission is on its way), or once one first sent sufficiently later arrived (RACK,
 	 * RFC 8985: its retransmission is then newer than anything known delivered, so it is not
 	 * marked again before a newer one arrives). The last retry is left to the timer, which
-	 * decides the peer's failure. */
+	 * decides the peer's failure. The answer to a probe needs no reordering allowance: the
+	 * probe went through the same socket after them (a path that reorders it ahead of one
+	 * costs a duplicate), and it is what finds a retransmission lost at once. */
 	uint64_t reo = reo_wnd(p);
+	bool resent = false;
 	for (uint32_t s = p->tx_head; s != RD_NIL; s = ep->tx[s].next) {
 		struct rd_txslot *t = &ep->tx[s];
 		uint32_t off = t->seq - ack;
@@ -1010,10 +1080,18 @@ static void rx_ack(struct rd_ep *ep, struct rd_peer *p, const struct dg_rd_hdr *
 		if (t->sacked || t->retries >= ep->cfg.max_retries)
 			continue;
 		uint32_t later = off >= 32 ? 0 : sack >> off;
-		if ((reo != UINT64_MAX && t->sent_us + reo < p->rack_us) ||
-		    (!t->retries && __builtin_popcount(later) >= 3))
+		if ((reo != UINT64_MAX && t->sent_us + reo < p->rack_us) || t->sent_us <= answered ||
+		    (!t->retries && __builtin_popcount(later) >= 3)) {
 			retransmit(ep, p, s, now);
+			resent = true;
+		}
 	}
+	/* RACK finds a lost retransmission once something sent after it is acked; with the window
+	 * full, or nothing more to send, nothing follows it, and its loss would wait for a timer.
+	 * A probe right behind it is that something: its answer, a round trip later, says whether
+	 * the retransmissions arrived (one header-only datagram per loss episode). */
+	if (resent)
+		send_probe(ep, p, now);
 }
 
 /* ------------------------------------------------------------------ reception */
@@ -1286,8 +1364,9 @@ int rd_input(struct rd_ep *ep, const union dgv_sockaddr *from, socklen_t fromlen
 		goto malformed;
 	memcpy(&h, buf, sizeof(h));
 	if (h.magic != RD_MAGIC || !h.flags ||
-	    (h.flags & ~(RD_FLAG_DATA | RD_FLAG_ACK | RD_FLAG_RST | RD_FLAG_RNR)) ||
-	    ((h.flags & RD_FLAG_RNR) && !(h.flags & RD_FLAG_ACK)))
+	    (h.flags & ~(RD_FLAG_DATA | RD_FLAG_ACK | RD_FLAG_RST | RD_FLAG_RNR | RD_FLAG_PROBE | RD_FLAG_ANSWER)) ||
+	    ((h.flags & (RD_FLAG_RNR | RD_FLAG_ANSWER)) && !(h.flags & RD_FLAG_ACK)) ||
+	    ((h.flags & RD_FLAG_PROBE) && (h.flags & (RD_FLAG_DATA | RD_FLAG_ANSWER))))
 		goto malformed;
 	if ((h.flags & RD_FLAG_DATA) ? len == DG_RD_HLEN : len != DG_RD_HLEN)
 		goto malformed;
@@ -1307,6 +1386,10 @@ int rd_input(struct rd_ep *ep, const union dgv_sockaddr *from, socklen_t fromlen
 		} else if (h.flags & RD_FLAG_ACK) {
 			rx_ack(ep, p, &h, now);
 		}
+		/* a probe of the epoch we receive: answered at once, after all that came before it */
+		if ((h.flags & RD_FLAG_PROBE) && p->rx_valid && be32toh(h.epoch) == p->rx_epoch &&
+		    xmit_ctl(ep, p, RD_FLAG_ANSWER, be32toh(h.seq)) == 0)
+			ep->st.acks_sent++;
 		drain(ep);
 	}
 	if (h.flags & RD_FLAG_DATA)
@@ -1337,14 +1420,31 @@ static void tx_timers(struct rd_ep *ep, struct rd_peer *p, uint64_t now, uint64_
 		else
 			*next = min64(*next, p->rec_due);
 	}
+	/* Tail-loss probe: acks silent for a PTO. The ack lost on its way, the last datagrams
+	 * lost with nothing after them to SACK, a fast retransmission lost while the window is
+	 * full (nothing newer for RACK): each would wait for the RTO (2 ms at least, then backed
+	 * off); a header-only probe's answer tells in a round trip which. A probe or its answer
+	 * lost: another after twice the wait, RD_PROBES_MAX in a row, then only the RTO (a dead
+	 * peer is not probed at length). Not in a recovery after a timeout nor towards a peer
+	 * that said "not ready" (the RTO probes those with data), nor before an RTT sample. */
+	if (p->srtt && !p->peer_rnr && !p->rec_start && p->probe_n < RD_PROBES_MAX) {
+		uint64_t at = p->probe_n ? p->probe_us + (pto(ep, p) << p->probe_n) : p->quiet_us + pto(ep, p);
+		if (now >= at) {
+			send_probe(ep, p, now);
+			at = now + (pto(ep, p) << p->probe_n);
+		}
+		if (p->probe_n < RD_PROBES_MAX)
+			*next = min64(*next, at);
+	}
 	struct rd_txslot *t = &ep->tx[s];
 	uint64_t base = p->una_us > t->sent_us ? p->una_us : t->sent_us;
 	uint64_t dl = base + slot_rto(ep, p, t);
 	/* A fast retransmission that is not acked within a round trip (and its variation) was
 	 * lost too: the path is known to be losing now, and when the window is full no later
 	 * datagram's SACK can tell (RACK needs one). Not floored at rto_min: a receiver that was
-	 * merely slow costs a duplicate here only while datagrams are being lost anyway. */
-	if (t->retries && !t->backoff && p->srtt && !p->peer_rnr) {
+	 * merely slow costs a duplicate here only while datagrams are being lost anyway. A probe
+	 * sent after it answers that question exactly (or, lost, leaves it to the RTO). */
+	if (t->retries && !t->backoff && p->srtt && !p->peer_rnr && p->probe_us < t->sent_us) {
 		uint64_t lr = t->sent_us + p->srtt + 4 * (uint64_t)p->rttvar;
 		if (lr < dl)
 			dl = lr;

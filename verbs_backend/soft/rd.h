@@ -68,6 +68,7 @@ struct rd_stats {
 	uint64_t timeouts;    /* retransmissions by a timer (the others: SACK and RACK, go-back) */
 	uint64_t spurious_timeouts; /* timeouts the acks after them showed needless */
 	uint64_t nobuf_drops; /* out-of-order datagrams dropped for want of a buffer */
+	uint64_t probes;      /* tail-loss probes sent (RD_FLAG_PROBE) */
 	uint32_t peers;
 };
 

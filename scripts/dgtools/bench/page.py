@@ -225,6 +225,20 @@ def page(R, M, made, elapsed):
         def gp(key, l, s):
             d = Ls["data"].get("%s/%s/%d" % (key, l, s))
             return d["bw"] if d else None
+        # issue 14 item 6: RD's retransmissions against the datagrams lost, and 64 KB at 1 % loss
+        worst = max([(d["retx"] or 0) / d["drops"] for k, d in Ls["data"].items()
+                     if k.startswith("rd_send/") and d.get("drops") and d["drops"] >= 10] or [None],
+                    key=lambda x: -1 if x is None else x)
+        g1, g0 = gp("rd_send", 1, 65536), gp("rd_send", 0, 65536)
+        if worst is not None and g1 and g0 and 1 in Ls["losses"]:
+            big_rel = med([gp("rd_send", 1, s) / gp("rd_send", 0, s) for s in Ls["sizes"]
+                           if s >= 4096 and gp("rd_send", 1, s) and gp("rd_send", 0, s)])
+            summary.append(("RD under loss: retransmissions at most 1.5x the datagrams lost, 64 KB send_bw at "
+                            "1 % loss at least 80 % of lossless (issue 14 item 6)",
+                            "at most %.2fx over the points with 10 or more losses; 64 KB: %.2f of lossless "
+                            "(%.0f vs %.0f MB/s, one run each; median over 4 KB-4 MB: %s)"
+                            % (worst, g1 / g0, g1, g0, fmt(big_rel, "", 2)),
+                            worst <= 1.5 and g1 / g0 >= 0.8))
         rel = med([gp("ud_wr", l1, s) / gp("ud_wr", 0, s) for s in Ls["sizes"]
                    if s > 1440 and gp("ud_wr", l1, s) and gp("ud_wr", 0, s)])
         if rel is not None and rel < 0.8:
