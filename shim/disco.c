@@ -37,6 +37,7 @@ static struct {
 	bool serving;           /* the answering thread runs */
 	unsigned gen;           /* G.gen the sockets and thread belong to */
 	_Atomic uint64_t drops; /* malformed, unasked or spoofed messages (debug counter) */
+	_Atomic uint64_t asks;  /* questions sent (the exit summary's disco_asks) */
 } D = {.ask_fd = -1, .ask_fd6 = -1, .serve_fd = -1, .lock = PTHREAD_MUTEX_INITIALIZER};
 
 unsigned disco_port(void) { return D.port; }
@@ -203,7 +204,10 @@ int disco_ask(const union dgv_sockaddr *to, uint64_t nonce)
 		port = ntohs(to->sin6.sin6_port), d.sin6.sin6_port = htons((uint16_t)D.port), dl = sizeof d.sin6;
 	struct dg_disco m;
 	disco_put(&m, DG_DISCO_PROBE, port, nonce, 0, 0);
-	return real.sendto(fd, &m, sizeof m, MSG_DONTWAIT | MSG_NOSIGNAL, &d.sa, dl) < 0 ? -errno : 0;
+	if (real.sendto(fd, &m, sizeof m, MSG_DONTWAIT | MSG_NOSIGNAL, &d.sa, dl) < 0)
+		return -errno;
+	atomic_fetch_add_explicit(&D.asks, 1, memory_order_relaxed);
+	return 0;
 }
 
 int disco_read(disco_answer_fn fn)
@@ -247,3 +251,4 @@ int disco_wait(int family, int ms)
 }
 
 uint64_t disco_drops(void) { return atomic_load(&D.drops); }
+uint64_t disco_asks(void) { return atomic_load(&D.asks); }

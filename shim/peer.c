@@ -619,8 +619,15 @@ void peer_heard(const union dgv_sockaddr *from, socklen_t fromlen, bool framed, 
 		if (framed) {
 			p->caps |= cap_of(svc);
 			p->checked_us = peer_clock();
-			if (!p->local)
+			if (!p->local) {
+				/* a framed datagram from that port is as good an answer as its host's: the
+				 * question due while the destination is used waits for as long as after one
+				 * (a SIP dialog's every request asked it again across hosts, on the reply's
+				 * path: issue 14 item 3) */
 				p->lease_until_us = p->checked_us + (uint64_t)DISCO_LEASE_MS * 1000;
+				if (!p->nonce && p->next_ask_us < p->checked_us + (uint64_t)DISCO_LEASE_MS * 250)
+					p->next_ask_us = p->checked_us + (uint64_t)DISCO_LEASE_MS * 250;
+			}
 		} else if (p->caps) {
 			p->checked_us = 0; /* it may have stopped speaking: ask before the next send */
 			if (!p->local)

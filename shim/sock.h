@@ -369,6 +369,8 @@ int disco_read(disco_answer_fn fn);
 /* Waits up to ms for an answer on the asking socket of family. */
 int disco_wait(int family, int ms);
 uint64_t disco_drops(void);
+/* Questions this process sent to other hosts' discovery ports. */
+uint64_t disco_asks(void);
 
 /* stats.c: counters readable from outside (/dev/shm/dgshim.<pid>). */
 void stats_init(void);
