@@ -1443,6 +1443,19 @@ Test(rd, long_receiver_stall_one_duplicate)
 
 /* ------------------------------------------------------------------ tail-loss probes */
 
+/* Two nodes on a channel seeded with seed, a (node 0) having sent b (node 1) n datagrams, so
+ * that a has measured the RTT (a probe needs one). */
+static void warm_pair(struct sim *s, uint64_t seed, const struct rd_cfg *c, uint32_t n, struct node **a,
+		      struct node **b)
+{
+	sim_init(s, seed);
+	s->fifo = true;
+	*a = node_add(s, c, false);
+	*b = node_add(s, c, false);
+	struct flow f = { .a = *a, .b = *b, .total = n };
+	run_flows(s, &f, 1, 100000);
+}
+
 static bool drop_plain_acks_of_1(struct sim *s, const struct node *src, const struct dg_rd_hdr *h)
 {
 	(void)s;
@@ -1455,12 +1468,9 @@ static bool drop_plain_acks_of_1(struct sim *s, const struct node *src, const st
 Test(rd, lost_acks_tail_probe)
 {
 	struct sim s;
-	sim_init(&s, 35);
-	s.fifo = true;
 	struct rd_cfg c = base_cfg();
-	struct node *a = node_add(&s, &c, false), *b = node_add(&s, &c, false);
-	struct flow f = { .a = a, .b = b, .total = 100 };
-	run_flows(&s, &f, 1, 100000); /* an RTT measured */
+	struct node *a, *b;
+	warm_pair(&s, 35, &c, 100, &a, &b);
 	struct rd_stats s0 = stats(a);
 	s.drop = drop_plain_acks_of_1;
 	uint64_t t0 = s.now, at = 0;
@@ -1485,11 +1495,9 @@ Test(rd, lost_acks_tail_probe)
 Test(rd, probes_back_off_to_a_silent_peer, .timeout = 120)
 {
 	struct sim s;
-	sim_init(&s, 37);
 	struct rd_cfg c = base_cfg();
-	struct node *a = node_add(&s, &c, false), *b = node_add(&s, &c, false);
-	struct flow f = { .a = a, .b = b, .total = 50 };
-	run_flows(&s, &f, 1, 100000);
+	struct node *a, *b;
+	warm_pair(&s, 37, &c, 50, &a, &b);
 	struct rd_stats s0 = stats(a);
 	s.drop_from = b->id;
 	uint64_t t0 = s.now;
@@ -1524,13 +1532,10 @@ static bool drop_seq_of_0(struct sim *s, const struct node *src, const struct dg
 Test(rd, lost_retransmission_probe)
 {
 	struct sim s;
-	sim_init(&s, 36);
-	s.fifo = true;
 	struct rd_cfg c = base_cfg();
 	c.max_wnd = 16;
-	struct node *a = node_add(&s, &c, false), *b = node_add(&s, &c, false);
-	struct flow f = { .a = a, .b = b, .total = 100 };
-	run_flows(&s, &f, 1, 100000);
+	struct node *a, *b;
+	warm_pair(&s, 36, &c, 100, &a, &b);
 	struct rd_stats s0 = stats(a);
 	drop_seq = a->isn + 100 + 3;
 	drop_seq_left = 2;

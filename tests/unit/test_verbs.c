@@ -1427,3 +1427,30 @@ Test(rd, full_cq_holds_the_sender)
 	cr_assert_eq(dgv_destroy_cq(small), 0);
 	teardown_pair();
 }
+
+/* device.c's route probes, once per destination host: a server answering many ports of one
+ * client host (a socket per call) probed the route for every port */
+uint64_t soft_test_path_probes(void);
+Test(verbs, path_mtu_probed_once_per_host)
+{
+	cr_assert_eq(dgv_open(NULL, &ctx), 0);
+	cr_assert_eq(dgv_alloc_pd(ctx, &pd), 0);
+	struct dgv_ah *ah[12];
+	uint64_t p0 = soft_test_path_probes();
+	for (int i = 0; i < 10; i++) {
+		struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)(40000 + i)),
+					.sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+		cr_assert_eq(dgv_create_ah(pd, (struct sockaddr *)&a, sizeof a, &ah[i]), 0);
+	}
+	cr_assert_eq(soft_test_path_probes() - p0, 1, "%lu probes for 10 ports of one host",
+		     (unsigned long)(soft_test_path_probes() - p0));
+	struct sockaddr_in b = {.sin_family = AF_INET, .sin_port = htons(40000), .sin_addr.s_addr = htonl(0x7f000002)};
+	cr_assert_eq(dgv_create_ah(pd, (struct sockaddr *)&b, sizeof b, &ah[10]), 0);
+	struct sockaddr_in6 c = {.sin6_family = AF_INET6, .sin6_port = htons(40000), .sin6_addr = IN6ADDR_LOOPBACK_INIT};
+	cr_assert_eq(dgv_create_ah(pd, (struct sockaddr *)&c, sizeof c, &ah[11]), 0);
+	cr_assert_eq(soft_test_path_probes() - p0, 3, "another host, another family: probed each");
+	for (int i = 0; i < 12; i++)
+		cr_assert_eq(dgv_destroy_ah(ah[i]), 0);
+	cr_assert_eq(dgv_dealloc_pd(pd), 0);
+	dgv_close(ctx);
+}

@@ -19,6 +19,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "env.h"
@@ -315,7 +316,7 @@ static int soft_dealloc_pd(struct dgv_pd *pdb)
 /* The UDP payload the route to addr carries in one unfragmented datagram: the route's MTU
  * (a connected UDP socket's IP_MTU / IPV6_MTU) less the IP and UDP headers, capped at UDP's
  * 65507. Returns 0 when the kernel does not say (no route). */
-static uint32_t path_seg(const struct sockaddr *addr, socklen_t len)
+static uint32_t path_seg_probe(const struct sockaddr *addr, socklen_t len)
 {
 	int fd = socket(addr->sa_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
 	if (fd < 0)
@@ -330,6 +331,63 @@ static uint32_t path_seg(const struct sockaddr *addr, socklen_t len)
 	if (mtu <= 0 || seg < 1200)
 		return 0;
 	return seg > DG_MAX_DATAGRAM ? DG_MAX_DATAGRAM : (uint32_t)seg;
+}
+
+/* path_seg_probe's answers by destination host: the route, and so its MTU, is the address's,
+ * whatever the port. A server answering many ports of one host (a SIP UAS whose client opens
+ * a socket per call) probed once per port: a socket, connect, getsockopt and close (six system
+ * calls under the shim) on the way to each new peer's first reply. A route may change: an
+ * answer is kept SEG_TTL_US. */
+#define SEG_CACHE 64
+#define SEG_TTL_US 10000000ull
+static struct seg_entry {
+	uint64_t at_us; /* 0: empty */
+	uint8_t fam, ip[16];
+	uint32_t seg;
+} seg_cache[SEG_CACHE];
+static pthread_mutex_t seg_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic uint64_t seg_probes;
+
+/* Test hook (tests/unit/test_verbs.c): route probes made so far. */
+uint64_t soft_test_path_probes(void);
+uint64_t soft_test_path_probes(void) { return atomic_load(&seg_probes); }
+
+static uint64_t mono_us(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+/* path_seg_probe, at most once per host and SEG_TTL_US. Takes seg_lock (not across the probe). */
+static uint32_t path_seg(const struct sockaddr *addr, socklen_t len)
+{
+	uint8_t ip[16] = {0};
+	if (addr->sa_family == AF_INET)
+		memcpy(ip, &((const struct sockaddr_in *)addr)->sin_addr, 4);
+	else
+		memcpy(ip, &((const struct sockaddr_in6 *)addr)->sin6_addr, 16);
+	uint32_t h = addr->sa_family;
+	for (int i = 0; i < 16; i++)
+		h = h * 31u + ip[i];
+	struct seg_entry *e = &seg_cache[h % SEG_CACHE];
+	uint64_t now = mono_us();
+	pthread_mutex_lock(&seg_lock);
+	if (e->at_us && now - e->at_us < SEG_TTL_US && e->fam == addr->sa_family && !memcmp(e->ip, ip, 16)) {
+		uint32_t seg = e->seg;
+		pthread_mutex_unlock(&seg_lock);
+		return seg;
+	}
+	pthread_mutex_unlock(&seg_lock);
+	uint32_t seg = path_seg_probe(addr, len);
+	atomic_fetch_add(&seg_probes, 1);
+	if (!seg)
+		return 0; /* no route (yet): asked again next time */
+	pthread_mutex_lock(&seg_lock);
+	*e = (struct seg_entry){.at_us = now ? now : 1, .fam = (uint8_t)addr->sa_family, .seg = seg};
+	memcpy(e->ip, ip, 16);
+	pthread_mutex_unlock(&seg_lock);
+	return seg;
 }
 
 static int soft_create_ah(struct dgv_pd *pd, const struct sockaddr *addr, socklen_t len, struct dgv_ah **out)

@@ -2156,12 +2156,11 @@ static void qp_free(struct soft_qp *qp)
 static int qp_socket(struct soft_qp *qp, const struct dgv_qp_init_attr *a, int *family_out)
 {
 	int family = a->bind_addr ? a->bind_addr->sa_family : (a->bind_family ? a->bind_family : AF_INET);
+	qp->locallen = sizeof qp->local;
 	if (a->use_adopt_fd) {
-		union dgv_sockaddr la;
-		socklen_t ll = sizeof la;
-		if (getsockname(a->adopt_fd, &la.sa, &ll))
+		if (getsockname(a->adopt_fd, &qp->local.sa, &qp->locallen))
 			return -errno;
-		family = la.sa.sa_family;
+		family = qp->local.sa.sa_family;
 		qp->fd = a->adopt_fd;
 		qp->own_fd = false;
 	} else {
@@ -2183,8 +2182,8 @@ static int qp_socket(struct soft_qp *qp, const struct dgv_qp_init_attr *a, int *
 	int err;
 	if (qp->own_fd && (err = set_nonblock(qp->fd)))
 		return err;
-	qp->locallen = sizeof qp->local;
-	if (getsockname(qp->fd, &qp->local.sa, &qp->locallen))
+	/* an adopted socket's address was read above (one system call less per taken socket) */
+	if (qp->own_fd && getsockname(qp->fd, &qp->local.sa, &qp->locallen))
 		return -errno;
 	/* An adopted socket may be connect()ed (VLC does): sends to that peer then go without an
 	 * address, on the kernel's cached route. */
