@@ -1454,3 +1454,34 @@ Test(verbs, path_mtu_probed_once_per_host)
 	cr_assert_eq(dgv_dealloc_pd(pd), 0);
 	dgv_close(ctx);
 }
+
+/* A burst of Sends larger than the receive queue, all in the socket's buffer before the
+ * receiver polls: the program reposts as completions come, so every one finds a receive. A
+ * drain that read on after the queue ran dry dropped the rest (no_wqe) before the program
+ * could repost: dgperf UD send_bw of 1 KB messages delivered 1 088 of 5 000 one run in four. */
+Test(verbs, ud_burst_beyond_receive_queue_waits_for_reposts)
+{
+	setup_pair(DGV_QPT_UD, NULL, 0);
+	enum { RQ = 8, N = 64, LEN = 256 };
+	for (int i = 0; i < RQ; i++)
+		post_recv(&B, (uint64_t)i * LEN, LEN, (uint64_t)i);
+	for (int i = 0; i < N; i++)
+		post_send(&A, DGV_WR_SEND, (uint64_t)i * LEN, LEN, 0, 0, 1000 + (uint64_t)i);
+	struct dgv_wc wc;
+	for (int i = 0; i < N; i++) {
+		cr_assert_eq(wait_wc(&A, &wc, 2000), 1, "send %d did not complete", i);
+		cr_assert_eq(wc.status, DGV_WC_SUCCESS);
+	}
+	int got = 0;
+	while (got < N && wait_wc(&B, &wc, 300) == 1) {
+		cr_assert_eq(wc.status, DGV_WC_SUCCESS);
+		got++;
+		post_recv(&B, wc.wr_id * LEN, LEN, wc.wr_id); /* the same buffer again */
+	}
+	struct dgv_qp_stats st;
+	cr_assert_eq(dgv_qp_stats(B.qp, &st), 0);
+	cr_assert_eq(got, N, "%d of %d received, %lu dropped for want of a receive", got, N,
+		     (unsigned long)st.no_wqe_drops);
+	cr_assert_eq(st.no_wqe_drops, 0);
+	teardown_pair();
+}

@@ -242,6 +242,7 @@ struct soft_qp {
 	uint32_t reasm_us;
 	uint32_t max_sge;
 	bool rx_hold;          /* UD: do not drain the socket while no receive is posted */
+	bool rx_single;        /* UD: the last Send received was one datagram (rx_drain_into) */
 	/* RC (attr rx_hold): only the program's calls read the connection's socket; the thread
 	 * only writes for it (what TCP refused, the MPA Request once TCP is up), so every
 	 * completion and connection event comes from the program's calls until TCP refuses a send
