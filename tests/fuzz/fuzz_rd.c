@@ -1,6 +1,7 @@
 /*
  * fuzz_rd.c - the reliable-datagram LLP (verbs_backend/soft/rd.c): RD headers, cumulative and
- * selective acknowledgements, RNR, resets, epochs, retransmission timers, out-of-order buffers,
+ * selective acknowledgements, RNR, resets, epochs, retransmission timers, tail-loss probes and
+ * their answers, out-of-order buffers,
  * against one endpoint with a fake clock (rd_test_set_clock), so every run is reproducible.
  *
  * The input is a program of operations:
@@ -76,7 +77,11 @@ static int xmit(void *arg, const struct iovec *iov, int iovcnt, const union dgv_
 	struct dg_rd_hdr h;
 	memcpy(&h, d, sizeof h);
 	FUZZ_CHECK(h.magic == RD_MAGIC && h.flags);
-	FUZZ_CHECK(!(h.flags & ~(RD_FLAG_DATA | RD_FLAG_ACK | RD_FLAG_RST | RD_FLAG_RNR)));
+	FUZZ_CHECK(!(h.flags & ~(RD_FLAG_DATA | RD_FLAG_ACK | RD_FLAG_RST | RD_FLAG_RNR | RD_FLAG_PROBE |
+				 RD_FLAG_ANSWER)));
+	/* RNR and ANSWER ride on an ack; a probe is header only and answers nothing */
+	FUZZ_CHECK(!(h.flags & (RD_FLAG_RNR | RD_FLAG_ANSWER)) || (h.flags & RD_FLAG_ACK));
+	FUZZ_CHECK(!(h.flags & RD_FLAG_PROBE) || !(h.flags & (RD_FLAG_DATA | RD_FLAG_ANSWER)));
 	FUZZ_CHECK(!(h.flags & RD_FLAG_DATA) == (n == DG_RD_HLEN + DG_CRC_LEN));
 	FUZZ_CHECK(be16toh(h.wnd) >= 1);
 	int p = peer_of(to, tolen);
