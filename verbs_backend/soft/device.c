@@ -19,7 +19,6 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "env.h"
@@ -352,13 +351,6 @@ static _Atomic uint64_t seg_probes;
 uint64_t soft_test_path_probes(void);
 uint64_t soft_test_path_probes(void) { return atomic_load(&seg_probes); }
 
-static uint64_t mono_us(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
-
 /* path_seg_probe, at most once per host and SEG_TTL_US. Takes seg_lock (not across the probe). */
 static uint32_t path_seg(const struct sockaddr *addr, socklen_t len)
 {
@@ -371,7 +363,7 @@ static uint32_t path_seg(const struct sockaddr *addr, socklen_t len)
 	for (int i = 0; i < 16; i++)
 		h = h * 31u + ip[i];
 	struct seg_entry *e = &seg_cache[h % SEG_CACHE];
-	uint64_t now = mono_us();
+	uint64_t now = dg_now_us();
 	pthread_mutex_lock(&seg_lock);
 	if (e->at_us && now - e->at_us < SEG_TTL_US && e->fam == addr->sa_family && !memcmp(e->ip, ip, 16)) {
 		uint32_t seg = e->seg;

@@ -1830,6 +1830,7 @@ static int rx_drain_into(struct soft_qp *qp, struct rx_batch *b, int budget)
 		/* rx_hold: read no more datagrams than there are receives to take them (a datagram
 		 * takes at most one; the rest stay in the kernel's buffer) */
 		uint32_t vlen = qp->rx_batch;
+		/* (ud_hold ends with the first multi-datagram Send this drain meets) */
 		if ((qp->rx_hold || (ud_hold && qp->rx_single && !qp->slots_active)) && qp->rq_count < vlen)
 			vlen = qp->rq_count;
 		if (qp->rx_cap && qp->rx_cap - (uint32_t)total < vlen)
