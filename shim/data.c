@@ -762,7 +762,8 @@ static ssize_t dgram_send(struct sock *s, int fd, const struct iovec *iov, int i
 		 * to another host whose discovery question is out waits for the answer (at most
 		 * RD_ANSWER_WAIT_MS) rather than going plain meanwhile */
 		if (s->qp)
-			ah = peer_route(to, tolen, sock_svc(s), s->qp_type == DGV_QPT_RD ? RD_ANSWER_WAIT_MS : 0);
+			ah = peer_route_memo(&s->route, to, tolen, sock_svc(s),
+					     s->qp_type == DGV_QPT_RD ? RD_ANSWER_WAIT_MS : 0);
 	}
 	if (!ah) {
 		pthread_mutex_unlock(&s->lock);

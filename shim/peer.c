@@ -93,6 +93,18 @@ static struct stab {
 	uint32_t cap, n;
 	uint64_t swept_us;           /* the last sweep (0: none yet) */
 } tabs[PEER_STRIPES];
+/* Bumped whenever a destination may have stopped speaking what it spoke (caps_set): a socket's
+ * route memo (peer_route_memo) made before the bump is void. */
+static _Atomic unsigned route_epoch;
+
+/* p's capabilities become caps; one lost voids every socket's route memo. Needs p's stripe. */
+static void caps_set(struct peer *p, uint8_t caps)
+{
+	if (p->caps & ~caps)
+		atomic_fetch_add_explicit(&route_epoch, 1, memory_order_release);
+	p->caps = caps;
+}
+
 /* Address handles of forgotten destinations wait one idle interval before they are destroyed:
  * a sender that had one from peer_route may still be posting with it (under its socket's lock,
  * not the stripe's). One list for the process, under its own lock (taken inside a stripe's). */
@@ -458,7 +470,7 @@ static void on_answer(const union dgv_sockaddr *from, unsigned port, uint64_t no
 	if (p && p->nonce && p->nonce == nonce) {
 		uint64_t now = peer_clock();
 		uint8_t had = p->caps;
-		p->caps = caps_of_disco(caps);
+		caps_set(p, caps_of_disco(caps));
 		p->nonce = 0;
 		atomic_fetch_sub(&asked, 1);
 		if (lease_ms > 60000)
@@ -485,7 +497,7 @@ static void remote_check(struct peer *p, const union dgv_sockaddr *to)
 	if (p->nonce && now - p->asked_us > ASK_WAIT_US) {
 		p->nonce = 0; /* no answer: nobody there speaks it (or it was lost) */
 		atomic_fetch_sub(&asked, 1);
-		p->caps = 0;
+		caps_set(p, 0);
 		p->next_ask_us = now + RETRY_NO_REMOTE_US;
 		if (!p->said_silent) {
 			/* once per destination: why it stays plain */
@@ -500,7 +512,7 @@ static void remote_check(struct peer *p, const union dgv_sockaddr *to)
 		}
 	}
 	if (p->caps && now >= p->lease_until_us)
-		p->caps = 0; /* not confirmed in time: plain until it is */
+		caps_set(p, 0); /* not confirmed in time: plain until it is */
 	if (!p->nonce && now >= p->next_ask_us) {
 		p->nonce = disco_nonce();
 		p->asked_us = now;
@@ -536,9 +548,9 @@ static struct dgv_ah *route_once(const union dgv_sockaddr *to, socklen_t tolen, 
 			if (now - p->checked_us > (p->caps & want ? LEASE_LOCAL_US : RECHECK_NO_US)) {
 				p->checked_us = now;
 				uint8_t had = p->caps;
-				p->caps = (uint8_t)((registry_has(port_of(to), IWARP_MODE_UD) ? CAP_UD : 0) |
-						    (registry_has(port_of(to), IWARP_MODE_RD) ? CAP_RD : 0) |
-						    (registry_has(port_of(to), SVC_UDV) ? CAP_UDV : 0));
+				caps_set(p, (uint8_t)((registry_has(port_of(to), IWARP_MODE_UD) ? CAP_UD : 0) |
+						      (registry_has(port_of(to), IWARP_MODE_RD) ? CAP_RD : 0) |
+						      (registry_has(port_of(to), SVC_UDV) ? CAP_UDV : 0)));
 				if (had != p->caps)
 					DG_DBG("port %u now speaks:%s%s%s", port_of(to), p->caps & CAP_UD ? " ud" : "",
 					       p->caps & CAP_RD ? " rd" : "", p->caps & CAP_UDV ? " ud-on-device" : "");
@@ -607,6 +619,30 @@ struct dgv_ah *peer_route(const union dgv_sockaddr *to, socklen_t tolen, int svc
 	}
 }
 
+#define ROUTE_MEMO_US 10000u
+
+struct dgv_ah *peer_route_memo(struct route_memo *m, const union dgv_sockaddr *to, socklen_t tolen, int svc,
+			       int wait_ms)
+{
+	/* Read first: a destination losing its service while peer_route looks voids this memo. */
+	unsigned ep = atomic_load_explicit(&route_epoch, memory_order_acquire);
+	if (m->len && m->len == tolen && m->svc == svc && m->epoch == ep && m->gen == G.gen &&
+	    dgv_addr_eq(&m->a, to) && peer_clock() < m->until)
+		return m->ah;
+	struct dgv_ah *ah = peer_route(to, tolen, svc, wait_ms);
+	m->len = 0;
+	if (ah && tolen <= sizeof m->a) {
+		memcpy(&m->a, to, tolen);
+		m->len = tolen;
+		m->svc = svc;
+		m->epoch = ep;
+		m->gen = G.gen;
+		m->ah = ah;
+		m->until = peer_clock() + ROUTE_MEMO_US;
+	}
+	return ah;
+}
+
 void peer_heard(const union dgv_sockaddr *from, socklen_t fromlen, bool framed, int svc)
 {
 	if (from->sa.sa_family != AF_INET && from->sa.sa_family != AF_INET6)
@@ -630,8 +666,9 @@ void peer_heard(const union dgv_sockaddr *from, socklen_t fromlen, bool framed, 
 			}
 		} else if (p->caps) {
 			p->checked_us = 0; /* it may have stopped speaking: ask before the next send */
+			atomic_fetch_add_explicit(&route_epoch, 1, memory_order_release); /* and no memo skips that */
 			if (!p->local)
-				p->caps = 0, p->next_ask_us = 0; /* another host: plain until it answers again */
+				caps_set(p, 0), p->next_ask_us = 0; /* another host: plain until it answers again */
 		}
 	}
 	pthread_mutex_unlock(m);
@@ -675,7 +712,7 @@ void peer_failed(const union dgv_sockaddr *to, socklen_t tolen)
 	pthread_mutex_lock(m);
 	struct peer *p = find(to, tolen, h, false);
 	if (p) {
-		p->caps = 0;
+		caps_set(p, 0);
 		p->checked_us = peer_clock(); /* plain for one lease, then ask again */
 		if (p->rule == RULE_TRUST)
 			p->rule = RULE_AUTO;

@@ -97,6 +97,18 @@ struct peer_memo {
 	uint64_t until;         /* peer.c's coarse clock */
 };
 
+/* peer_route_memo's: the last destination routed framed and its handle, good until `until`
+ * while no destination lost its service (epoch) and no fork made new handles (gen) */
+struct route_memo {
+	union dgv_sockaddr a;
+	socklen_t len;          /* 0: none */
+	int svc;
+	unsigned epoch;
+	unsigned gen;
+	struct dgv_ah *ah;
+	uint64_t until;         /* peer.c's coarse clock */
+};
+
 struct sock {
 	struct ent ent;
 	pthread_mutex_t lock;         /* everything below */
@@ -164,6 +176,7 @@ struct sock {
 		uint64_t gone_at; /* rd_gone_check: when its destination was first seen gone (0: not) */
 	} *txd;
 	struct peer_memo heard;       /* consume_cq's peer_heard_memo */
+	struct route_memo route;      /* dgram_send's peer_route_memo */
 	uint64_t gone_check_us;       /* rd_gone_check's last look */
 	bool gone_seen;               /* rd_gone_check's last look found a destination gone */
 
@@ -294,6 +307,13 @@ void peer_after_fork(void);
  * plain). wait_ms 0: never blocks; else, while a question to the destination's host is out,
  * waits up to wait_ms for its answer (RD). Takes a stripe lock. */
 struct dgv_ah *peer_route(const union dgv_sockaddr *to, socklen_t tolen, int svc, int wait_ms);
+/* peer_route through the socket's memo m: the destination routed last, within 10 ms, while no
+ * destination lost its service (a plain datagram heard, a failure, a lease run out, an answer
+ * saying less), takes no lock; what the memo may hold back is at most 10 ms of the time-based
+ * rechecks (a local registry look, a remote lease), and handles outlive a forgotten
+ * destination by 100 ms or more (retire). The caller serializes m (the socket's lock). */
+struct dgv_ah *peer_route_memo(struct route_memo *m, const union dgv_sockaddr *to, socklen_t tolen, int svc,
+			       int wait_ms);
 /* Whether pv's provider has capability f (enum dgv_cap_flag); false for no context yet. */
 static inline bool pv_can(const struct shim_pv *pv, uint32_t f) { return pv && (pv->caps.flags & f); }
 /* The same for the context a socket's QP is on. */

@@ -2428,6 +2428,30 @@ static int test_mode(int port)
 	CHECK(plain > 0 && framed > 0, "toggling IWARP_MODE: the sender's stats show %" PRIu64
 	      " plain and %" PRIu64 " framed datagrams; expected both", plain, framed);
 	expect_nothing(__LINE__, b, 100, "receiver after the mode toggles");
+	/* The receiver stops speaking: a sending framed a moment ago (its route to b fresh, and
+	 * remembered for the next sends), b turns OFF and sends a a plain datagram. What a sends
+	 * b at once after reading it must be plain: b takes it as a UDP program would. */
+	if (EXPECT_RET(seti(a, IWARP_MODE, IWARP_MODE_AUTO), 0)) {
+		set_rcvtimeo(a, 5000);
+		for (int i = 0; i < 5; i++, k++) {
+			snprintf(what, sizeof what, "to b while it speaks, datagram %d", i);
+			if (SEND(a, 100, 700 + k, &B, what))
+				RECV(b, 100, 700 + k, &A, what);
+		}
+		struct iwarp_stats sa0, sa1;
+		if (EXPECT_RET(seti(b, IWARP_MODE, IWARP_MODE_OFF), 0) && get_stats(a, &sa0)) {
+			if (SEND(b, 64, 900, &A, "plain from b once OFF"))
+				RECV(a, 64, 900, &B, "plain from b once OFF");
+			if (SEND(a, 200, 901, &B, "to b right after its plain datagram"))
+				RECV(b, 200, 901, &A, "to b right after its plain datagram (sent framed to an OFF "
+				     "socket, it would arrive with the framing)");
+			if (get_stats(a, &sa1))
+				CHECK(sa1.tx_plain - sa0.tx_plain == 1 && sa1.tx_framed == sa0.tx_framed,
+				      "a's datagram to b right after b's plain one: tx_plain +%" PRIu64
+				      " tx_framed +%" PRIu64 "; expected it plain (b stopped speaking)",
+				      sa1.tx_plain - sa0.tx_plain, sa1.tx_framed - sa0.tx_framed);
+		}
+	}
 	close(a);
 	close(b);
 	return g_fails ? 1 : 0;

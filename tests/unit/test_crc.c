@@ -127,3 +127,32 @@ Test(crc, check_known_bytes)
 	const uint8_t b[] = {'1', '2', '3', '4', '5', '6', '7', '8', '9', 0xe3, 0x06, 0x92, 0x83};
 	cr_assert_eq(dg_crc_check(b, sizeof b), 1);
 }
+
+/* The bitwise definition (reflected 0x82F63B78), against which both ways the library takes
+ * (the crc32 instruction for short buffers, ISA-L for long ones) are checked. */
+static uint32_t crc_bitwise(const uint8_t *p, size_t n)
+{
+	uint32_t c = 0xffffffffu;
+	for (size_t i = 0; i < n; i++) {
+		c ^= p[i];
+		for (int k = 0; k < 8; k++)
+			c = (c >> 1) ^ (0x82F63B78u & (0u - (c & 1u)));
+	}
+	return c ^ 0xffffffffu;
+}
+
+Test(crc, short_and_long_ways_match_the_definition)
+{
+	static uint8_t b[700];
+	fill(b, sizeof b);
+	/* every length across the short/long boundary, at every alignment of a word */
+	for (size_t off = 0; off < 8; off++)
+		for (size_t n = 0; n + off <= sizeof b; n++)
+			cr_assert_eq(dg_crc32c(b + off, n), crc_bitwise(b + off, n), "len %zu at offset %zu", n, off);
+	/* a short piece after a long one and the reverse carry the same running register */
+	for (size_t cut = 1; cut < sizeof b; cut += 13) {
+		uint32_t s = dg_crc32c_update(DG_CRC32C_INIT, b, cut);
+		s = dg_crc32c_update(s, b + cut, sizeof b - cut);
+		cr_assert_eq(dg_crc32c_final(s), crc_bitwise(b, sizeof b), "cut at %zu", cut);
+	}
+}
