@@ -1,5 +1,6 @@
 /*
- * crc.h - CRC32c (Castagnoli) for datagram-iWARP (ISA-L crc32_iscsi underneath).
+ * crc.h - CRC32c (Castagnoli) for datagram-iWARP (SSE4.2 crc32 below 256 bytes, ISA-L
+ * crc32_iscsi above).
  * The value on the wire is the standard CRC32c: crc32c("123456789") == 0xE3069283,
  * stored big-endian after the bytes it covers (wire.h dg_crc_t).
  */
