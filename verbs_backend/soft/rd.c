@@ -152,6 +152,7 @@ struct rd_ep {
 	uint32_t *bucket;
 	uint32_t bucket_mask;
 	uint32_t peer_free;
+	uint32_t last_peer;     /* peer_find's last answer (RD_NIL: none): most traffic is one peer's */
 	uint32_t peer_high;     /* peers[peer_high..] never used: taken in order, untouched memory */
 	uint32_t act_head, act_tail;
 
@@ -163,6 +164,7 @@ struct rd_ep {
 	/* rd_cork: new datagrams waiting for rd_uncork (all to peer cork_peer), in order */
 	bool corked, no_trains;
 	uint32_t cork_n, cork_peer;
+	uint64_t cork_us;       /* rd_send's clock for the datagrams corked for one train */
 	uint32_t cork[RD_CORK_MAX];
 	/* rd_rx_batch_begin: peers whose in-order ack waits for rd_rx_batch_end */
 	bool rx_batch;
@@ -281,12 +283,19 @@ static uint32_t addr_hash(const struct rd_ep *ep, const union dgv_sockaddr *a)
 	return (uint32_t)(h ^ (h >> 32));
 }
 
-/* Returns the peer's index or RD_NIL. */
-static uint32_t peer_find(const struct rd_ep *ep, const union dgv_sockaddr *a)
+/* Returns the peer's index or RD_NIL. The peer found last is looked at first: a stream of
+ * segments and acknowledgements to and from one peer then hashes no address (the hash and the
+ * probe were 5 % of an RD sender's CPU at 512 KB messages). */
+static uint32_t peer_find(struct rd_ep *ep, const union dgv_sockaddr *a)
 {
-	uint32_t i = ep->bucket[addr_hash(ep, a) & ep->bucket_mask];
+	uint32_t i = ep->last_peer;
+	if (i != RD_NIL && ep->peers[i].in_use && memcmp(&ep->peers[i].addr, a, sizeof(*a)) == 0)
+		return i;
+	i = ep->bucket[addr_hash(ep, a) & ep->bucket_mask];
 	while (i != RD_NIL && memcmp(&ep->peers[i].addr, a, sizeof(*a)) != 0)
 		i = ep->peers[i].hnext;
+	if (i != RD_NIL)
+		ep->last_peer = i;
 	return i;
 }
 
@@ -763,8 +772,11 @@ int rd_send(struct rd_ep *ep, const union dgv_sockaddr *to, socklen_t tolen,
 	if (total == 0 || addr_norm(to, tolen, &a, &alen))
 		return -EINVAL;
 
-	uint64_t now = rd_now(ep);
 	uint32_t i = peer_find(ep, &a);
+	/* The datagrams of one train leave together at cork_flush: they take the clock of its
+	 * first (a clock read per 1472-byte segment was 6 % of an RD sender's CPU) */
+	bool joins = ep->corked && ep->cork_n && ep->cork_peer == i && ep->cork_n < RD_CORK_MAX;
+	uint64_t now = joins ? ep->cork_us : rd_now(ep);
 	if (i == RD_NIL && (i = peer_new(ep, &a, alen, now)) == RD_NIL)
 		return -ENOMEM;
 	struct rd_peer *p = &ep->peers[i];
@@ -807,6 +819,8 @@ int rd_send(struct rd_ep *ep, const union dgv_sockaddr *to, socklen_t tolen,
 	}
 	if (ep->cork_n && (ep->cork_peer != i || ep->cork_n == RD_CORK_MAX))
 		cork_flush(ep);
+	if (!ep->cork_n)
+		ep->cork_us = now;
 	ep->cork_peer = i;
 	ep->cork[ep->cork_n++] = s;
 	return 0;
@@ -1601,7 +1615,7 @@ int rd_create(const struct rd_cfg *cfg, const struct rd_ops *ops, void *arg, str
 		rd_destroy(ep);
 		return -ENOMEM;
 	}
-	ep->tx_free = ep->rx_free = ep->peer_free = RD_NIL;
+	ep->tx_free = ep->rx_free = ep->peer_free = ep->last_peer = RD_NIL;
 	for (uint32_t k = c.tx_slots; k-- > 0;)
 		tx_release(ep, k);
 	for (uint32_t k = c.rx_slots; k-- > 0;)
