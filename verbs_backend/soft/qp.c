@@ -1767,8 +1767,13 @@ static void rx_one(struct soft_qp *qp, struct rx_batch *b, uint32_t i)
 			DG_DBG("coalesced receive of %zu bytes with segment size %ld: dropped", len, gso);
 			return;
 		}
+		/* one skb: its pieces arrived at one instant, one clock reading for RD's timers */
+		if (qp->rd)
+			rd_clock_hold(qp->rd);
 		for (int k = 0; k < n; k++)
 			rx_piece(qp, pc[k].buf, pc[k].len, &b->addr[i], al);
+		if (qp->rd)
+			rd_clock_release(qp->rd);
 		return;
 	}
 	rx_piece(qp, buf, len, &b->addr[i], al);

@@ -165,6 +165,7 @@ struct rd_ep {
 	bool corked, no_trains;
 	uint32_t cork_n, cork_peer;
 	uint64_t cork_us;       /* rd_send's clock for the datagrams corked for one train */
+	uint64_t held_us;       /* rd_clock_hold's reading (0: none; rd_now reads the clock) */
 	uint32_t cork[RD_CORK_MAX];
 	/* rd_rx_batch_begin: peers whose in-order ack waits for rd_rx_batch_end */
 	bool rx_batch;
@@ -210,7 +211,21 @@ void rd_test_set_clock(struct rd_ep *ep, uint64_t (*fn)(void *), void *arg)
 
 void rd_test_set_isn(uint32_t isn) { rd_isn = isn; }
 
-static inline uint64_t rd_now(struct rd_ep *ep) { return ep->clock(ep->clock_arg); }
+static inline uint64_t rd_now(struct rd_ep *ep)
+{
+	return ep->held_us ? ep->held_us : ep->clock(ep->clock_arg);
+}
+
+void rd_clock_hold(struct rd_ep *ep)
+{
+	ep->held_us = 0;
+	ep->held_us = rd_now(ep);
+}
+
+void rd_clock_release(struct rd_ep *ep)
+{
+	ep->held_us = 0;
+}
 
 static uint32_t rd_random32(struct rd_ep *ep)
 {

@@ -103,6 +103,10 @@ void rd_uncork(struct rd_ep *ep);
  */
 void rd_rx_batch_begin(struct rd_ep *ep);
 void rd_rx_batch_end(struct rd_ep *ep);
+/* The datagrams rd_input gets between these two arrived at one instant (the pieces of one GRO
+ * train, one skb): they take one clock reading, as they would have, instead of one each. */
+void rd_clock_hold(struct rd_ep *ep);
+void rd_clock_release(struct rd_ep *ep);
 /* Whether the slot pool has room (a -EAGAIN from rd_send was then one peer's window). */
 bool rd_can_send_any(const struct rd_ep *ep);
 
