@@ -527,6 +527,13 @@ def page(R, M, made, elapsed):
                     "" if n == 10000 else " [measured at %d calls only]" % n),
                     fmt(sav, " % less", 1) + (" (UD as %d, RC as %d SIPp pairs, descriptor limit: section 5)" % (ku, kr)
                                               if max(ku, kr) > 1 else ""), sav is not None and sav >= 30))
+                if n == 10000 and un and tn:
+                    ru, rr = u["total"] / un["total"], r["total"] / tn["total"]
+                    summary.append(("SIPp memory at 10 000 calls within 1.5x native, UD and RC (issue 14 item 2)",
+                                    "UD %.2fx (%s vs %s), RC %.2fx (%s vs %s)" % (
+                                        ru, fmt(u["total"] / 1e6, " MB", 1), fmt(un["total"] / 1e6, " MB", 1),
+                                        rr, fmt(r["total"] / 1e6, " MB", 1), fmt(tn["total"] / 1e6, " MB", 1)),
+                                    ru <= 1.5 and rr <= 1.5))
             per = lambda m, base: fmt((m["total"] - (base["total"] if base else 0)) / n / 1e3, " kB", 1)
             w("Per call at %d calls (shim minus native of the same transport): UD %s, RC %s. Each taken UDP "
               "socket gets a UD queue pair with 32 pre-registered 64 KiB receive slots (touched only as far "
