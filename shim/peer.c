@@ -619,6 +619,24 @@ struct dgv_ah *peer_route(const union dgv_sockaddr *to, socklen_t tolen, int svc
 	}
 }
 
+/* A socket's memo m (peer_heard_memo's, peer_route_memo's key) says a, len, svc until its time. */
+static bool memo_hit(const struct peer_memo *m, const union dgv_sockaddr *a, socklen_t len, int svc)
+{
+	return m->len && m->len == len && m->svc == svc && dgv_addr_eq(&m->a, a) && peer_clock() < m->until;
+}
+
+/* m says a, len, svc for life_us from now (nothing when a does not fit). */
+static void memo_set(struct peer_memo *m, const union dgv_sockaddr *a, socklen_t len, int svc, uint64_t life_us)
+{
+	m->len = 0;
+	if (len > sizeof m->a)
+		return;
+	memcpy(&m->a, a, len);
+	m->len = len;
+	m->svc = svc;
+	m->until = peer_clock() + life_us;
+}
+
 #define ROUTE_MEMO_US 10000u
 
 struct dgv_ah *peer_route_memo(struct route_memo *m, const union dgv_sockaddr *to, socklen_t tolen, int svc,
@@ -626,19 +644,15 @@ struct dgv_ah *peer_route_memo(struct route_memo *m, const union dgv_sockaddr *t
 {
 	/* Read first: a destination losing its service while peer_route looks voids this memo. */
 	unsigned ep = atomic_load_explicit(&route_epoch, memory_order_acquire);
-	if (m->len && m->len == tolen && m->svc == svc && m->epoch == ep && m->gen == G.gen &&
-	    dgv_addr_eq(&m->a, to) && peer_clock() < m->until)
+	if (m->epoch == ep && m->gen == G.gen && memo_hit(&m->key, to, tolen, svc))
 		return m->ah;
 	struct dgv_ah *ah = peer_route(to, tolen, svc, wait_ms);
-	m->len = 0;
-	if (ah && tolen <= sizeof m->a) {
-		memcpy(&m->a, to, tolen);
-		m->len = tolen;
-		m->svc = svc;
+	m->key.len = 0;
+	if (ah) {
+		memo_set(&m->key, to, tolen, svc, ROUTE_MEMO_US);
 		m->epoch = ep;
 		m->gen = G.gen;
 		m->ah = ah;
-		m->until = peer_clock() + ROUTE_MEMO_US;
 	}
 	return ah;
 }
@@ -668,7 +682,7 @@ void peer_heard(const union dgv_sockaddr *from, socklen_t fromlen, bool framed, 
 			p->checked_us = 0; /* it may have stopped speaking: ask before the next send */
 			atomic_fetch_add_explicit(&route_epoch, 1, memory_order_release); /* and no memo skips that */
 			if (!p->local)
-				caps_set(p, 0), p->next_ask_us = 0; /* another host: plain until it answers again */
+				p->caps = 0, p->next_ask_us = 0; /* another host: plain until it answers again */
 		}
 	}
 	pthread_mutex_unlock(m);
@@ -681,16 +695,12 @@ void peer_heard_memo(struct peer_memo *m, const union dgv_sockaddr *from, sockle
 {
 	/* a datagram at a time on one socket from one peer (a ping-pong, a SIP dialog): one stripe
 	 * lock per datagram was a tenth of the shim's locking on the receive path (issue 14) */
-	if (framed && m->len == fromlen && m->svc == svc && dgv_addr_eq(&m->a, from) && peer_clock() < m->until)
+	if (framed && memo_hit(m, from, fromlen, svc))
 		return;
 	peer_heard(from, fromlen, framed, svc);
 	m->len = 0;
-	if (framed && fromlen <= sizeof m->a) {
-		memcpy(&m->a, from, fromlen);
-		m->len = fromlen;
-		m->svc = svc;
-		m->until = peer_clock() + HEARD_MEMO_US;
-	}
+	if (framed)
+		memo_set(m, from, fromlen, svc, HEARD_MEMO_US);
 }
 
 void peer_totals(unsigned *known, unsigned long long *gone)

@@ -89,7 +89,8 @@ struct zc_ent {
 	uint64_t used;
 };
 
-/* peer_heard_memo's: the last source told framed, and until when telling it again adds nothing */
+/* A socket's memo of one address and service until a time: peer_heard_memo's (the last source
+ * told framed, and until when telling it again adds nothing) and route_memo's key */
 struct peer_memo {
 	union dgv_sockaddr a;
 	socklen_t len;          /* 0: none */
@@ -97,16 +98,14 @@ struct peer_memo {
 	uint64_t until;         /* peer.c's coarse clock */
 };
 
-/* peer_route_memo's: the last destination routed framed and its handle, good until `until`
- * while no destination lost its service (epoch) and no fork made new handles (gen) */
+/* peer_route_memo's: the last destination routed framed (key.a, key.len, key.svc; good until
+ * key.until) and its handle, while no destination lost its service (epoch) and no fork made new
+ * handles (gen) */
 struct route_memo {
-	union dgv_sockaddr a;
-	socklen_t len;          /* 0: none */
-	int svc;
+	struct peer_memo key;
 	unsigned epoch;
 	unsigned gen;
 	struct dgv_ah *ah;
-	uint64_t until;         /* peer.c's coarse clock */
 };
 
 struct sock {

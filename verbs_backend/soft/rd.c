@@ -218,8 +218,7 @@ static inline uint64_t rd_now(struct rd_ep *ep)
 
 void rd_clock_hold(struct rd_ep *ep)
 {
-	ep->held_us = 0;
-	ep->held_us = rd_now(ep);
+	ep->held_us = ep->clock(ep->clock_arg);
 }
 
 void rd_clock_release(struct rd_ep *ep)
