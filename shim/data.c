@@ -775,7 +775,14 @@ static ssize_t dgram_send(struct sock *s, int fd, const struct iovec *iov, int i
 	if (s->qp_type == DGV_QPT_UD && sock_can(s, DGV_CAP_SEND_INLINE) && iovcnt <= INLINE_SGE) {
 		/* The provider sends from the program's own buffer during the post, and copies what
 		 * the kernel had no room for: no send slot written (a page per socket), no copy into
-		 * it, and unsignaled no completion to make and take (issue 14 items 2 and 4). */
+		 * it, and unsignaled no completion to make and take (issue 14 items 2 and 4).
+		 * dgv_send_now is the common case without a work request; what it leaves the post
+		 * takes (queued behind a full socket, or the error said) */
+		if (dgv_send_now(s->qp, ah, iov, iovcnt) == 0) {
+			s->st->tx_framed++, s->st->tx_framed_bytes += total, s->st->tx_zcopy++;
+			rc = (ssize_t)total;
+			goto out;
+		}
 		struct dgv_sge sge[INLINE_SGE];
 		int n = 0;
 		for (int i = 0; i < iovcnt; i++)

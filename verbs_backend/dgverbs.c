@@ -225,6 +225,13 @@ int dgv_post_send(struct dgv_qp *qp, struct dgv_send_wr *wr, struct dgv_send_wr 
 	return qp->ctx->ops->post_send(qp, wr, bad);
 }
 
+int dgv_send_now(struct dgv_qp *qp, struct dgv_ah *ah, const struct iovec *iov, int iovcnt)
+{
+	if (!qp || !ah || (iovcnt && !iov) || iovcnt < 0)
+		return -EINVAL;
+	return qp->ctx->ops->send_now ? qp->ctx->ops->send_now(qp, ah, iov, iovcnt) : -EOPNOTSUPP;
+}
+
 int dgv_post_recv(struct dgv_qp *qp, struct dgv_recv_wr *wr, struct dgv_recv_wr **bad)
 {
 	struct dgv_recv_wr *dummy;

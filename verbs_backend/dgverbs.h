@@ -346,6 +346,15 @@ struct dgv_recv_wr {
 /* Post a chain of WRs. On failure *bad is the first WR not posted. Never blocks. */
 int dgv_post_send(struct dgv_qp *qp, struct dgv_send_wr *wr, struct dgv_send_wr **bad);
 int dgv_post_recv(struct dgv_qp *qp, struct dgv_recv_wr *wr, struct dgv_recv_wr **bad);
+/*
+ * UD: one unsignaled Send of iov's bytes to ah, handed to the network during the call or not at
+ * all, with no work request to build or completion to make (a datagram socket's send). The
+ * memory is the caller's again on return. Returns 0 (sent), -EAGAIN (not now: the message needs
+ * more than one datagram, something is queued before it, the socket is full, a fault injection
+ * is on, or the send failed; post it with dgv_post_send, DGV_SEND_INLINE, which queues it or
+ * says what failed), -EINVAL, -EOPNOTSUPP (the provider has no such way: dgv_post_send).
+ */
+int dgv_send_now(struct dgv_qp *qp, struct dgv_ah *ah, const struct iovec *iov, int iovcnt);
 
 /* ---------------------------------------------------------------- completions */
 

@@ -55,6 +55,8 @@ struct dgv_ops {
 	int (*destroy_qp)(struct dgv_qp *qp);
 	int (*qp_local_addr)(struct dgv_qp *qp, union dgv_sockaddr *out, socklen_t *len);
 	int (*post_send)(struct dgv_qp *qp, struct dgv_send_wr *wr, struct dgv_send_wr **bad);
+	/* optional (NULL: -EOPNOTSUPP): dgv_send_now */
+	int (*send_now)(struct dgv_qp *qp, struct dgv_ah *ah, const struct iovec *iov, int iovcnt);
 	int (*post_recv)(struct dgv_qp *qp, struct dgv_recv_wr *wr, struct dgv_recv_wr **bad);
 	int (*poll_errq)(struct dgv_qp *qp, int n, struct dgv_async_err *out);
 	int (*qp_stats)(struct dgv_qp *qp, struct dgv_qp_stats *out);

@@ -1059,6 +1059,78 @@ Test(ud, inline_send_from_unregistered_memory)
 	teardown_pair();
 }
 
+/* dgv_send_now: a one-datagram UD Send goes during the call from the caller's pieces (one
+ * datagram, no completion, the receiver gets the bytes and the order); what it cannot send now
+ * (a message of several datagrams, a socket with no room, something queued before it) it
+ * leaves alone with -EAGAIN, so that dgv_post_send takes it; RD and bad arguments are refused. */
+Test(ud, send_now_sends_one_datagram_or_leaves_it_to_the_post)
+{
+	setup_pair(DGV_QPT_UD, NULL, 0);
+	char a[100], b[200];
+	memset(a, 'a', sizeof a);
+	memset(b, 'b', sizeof b);
+	struct iovec two[2] = {{a, sizeof a}, {b, sizeof b}};
+	struct dgv_qp_stats st0, st1;
+	struct dgv_wc wc;
+	cr_assert_eq(dgv_qp_stats(A.qp, &st0), 0);
+	post_recv(&B, 0, 4096, 30);
+	cr_assert_eq(dgv_send_now(A.qp, A.ah_peer, two, 2), 0);
+	memset(a, 'z', sizeof a); /* the caller's again */
+	cr_assert(wait_wc(&B, &wc, 3000), "the datagram arrived");
+	cr_assert_eq(wc.status, DGV_WC_SUCCESS);
+	cr_assert_eq(wc.byte_len, sizeof a + sizeof b);
+	for (size_t i = 0; i < sizeof a + sizeof b; i++)
+		cr_assert_eq(B.buf[i], i < sizeof a ? 'a' : 'b', "byte %zu: the pieces in order", i);
+	cr_assert_eq(dgv_qp_stats(A.qp, &st1), 0);
+	cr_assert_eq(st1.tx_datagrams - st0.tx_datagrams, 1);
+	cr_assert_eq(st1.tx_msgs - st0.tx_msgs, 1);
+	cr_assert_eq(dgv_poll_cq(A.cq, 1, &wc), 0, "no completion for a send that went");
+
+	/* larger than one datagram: not sent, the post sends it */
+	static char big[5000];
+	memset(big, 'c', sizeof big);
+	struct iovec bv = {big, sizeof big};
+	cr_assert_eq(dgv_send_now(A.qp, A.ah_peer, &bv, 1), -EAGAIN);
+	cr_assert_eq(dgv_qp_stats(A.qp, &st0), 0);
+	cr_assert_eq(st0.tx_datagrams, st1.tx_datagrams, "nothing sent for a message it left");
+
+	/* a full socket: nothing sent, nothing queued; the post then queues it, and a send_now
+	 * behind the queued one is refused too (it would overtake it) */
+	post_recv(&B, 4096, 4096, 31);
+	post_recv(&B, 8192, 4096, 32);
+	soft_qp_test_block_tx(A.qp, true);
+	struct iovec av = {a, sizeof a};
+	memset(a, 'd', sizeof a);
+	cr_assert_eq(dgv_send_now(A.qp, A.ah_peer, &av, 1), -EAGAIN);
+	struct dgv_sge sge = {(uint64_t)(uintptr_t)a, sizeof a, 0};
+	struct dgv_send_wr wr = {.wr_id = 5, .sg_list = &sge, .num_sge = 1, .opcode = DGV_WR_SEND,
+				 .send_flags = DGV_SEND_INLINE, .ah = A.ah_peer};
+	cr_assert_eq(dgv_post_send(A.qp, &wr, NULL), 0);
+	soft_qp_test_block_tx(A.qp, false);
+	memset(b, 'e', sizeof b);
+	struct iovec ev = {b, 10};
+	int r = dgv_send_now(A.qp, A.ah_peer, &ev, 1);
+	if (r == -EAGAIN) /* still queued: the post goes behind it */
+		cr_assert_eq(dgv_post_send(A.qp, &(struct dgv_send_wr){.wr_id = 6, .sg_list = &(struct dgv_sge){(uint64_t)(uintptr_t)b, 10, 0},
+						   .num_sge = 1, .opcode = DGV_WR_SEND, .send_flags = DGV_SEND_INLINE,
+						   .ah = A.ah_peer}, NULL), 0);
+	else
+		cr_assert_eq(r, 0, "the queue had drained (the provider's thread pumped it) before this call");
+	for (int k = 0; k < 2; k++) {
+		cr_assert(wait_wc(&B, &wc, 3000), "datagram %d arrived", k);
+		cr_assert_eq(wc.status, DGV_WC_SUCCESS);
+		cr_assert_eq(wc.byte_len, k ? 10u : sizeof a, "datagram %d: in the order sent", k);
+		cr_assert_eq(B.buf[wc.wr_id == 31 ? 4096 : 8192], k ? 'e' : 'd');
+	}
+
+	cr_assert_eq(dgv_send_now(A.qp, NULL, &av, 1), -EINVAL);
+	cr_assert_eq(dgv_send_now(A.qp, A.ah_peer, NULL, 1), -EINVAL);
+	teardown_pair();
+	setup_pair(DGV_QPT_RD, NULL, 0);
+	cr_assert_eq(dgv_send_now(A.qp, A.ah_peer, &av, 1), -EAGAIN, "RD keeps its sends: the post's way");
+	teardown_pair();
+}
+
 /* An inline Send posted while an earlier one waits in the queue (its socket was full) goes
  * behind it, not straight to UDP as a Send into an empty queue does; a signaled one sent at once
  * still completes. */

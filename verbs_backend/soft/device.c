@@ -448,6 +448,7 @@ static const struct dgv_ops soft_ops = {
 	.destroy_qp = soft_destroy_qp,
 	.qp_local_addr = soft_qp_local_addr,
 	.post_send = soft_post_send,
+	.send_now = soft_send_now,
 	.post_recv = soft_post_recv,
 	.poll_errq = soft_poll_errq,
 	.qp_stats = soft_qp_stats,

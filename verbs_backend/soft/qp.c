@@ -97,7 +97,12 @@ static void udp_emit(void *arg, const struct dg_pkt *pkt)
 	if (t->qp->has_peer && dgv_addr_eq(pkt->addr, &t->qp->peer))
 		mh.msg_name = NULL, mh.msg_namelen = 0; /* connected: the kernel's cached route */
 	ssize_t r;
-	if (pkt->len <= FLAT_MAX && pkt->iovcnt > 1) {
+	if (pkt->iovcnt == 1) {
+		do
+			r = dg_sys_sendto(t->qp->fd, pkt->iov[0].iov_base, pkt->iov[0].iov_len,
+					  MSG_DONTWAIT | MSG_NOSIGNAL, mh.msg_name, mh.msg_namelen);
+		while (r == -EINTR);
+	} else if (pkt->len <= FLAT_MAX) {
 		/* small: one copy is cheaper than the kernel importing an iovec */
 		uint8_t flat[FLAT_MAX];
 		size_t off = 0;
@@ -183,14 +188,20 @@ static uint32_t seg_payload(const struct soft_qp *qp, uint32_t hlen)
 	return qp->seg_size - over;
 }
 
-/* Payload bytes per segment of send wr: seg_payload, grown to the route's MTU when the QP
- * sizes segments by path (seg_path). */
+/* Payload bytes per segment to ah behind a header of hlen bytes: seg_payload, grown to the
+ * route's MTU when the QP sizes segments by path (seg_path). */
+static uint32_t ah_seg_payload(const struct soft_qp *qp, const struct dgv_ah *ah, uint32_t hlen)
+{
+	uint32_t segsz = seg_payload(qp, hlen);
+	uint32_t ps = qp->seg_path ? ((const struct soft_ah *)ah)->path_seg : 0;
+	return ps > qp->seg_size ? segsz + (ps - qp->seg_size) : segsz;
+}
+
+/* Payload bytes per segment of send wr (ah_seg_payload for its kind of header). */
 static uint32_t wr_seg_payload(const struct soft_qp *qp, const struct dgv_send_wr *wr)
 {
 	bool tagged = wr->opcode == DGV_WR_WRITE || wr->opcode == DGV_WR_WRITE_RECORD;
-	uint32_t segsz = seg_payload(qp, tagged ? DG_TAGGED_HLEN : DG_UNTAGGED_HLEN);
-	uint32_t ps = qp->seg_path ? ((const struct soft_ah *)wr->ah)->path_seg : 0;
-	return ps > qp->seg_size ? segsz + (ps - qp->seg_size) : segsz;
+	return ah_seg_payload(qp, wr->ah, tagged ? DG_TAGGED_HLEN : DG_UNTAGGED_HLEN);
 }
 
 static void send_terminate(struct soft_qp *qp, const union dgv_sockaddr *to, socklen_t tolen,
@@ -2484,6 +2495,58 @@ static bool ud_send_now(struct soft_qp *qp, const struct dgv_send_wr *wr)
 	send_cqe(qp, wr->wr_id, wr->opcode, wr->send_flags & DGV_SEND_SIGNALED,
 		 rc ? DGV_WC_GENERAL_ERR : DGV_WC_SUCCESS, rc ? 0 : (uint32_t)total, msn);
 	return true;
+}
+
+/* dgv_send_now: ud_send_now's case with no work request to build, check and retire. A datagram
+ * of up to FLAT_MAX bytes is laid out whole on the stack and its CRC taken in one pass: a
+ * socket's small sendto costs the program one lock and the system call. Anything out of the
+ * common case says -EAGAIN, and dgv_post_send then takes the message the queued way and reports
+ * what went wrong as it always has. */
+int soft_send_now(struct dgv_qp *qpb, struct dgv_ah *ah, const struct iovec *iov, int iovcnt)
+{
+	struct soft_qp *qp = to_sqp(qpb);
+	if (qp->base.type != DGV_QPT_UD || qp->rc || iovcnt < 0 || iovcnt > SOFT_MAX_SGE || !ah ||
+	    ah->ctx != qp->base.ctx)
+		return -EAGAIN;
+	uint64_t total = 0;
+	for (int i = 0; i < iovcnt; i++) {
+		if (iov[i].iov_len && !iov[i].iov_base)
+			return -EAGAIN; /* check_send_wr's EFAULT */
+		total += iov[i].iov_len;
+	}
+	int rc = -EAGAIN;
+	pthread_mutex_lock(&qp->lock);
+	uint32_t segsz = ah_seg_payload(qp, ah, DG_UNTAGGED_HLEN);
+	if (qp->sq_head != qp->sq_tail || qp->ird_count || qp->ftx.active || total > segsz ||
+	    total > qp->max_msg)
+		goto out;
+	union {
+		struct dg_untagged_hdr h;
+		uint8_t b[FLAT_MAX];
+	} f;
+	dg_put_untagged(&f.h, RDMAP_SEND, true, DDP_QN_SEND, qp->msn_send, 0, (uint32_t)total, (uint16_t)segsz, 0);
+	if (DG_UNTAGGED_HLEN + total + DG_CRC_LEN <= FLAT_MAX) {
+		size_t off = DG_UNTAGGED_HLEN;
+		for (int i = 0; i < iovcnt; i++) {
+			memcpy(f.b + off, iov[i].iov_base, iov[i].iov_len);
+			off += iov[i].iov_len;
+		}
+		be32 crc = htobe32(dg_crc32c(f.b, off));
+		memcpy(f.b + off, &crc, sizeof crc);
+		struct iovec one = {f.b, off + sizeof crc};
+		rc = udp_xmit(qp, &one, 1, &ah->addr, ah->addrlen);
+	} else {
+		rc = tx_segment(qp, &f.h, DG_UNTAGGED_HLEN, iov, iovcnt, &ah->addr, ah->addrlen, 0);
+	}
+	if (rc == 0) {
+		qp->msn_send++;
+		qp->st.tx_msgs++;
+	} else {
+		rc = -EAGAIN; /* the socket is full, or an error the queued way reports */
+	}
+out:
+	soft_qp_unlock(qp);
+	return rc;
 }
 
 int soft_post_send(struct dgv_qp *qpb, struct dgv_send_wr *wr, struct dgv_send_wr **bad)

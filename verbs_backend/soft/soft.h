@@ -494,6 +494,7 @@ int soft_create_qp(struct dgv_pd *pd, const struct dgv_qp_init_attr *attr, struc
 int soft_destroy_qp(struct dgv_qp *qp);
 int soft_qp_local_addr(struct dgv_qp *qp, union dgv_sockaddr *out, socklen_t *len);
 int soft_post_send(struct dgv_qp *qp, struct dgv_send_wr *wr, struct dgv_send_wr **bad);
+int soft_send_now(struct dgv_qp *qp, struct dgv_ah *ah, const struct iovec *iov, int iovcnt);
 int soft_post_recv(struct dgv_qp *qp, struct dgv_recv_wr *wr, struct dgv_recv_wr **bad);
 int soft_poll_errq(struct dgv_qp *qp, int n, struct dgv_async_err *out);
 int soft_qp_stats(struct dgv_qp *qp, struct dgv_qp_stats *out);
