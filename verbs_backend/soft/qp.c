@@ -2466,29 +2466,54 @@ static void inline_keep(struct soft_qp *qp, uint32_t first)
 	}
 }
 
+/* One Send of total bytes from iov's pieces to ah as one datagram, handed to UDP now: up to
+ * FLAT_MAX bytes laid out whole on the stack with the CRC taken in one pass (one sendto), larger
+ * as header, pieces and CRC (sendmsg). Does not count the message or advance the MSN. Returns 0,
+ * 1 when it needs more than one datagram (nothing sent), -EAGAIN (the socket is full) or -errno.
+ * Needs qp->lock. */
+static inline __attribute__((always_inline)) int
+ud_datagram_now(struct soft_qp *qp, const struct dgv_ah *ah, uint8_t opcode, const struct iovec *iov, int n,
+		uint64_t total)
+{
+	uint32_t segsz = ah_seg_payload(qp, ah, DG_UNTAGGED_HLEN);
+	if (total > segsz)
+		return 1;
+	union {
+		struct dg_untagged_hdr h;
+		uint8_t b[FLAT_MAX];
+	} f;
+	dg_put_untagged(&f.h, opcode, true, DDP_QN_SEND, qp->msn_send, 0, (uint32_t)total, (uint16_t)segsz, 0);
+	if (DG_UNTAGGED_HLEN + total + DG_CRC_LEN > FLAT_MAX)
+		return tx_segment(qp, &f.h, DG_UNTAGGED_HLEN, iov, n, &ah->addr, ah->addrlen, 0);
+	size_t off = DG_UNTAGGED_HLEN;
+	for (int i = 0; i < n; i++) {
+		if (iov[i].iov_len)
+			memcpy(f.b + off, iov[i].iov_base, iov[i].iov_len);
+		off += iov[i].iov_len;
+	}
+	be32 crc = htobe32(dg_crc32c(f.b, off));
+	memcpy(f.b + off, &crc, sizeof crc);
+	struct iovec one = {f.b, off + sizeof crc};
+	return udp_xmit(qp, &one, 1, &ah->addr, ah->addrlen);
+}
+
 /* UD's common case: one inline Send that fits one segment, nothing queued before it (no send,
- * no Read Response) and no fault injection. The datagram is built on the stack and handed to
- * UDP during the post, with no send-queue entry written, pumped and retired: a stream of small
- * datagrams pays only the system call (issue 14 item 4). Returns true when the post is done
- * (sent, or completed with an error), false when the queued way must take it (the socket is
- * full, or more than one segment). Needs qp->lock. */
+ * no Read Response) and no fault injection. The datagram is handed to UDP during the post, with
+ * no send-queue entry written, pumped and retired: a stream of small datagrams pays only the
+ * system call (issue 14 item 4). Returns true when the post is done (sent, or completed with an
+ * error), false when the queued way must take it (the socket is full, or more than one
+ * segment). Needs qp->lock. */
 static bool ud_send_now(struct soft_qp *qp, const struct dgv_send_wr *wr)
 {
 	uint64_t total = 0;
 	if (check_send_wr(qp, wr, &total))
 		return false; /* the queued way says why */
-	uint32_t segsz = wr_seg_payload(qp, wr);
-	if (total > segsz)
-		return false;
 	struct iovec pl[SOFT_MAX_SGE];
 	int npl = soft_sge_iov(wr->sg_list, (uint32_t)wr->num_sge, 0, (uint32_t)total, pl, SOFT_MAX_SGE);
-	struct dg_untagged_hdr h;
 	uint32_t msn = qp->msn_send;
-	dg_put_untagged(&h, wr->opcode == DGV_WR_SEND ? RDMAP_SEND : RDMAP_SEND_SE, true, DDP_QN_SEND, msn,
-			0, (uint32_t)total, (uint16_t)segsz, 0);
-	int rc = tx_segment(qp, &h, sizeof h, pl, npl, &wr->ah->addr, wr->ah->addrlen, 0);
-	if (rc == -EAGAIN)
-		return false; /* queued (its payload copied) until the socket has room */
+	int rc = ud_datagram_now(qp, wr->ah, wr->opcode == DGV_WR_SEND ? RDMAP_SEND : RDMAP_SEND_SE, pl, npl, total);
+	if (rc == -EAGAIN || rc == 1)
+		return false; /* queued (its payload copied) until the socket has room, or segmented */
 	qp->msn_send++;
 	if (rc)
 		DG_WARN("send to peer failed: %s", strerror(-rc));
@@ -2497,16 +2522,14 @@ static bool ud_send_now(struct soft_qp *qp, const struct dgv_send_wr *wr)
 	return true;
 }
 
-/* dgv_send_now: ud_send_now's case with no work request to build, check and retire. A datagram
- * of up to FLAT_MAX bytes is laid out whole on the stack and its CRC taken in one pass: a
- * socket's small sendto costs the program one lock and the system call. Anything out of the
- * common case says -EAGAIN, and dgv_post_send then takes the message the queued way and reports
- * what went wrong as it always has. */
+/* dgv_send_now: ud_send_now's case with no work request to build, check and retire (a socket's
+ * sendto costs the program one lock and the system call). Anything out of the common case says
+ * -EAGAIN, and dgv_post_send then takes the message the queued way and reports what went wrong
+ * as it always has. */
 int soft_send_now(struct dgv_qp *qpb, struct dgv_ah *ah, const struct iovec *iov, int iovcnt)
 {
 	struct soft_qp *qp = to_sqp(qpb);
-	if (qp->base.type != DGV_QPT_UD || qp->rc || iovcnt < 0 || iovcnt > SOFT_MAX_SGE || !ah ||
-	    ah->ctx != qp->base.ctx)
+	if (qp->base.type != DGV_QPT_UD || qp->rc || iovcnt > SOFT_MAX_SGE || ah->ctx != qp->base.ctx)
 		return -EAGAIN;
 	uint64_t total = 0;
 	for (int i = 0; i < iovcnt; i++) {
@@ -2516,35 +2539,12 @@ int soft_send_now(struct dgv_qp *qpb, struct dgv_ah *ah, const struct iovec *iov
 	}
 	int rc = -EAGAIN;
 	pthread_mutex_lock(&qp->lock);
-	uint32_t segsz = ah_seg_payload(qp, ah, DG_UNTAGGED_HLEN);
-	if (qp->sq_head != qp->sq_tail || qp->ird_count || qp->ftx.active || total > segsz ||
-	    total > qp->max_msg)
-		goto out;
-	union {
-		struct dg_untagged_hdr h;
-		uint8_t b[FLAT_MAX];
-	} f;
-	dg_put_untagged(&f.h, RDMAP_SEND, true, DDP_QN_SEND, qp->msn_send, 0, (uint32_t)total, (uint16_t)segsz, 0);
-	if (DG_UNTAGGED_HLEN + total + DG_CRC_LEN <= FLAT_MAX) {
-		size_t off = DG_UNTAGGED_HLEN;
-		for (int i = 0; i < iovcnt; i++) {
-			memcpy(f.b + off, iov[i].iov_base, iov[i].iov_len);
-			off += iov[i].iov_len;
-		}
-		be32 crc = htobe32(dg_crc32c(f.b, off));
-		memcpy(f.b + off, &crc, sizeof crc);
-		struct iovec one = {f.b, off + sizeof crc};
-		rc = udp_xmit(qp, &one, 1, &ah->addr, ah->addrlen);
-	} else {
-		rc = tx_segment(qp, &f.h, DG_UNTAGGED_HLEN, iov, iovcnt, &ah->addr, ah->addrlen, 0);
-	}
-	if (rc == 0) {
+	if (qp->sq_head == qp->sq_tail && !qp->ird_count && !qp->ftx.active && total <= qp->max_msg &&
+	    ud_datagram_now(qp, ah, RDMAP_SEND, iov, iovcnt, total) == 0) {
 		qp->msn_send++;
 		qp->st.tx_msgs++;
-	} else {
-		rc = -EAGAIN; /* the socket is full, or an error the queued way reports */
+		rc = 0;
 	}
-out:
 	soft_qp_unlock(qp);
 	return rc;
 }
