@@ -377,9 +377,9 @@ static ssize_t dgram_recv(struct sock *s, int fd, const struct iovec *iov, int i
 		/* a receive reads the program's socket itself (rx_direct), blocking in the kernel's
 		 * own wait; the completions are looked at first only when one is there (a message of
 		 * several datagrams that a read completed, the provider thread's timers) */
-		bool direct = !s->pend_n && rx_direct_ok(s);
+		bool direct = !s->pend_n && rx_direct_ok(s), looked = false;
 		if (!s->pend_n && (!direct || dgv_cq_ready(s->cq) > 0))
-			consume_cq(s);
+			consume_cq(s), looked = true;
 		if (s->pend_n)
 			break;
 		if (s->shut_rd) {
@@ -402,7 +402,7 @@ static ssize_t dgram_recv(struct sock *s, int fd, const struct iovec *iov, int i
 		/* asked again: a look at the completions may have freed receive slots. A datagram
 		 * that went to the QP is followed by another read, also when not blocking: an
 		 * edge-triggered program reads until EAGAIN, which must mean the socket is empty */
-		if (rx_direct_ok(s)) {
+		if (looked ? rx_direct_ok(s) : direct) {
 			rc = rx_direct(s, fd, iov, iovcnt, flags, src, srclen, mflags, nb);
 			if (rc == -ENOMSG)
 				continue;

@@ -2089,19 +2089,20 @@ static bool rx_takeable(struct soft_qp *qp, const uint8_t *buf, size_t len, uint
 static int rx_feed_one(struct soft_qp *qp, uint8_t *dgram, size_t len, const struct sockaddr *src,
 		       socklen_t srclen, uint32_t max, struct dgv_rx_msg *take)
 {
-	union dgv_sockaddr from;
-	memset(&from, 0, sizeof from);
-	memcpy(&from, src, srclen < sizeof from ? srclen : sizeof from);
 	int r = 0;
 	pthread_mutex_lock(&qp->lock);
 	qp->now_us = 0;
 	if (len > qp->rxbuf_size) {
 		drop_oversize(qp); /* what the kernel's MSG_TRUNC says when the QP reads */
 	} else {
-		if (take && rx_takeable(qp, dgram, len, max, take))
-			r = 1;
-		else
+		if (take && rx_takeable(qp, dgram, len, max, take)) {
+			r = 1; /* handed back where it lies: its source is the caller's */
+		} else {
+			union dgv_sockaddr from;
+			memset(&from, 0, sizeof from);
+			memcpy(&from, src, srclen < sizeof from ? srclen : sizeof from);
 			rx_piece(qp, dgram, len, &from, srclen);
+		}
 		after_rx_locked(qp);
 	}
 	soft_qp_unlock(qp);
