@@ -46,6 +46,7 @@
 #define RC_HBUF 8192              /* staging for headers and trailers of one batch */
 #define RC_BATCH_BYTES (1u << 20)
 #define RC_FLAT (70u << 10)       /* one FPDU without or with markers */
+#define RC_FLAT_SEND 1536u        /* rc_send_some: a batch up to this is sent copied whole */
 #define RC_STAG_RTR 1u            /* STag of zero-length RTR messages (as Linux siw sends) */
 
 enum rc_phase {
