@@ -385,6 +385,85 @@ Test(rc, write_read_write_record)
 	cr_assert_eq(wait_wc(C.cq).status, DGV_WC_SUCCESS);
 }
 
+/* rc_tx.c test hook: TCP takes at most cap bytes of the next send, then is full until 0. */
+void soft_qp_test_tx_cap(struct dgv_qp *qpb, uint32_t cap);
+
+/* A one-FPDU post into an idle connection goes to TCP during the post (rc_post_now): placed
+ * byte-exact, in order, a completion only when signaled. When TCP takes only part of the FPDU
+ * (the hook), the rest stays ahead of everything posted after it, which queues behind it; all
+ * of it arrives once TCP has room, the Write-Records' records in posting order. */
+Test(rc, small_post_goes_now_and_a_cut_fpdu_finishes_first)
+{
+	connect_pair(NULL, NULL);
+	fill(C.buf, 4096, 21);
+	struct dgv_wc w, r;
+	struct dgv_qp_stats st0, st1;
+	cr_assert_eq(dgv_qp_stats(C.qp, &st0), 0);
+	struct dgv_sge sg = {(uint64_t)(uintptr_t)C.buf, 300, C.mr->lkey};
+	struct dgv_send_wr wr = {.wr_id = 1, .sg_list = &sg, .num_sge = 1, .opcode = DGV_WR_WRITE_RECORD,
+				 .remote_addr = (uint64_t)(uintptr_t)S.buf, .rkey = S.mr->rkey};
+	cr_assert_eq(dgv_post_send(C.qp, &wr, NULL), 0);
+	cr_assert_eq(dgv_qp_tx_held(C.qp), 0, "TCP took it during the post");
+	r = wait_wc(S.cq);
+	cr_assert_eq(r.opcode, DGV_WC_RECV_WRITE_RECORD);
+	cr_assert_eq(r.record.base, (uint64_t)(uintptr_t)S.buf);
+	cr_assert_eq(r.record.length, 300);
+	cr_assert(memcmp(S.buf, C.buf, 300) == 0);
+	cr_assert_eq(dgv_poll_cq(C.cq, 1, &w), 0, "unsignaled: no completion");
+	cr_assert_eq(dgv_qp_stats(C.qp, &st1), 0);
+	cr_assert_eq(st1.tx_msgs - st0.tx_msgs, 1);
+	cr_assert_eq(st1.tx_datagrams - st0.tx_datagrams, 1, "one FPDU");
+
+	/* signaled Send: its completion, and the server's receive */
+	post_recv(&S, 50, 65536, 4096);
+	post_send(&C, DGV_WR_SEND, 2, 300, 100, 0, 0, 0);
+	w = wait_wc(C.cq);
+	cr_assert_eq(w.wr_id, 2);
+	cr_assert_eq(w.status, DGV_WC_SUCCESS);
+	cr_assert_eq(w.opcode, DGV_WC_SEND);
+	cr_assert_eq(w.byte_len, 100);
+	r = wait_wc(S.cq);
+	cr_assert_eq(r.wr_id, 50);
+	cr_assert_eq(r.byte_len, 100);
+	cr_assert(memcmp(S.buf + 65536, C.buf + 300, 100) == 0);
+
+	/* TCP takes 7 bytes of the next FPDU, then has no room */
+	soft_qp_test_tx_cap(C.qp, 7);
+	sg = (struct dgv_sge){(uint64_t)(uintptr_t)C.buf + 400, 500, C.mr->lkey};
+	wr = (struct dgv_send_wr){.wr_id = 3, .sg_list = &sg, .num_sge = 1, .opcode = DGV_WR_WRITE_RECORD,
+				  .send_flags = DGV_SEND_SIGNAL_HELD, .remote_addr = (uint64_t)(uintptr_t)S.buf + 1000,
+				  .rkey = S.mr->rkey};
+	cr_assert_eq(dgv_post_send(C.qp, &wr, NULL), 0);
+	cr_assert_eq(dgv_qp_tx_held(C.qp), 1, "the rest of the FPDU waits for TCP");
+	struct dgv_sge sg2 = {(uint64_t)(uintptr_t)C.buf + 1000, 200, C.mr->lkey};
+	struct dgv_send_wr wr2 = {.wr_id = 4, .sg_list = &sg2, .num_sge = 1, .opcode = DGV_WR_WRITE_RECORD,
+				  .send_flags = DGV_SEND_SIGNALED, .remote_addr = (uint64_t)(uintptr_t)S.buf + 2000,
+				  .rkey = S.mr->rkey};
+	cr_assert_eq(dgv_post_send(C.qp, &wr2, NULL), 0, "queued behind the cut FPDU");
+	for (int i = 0; i < 20; i++) {
+		cr_assert_eq(dgv_poll_cq(S.cq, 1, &r), 0, "nothing whole has reached the server yet");
+		usleep(1000);
+	}
+	soft_qp_test_tx_cap(C.qp, 0); /* room again */
+	r = wait_wc(S.cq);
+	cr_assert_eq(r.record.base, (uint64_t)(uintptr_t)S.buf + 1000, "the cut FPDU's record first");
+	cr_assert_eq(r.record.length, 500);
+	r = wait_wc(S.cq);
+	cr_assert_eq(r.record.base, (uint64_t)(uintptr_t)S.buf + 2000);
+	cr_assert_eq(r.record.length, 200);
+	cr_assert(memcmp(S.buf + 1000, C.buf + 400, 500) == 0);
+	cr_assert(memcmp(S.buf + 2000, C.buf + 1000, 200) == 0);
+	/* completions in posting order: the held one (SIGNAL_HELD, not wholly in TCP at its post)
+	 * and the signaled one */
+	w = wait_wc(C.cq);
+	cr_assert_eq(w.wr_id, 3);
+	cr_assert_eq(w.status, DGV_WC_SUCCESS);
+	cr_assert_eq(w.byte_len, 500);
+	w = wait_wc(C.cq);
+	cr_assert_eq(w.wr_id, 4);
+	cr_assert_eq(dgv_qp_tx_held(C.qp), 0);
+}
+
 Test(rc, reads_beyond_ord_wait)
 {
 	struct dgv_conn_param cp = {.ord = 1};

@@ -367,9 +367,58 @@ static void fp_complete(struct soft_qp *qp, const struct rc_fp *f)
 	}
 }
 
+/* TCP had no room: the pump waits for POLLOUT. Returns 0 (nothing sent). */
+static ssize_t tcp_full(struct soft_qp *qp)
+{
+	__atomic_store_n(&qp->pump_blocked, true, __ATOMIC_RELAXED);
+	/* the thread finishes it, completing sends while the program may wait:
+	 * soft_qp_self_driven is false from now on (its waiters take the eventfd) */
+	if (qp->rx_app && !qp->tx_refused) {
+		__atomic_store_n(&qp->tx_refused, true, __ATOMIC_RELEASE);
+		/* the tick reads it without the lock: a fence each side of the flags */
+		atomic_thread_fence(memory_order_seq_cst);
+		soft_tick_need(qp->ctx);
+	}
+	return 0;
+}
+
+/* Test hook, declared by tests/unit/test_rc.c (not part of soft.h): TCP takes at most cap bytes
+ * of the QP's next send and then has no room until the hook is set to 0, so that tests reach
+ * an FPDU cut by TCP. */
+void soft_qp_test_tx_cap(struct dgv_qp *qpb, uint32_t cap);
+void soft_qp_test_tx_cap(struct dgv_qp *qpb, uint32_t cap)
+{
+	struct soft_qp *qp = to_sqp(qpb);
+	pthread_mutex_lock(&qp->lock);
+	qp->tx_test_cap = cap;
+	soft_qp_unlock(qp);
+}
+
+/* rc_send_some under soft_qp_test_tx_cap. */
+static ssize_t test_capped(struct soft_qp *qp, const struct iovec *iov, int n)
+{
+	if (qp->tx_test_cap == UINT32_MAX)
+		return tcp_full(qp);
+	struct iovec v[RC_IOV];
+	size_t cap = qp->tx_test_cap;
+	int k = 0;
+	for (; k < n && k < RC_IOV && cap; k++) {
+		v[k] = iov[k];
+		if (v[k].iov_len > cap)
+			v[k].iov_len = cap;
+		cap -= v[k].iov_len;
+	}
+	qp->tx_test_cap = UINT32_MAX;
+	struct msghdr m = {.msg_iov = v, .msg_iovlen = (size_t)k};
+	ssize_t r = dg_sys_sendmsg(qp->fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
+	return r == -EAGAIN ? tcp_full(qp) : r;
+}
+
 /* rc_int.h. MSG_NOSIGNAL: a peer's reset is an error return here, never SIGPIPE in the program. */
 ssize_t rc_send_some(struct soft_qp *qp, const struct iovec *iov, int n)
 {
+	if (__builtin_expect(qp->tx_test_cap != 0, 0))
+		return test_capped(qp, iov, n);
 	struct msghdr m = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)n};
 	/* A small batch (a request, a reply, a credit) goes copied into one buffer by send: the
 	 * kernel importing and walking an iovec of header, payload and trailer costs more than
@@ -379,28 +428,21 @@ ssize_t rc_send_some(struct soft_qp *qp, const struct iovec *iov, int n)
 	for (int i = 0; i < n && flen <= sizeof flat; i++)
 		flen += iov[i].iov_len;
 	bool use_flat = n > 1 && flen <= sizeof flat;
-	for (size_t i = 0, o = 0; use_flat && i < (size_t)n; o += iov[i].iov_len, i++)
+	const void *one = n == 1 ? iov[0].iov_base : flat;
+	if (n == 1)
+		use_flat = true, flen = iov[0].iov_len;
+	for (size_t i = 0, o = 0; use_flat && n > 1 && i < (size_t)n; o += iov[i].iov_len, i++)
 		if (iov[i].iov_len)
 			memcpy(flat + o, iov[i].iov_base, iov[i].iov_len);
 	for (;;) {
-		ssize_t r = use_flat ? dg_sys_sendto(qp->fd, flat, flen, MSG_DONTWAIT | MSG_NOSIGNAL, NULL, 0)
+		ssize_t r = use_flat ? dg_sys_sendto(qp->fd, one, flen, MSG_DONTWAIT | MSG_NOSIGNAL, NULL, 0)
 				     : dg_sys_sendmsg(qp->fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
 		if (r >= 0)
 			return r;
 		if (r == -EINTR)
 			continue;
-		if (r == -EAGAIN || r == -EWOULDBLOCK) {
-			__atomic_store_n(&qp->pump_blocked, true, __ATOMIC_RELAXED);
-			/* the thread finishes it, completing sends while the program may wait:
-			 * soft_qp_self_driven is false from now on (its waiters take the eventfd) */
-			if (qp->rx_app && !qp->tx_refused) {
-				__atomic_store_n(&qp->tx_refused, true, __ATOMIC_RELEASE);
-				/* the tick reads it without the lock: a fence each side of the flags */
-				atomic_thread_fence(memory_order_seq_cst);
-				soft_tick_need(qp->ctx);
-			}
-			return 0;
-		}
+		if (r == -EAGAIN || r == -EWOULDBLOCK)
+			return tcp_full(qp);
 		return r;
 	}
 }
@@ -516,11 +558,113 @@ static int sq_grow(struct soft_qp *qp)
 	return 0;
 }
 
+/* soft_rc_post_send's common case: one Send or Write(-Record) that is one FPDU of at most
+ * RC_FLAT_SEND bytes, posted while nothing else is queued, being built or on its way into TCP.
+ * The FPDU is built on the stack (length, header, payload, pad, CRC) and handed to TCP during
+ * the post with no send queue entry, batch or pump: a request or a reply costs the lock and
+ * the system call. When TCP takes part of it, the rest becomes the batch and the message a
+ * send queue entry (built, waiting for its last byte), which the pump finishes as it finishes
+ * any batch. Returns true when the post is done, false when the queued way must take it
+ * (nothing was sent: TCP full, an error it reports, anything out of the common case). Needs
+ * qp->lock. */
+static bool rc_post_now(struct soft_qp *qp, const struct dgv_send_wr *wr)
+{
+	struct rc_conn *rc = qp->rc;
+	enum dgv_wr_opcode op = wr->opcode;
+	if (wr->next || (op != DGV_WR_SEND && op != DGV_WR_SEND_SE && op != DGV_WR_WRITE && op != DGV_WR_WRITE_RECORD) ||
+	    wr->num_sge < 0 || (uint32_t)wr->num_sge > qp->max_sge || (wr->num_sge && !wr->sg_list) ||
+	    rc->ended || rc->phase != PH_RTS || rc->rtr_pending || rc->term_pending || rc->b_bytes || rc->cur ||
+	    rc->ird_unbuilt || rc->info.markers_tx || rc->hold_first || rc->tx_err || rc->wr_closed ||
+	    rc->want_close || qp->sq_head != qp->sq_tail || qp->sq_pump != qp->sq_tail ||
+	    __atomic_load_n(&qp->pump_blocked, __ATOMIC_RELAXED))
+		return false;
+	bool tagged = op == DGV_WR_WRITE || op == DGV_WR_WRITE_RECORD;
+	uint32_t hlen = tagged ? DDP_TAGGED_HLEN : DDP_UNTAGGED_HLEN;
+	uint64_t total = 0;
+	for (int i = 0; i < wr->num_sge; i++)
+		total += wr->sg_list[i].length;
+	if (total > rc->mulpdu - hlen || mpa_fpdu_len((uint32_t)(hlen + total)) > RC_FLAT_SEND)
+		return false;
+	for (int i = 0; i < wr->num_sge; i++)
+		if (soft_mr_check_local(qp->ctx, qp->pd, &wr->sg_list[i], false))
+			return false; /* the queued way completes it with the error */
+	uint32_t ulen = hlen + (uint32_t)total, pad = mpa_pad(ulen), flen = mpa_fpdu_len(ulen);
+	uint8_t f[RC_FLAT_SEND];
+	f[0] = (uint8_t)(ulen >> 8);
+	f[1] = (uint8_t)ulen;
+	union {
+		struct ddp_tagged_hdr t;
+		struct ddp_untagged_hdr u;
+	} h;
+	if (tagged)
+		rc_put_tagged(&h.t, op == DGV_WR_WRITE ? RDMAP_WRITE : RDMAP_WRITE_RECORD, true, wr->rkey, wr->remote_addr);
+	else
+		rc_put_untagged(&h.u, op == DGV_WR_SEND ? RDMAP_SEND : RDMAP_SEND_SE, true, DDP_QN_SEND, rc->msn_send, 0, 0);
+	memcpy(f + MPA_HDR_LEN, &h, hlen);
+	uint32_t o = MPA_HDR_LEN + hlen;
+	for (int i = 0; i < wr->num_sge; i++) {
+		if (wr->sg_list[i].length)
+			memcpy(f + o, (const void *)(uintptr_t)wr->sg_list[i].addr, wr->sg_list[i].length);
+		o += wr->sg_list[i].length;
+	}
+	memset(f + o, 0, pad);
+	o += pad;
+	mpa_crc_put(f + o, rc->info.crc ? dg_crc32c(f, o) : 0);
+	ssize_t n = rc_send_some(qp, &(struct iovec){f, flen}, 1);
+	if (n <= 0)
+		return false; /* TCP full (the pump waits for its room) or an error it meets again */
+	uint32_t msn = tagged ? 0 : rc->msn_send++;
+	rc->tx_pos += flen;
+	qp->st.tx_datagrams++;
+	qp->st.tx_bytes += flen;
+	if ((size_t)n == flen) {
+		qp->st.tx_msgs++;
+		if (wr->send_flags & DGV_SEND_SIGNALED) {
+			struct dgv_wc wc = {.wr_id = wr->wr_id, .status = DGV_WC_SUCCESS, .opcode = wc_of_wr[op],
+					    .byte_len = (uint32_t)total, .msn = msn, .qp = &qp->base};
+			if (soft_cq_push(qp->scq, &wc, NULL, NULL))
+				qp->st.cq_overflows++;
+		}
+		return true;
+	}
+	/* TCP took part of the FPDU: the rest must follow before anything else */
+	if (!batch_get(rc)) {
+		rc_fail(qp, -ENOMEM, NULL, false, NULL, 0, 0);
+		return true; /* the connection failed: its queue flushes */
+	}
+	qp->sq_head = qp->sq_pump = qp->sq_tail = 0;
+	struct soft_swqe *w = soft_sq_at(qp, 0);
+	*w = (struct soft_swqe){.wr_id = wr->wr_id, .opcode = op, .flags = wr->send_flags, .num_sge = (uint32_t)wr->num_sge,
+				.len = (uint32_t)total, .remote_addr = wr->remote_addr, .rkey = wr->rkey,
+				.msn = msn, .sent = total ? (uint32_t)total : 1, .gen = w->gen + 1};
+	if (wr->num_sge)
+		memcpy(w->sge, wr->sg_list, (size_t)wr->num_sge * sizeof *w->sge);
+	qp->sq_tail = qp->sq_pump = 1;
+	uint32_t rest = flen - (uint32_t)n;
+	memcpy(rc->bt->hbuf, f + n, rest);
+	rc->hused = rest;
+	rc->bt->iov[0] = (struct iovec){rc->bt->hbuf, rest};
+	rc->niov = 1;
+	rc->b_bytes = rest;
+	rc->bt->fp[0] = (struct rc_fp){.end = rest, .kind = FP_SQ_DONE, .idx = 0};
+	rc->nfp = 1;
+	rc_tx_pump(qp);
+	/* DGV_SEND_SIGNAL_HELD: not wholly in TCP when the post returns, so it completes */
+	if (qp->sq_head != qp->sq_tail && !w->done && (w->flags & DGV_SEND_SIGNAL_HELD))
+		w->flags |= DGV_SEND_SIGNALED;
+	return true;
+}
+
 int soft_rc_post_send(struct soft_qp *qp, struct dgv_send_wr *wr, struct dgv_send_wr **bad)
 {
 	struct rc_conn *rc = qp->rc;
 	int ret = 0;
 	pthread_mutex_lock(&qp->lock);
+	if (wr && rc_post_now(qp, wr)) {
+		*bad = NULL;
+		soft_qp_unlock(qp);
+		return 0;
+	}
 	/* an empty send queue with no batch in flight (whose FPDUs name entries) starts again at
 	 * its first entry: a connection that has a message or two out at a time writes one page of
 	 * the queue, not each of its pages in turn (qp.c soft_post_send does the same) */
