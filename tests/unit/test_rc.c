@@ -385,7 +385,7 @@ Test(rc, write_read_write_record)
 	cr_assert_eq(wait_wc(C.cq).status, DGV_WC_SUCCESS);
 }
 
-/* rc_tx.c test hook: TCP takes at most cap bytes of the next send, then is full until 0. */
+/* qp.c test hook: TCP takes at most cap bytes of the next send, then is full until 0. */
 void soft_qp_test_tx_cap(struct dgv_qp *qpb, uint32_t cap);
 
 /* A one-FPDU post into an idle connection goes to TCP during the post (rc_post_now): placed

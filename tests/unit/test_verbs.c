@@ -1020,8 +1020,10 @@ Test(verbs, cq_with_many_qps)
 	teardown_pair();
 }
 
-/* qp.c test hook: the QP's sends find its socket full while on. */
-void soft_qp_test_block_tx(struct dgv_qp *qpb, bool on);
+/* qp.c test hook: the QP's socket takes at most cap bytes of the next send, then is full, until
+ * 0; a UD datagram goes whole or not at all, so any cap makes the socket full. */
+void soft_qp_test_tx_cap(struct dgv_qp *qpb, uint32_t cap);
+#define soft_qp_test_block_tx(qp, on) soft_qp_test_tx_cap((qp), (on) ? UINT32_MAX : 0)
 
 /* DGV_SEND_INLINE: an unsignaled Send from memory nobody registered, which the caller may
  * overwrite as soon as the post returns: sent at once it makes no completion; queued behind a

@@ -132,8 +132,8 @@ static void udp_emit(void *arg, const struct dg_pkt *pkt)
 static int udp_xmit(struct soft_qp *qp, const struct iovec *iov, int iovcnt,
 		    const union dgv_sockaddr *to, socklen_t tolen)
 {
-	if (__builtin_expect(qp->tx_test_block, 0))
-		return -EAGAIN; /* soft_qp_test_block_tx: the socket is "full" */
+	if (__builtin_expect(qp->tx_test_cap != 0, 0))
+		return -EAGAIN; /* soft_qp_test_tx_cap: the socket is "full" */
 	struct tx_ctx t = {qp, 0};
 	size_t len = 0;
 	for (int i = 0; i < iovcnt; i++)
@@ -568,7 +568,7 @@ static bool ud_train_fits(const struct soft_swqe *w)
  */
 static int pump_ud_train(struct soft_qp *qp, uint32_t i)
 {
-	if (qp->gso_off || qp->ftx.active || __builtin_expect(qp->tx_test_block, 0))
+	if (qp->gso_off || qp->ftx.active || __builtin_expect(qp->tx_test_cap != 0, 0))
 		return 0;
 	struct soft_swqe *first = &qp->sq[i % qp->sq_cap];
 	if (!ud_train_fits(first) || i + 1 == qp->sq_tail)
@@ -1499,7 +1499,7 @@ static int rd_train_cb(void *arg, const struct iovec *iov, int n, uint16_t seg, 
 		       socklen_t tolen)
 {
 	struct soft_qp *qp = arg;
-	if (qp->gso_off || qp->ftx.active || __builtin_expect(qp->tx_test_block, 0)) {
+	if (qp->gso_off || qp->ftx.active || __builtin_expect(qp->tx_test_cap != 0, 0)) {
 		int rc = 0;
 		for (int j = 0; j < n; j++) {
 			int e = udp_xmit(qp, &iov[j], 1, to, tolen);
@@ -2020,15 +2020,17 @@ int soft_qp_progress(struct soft_qp *qp, bool from_app, bool block)
 	return n;
 }
 
-/* Test hook, declared by tests/unit/test_verbs.c (not part of soft.h): on, the QP's
- * single-datagram sends find its socket full (-EAGAIN), as a kernel send buffer with no room
- * makes them, so that tests reach what a post leaves queued. */
-void soft_qp_test_block_tx(struct dgv_qp *qpb, bool on);
-void soft_qp_test_block_tx(struct dgv_qp *qpb, bool on)
+/* Test hook, declared by tests/unit/test_verbs.c and test_rc.c (not part of soft.h): the QP's
+ * socket takes at most cap bytes of its next send and then has no room (-EAGAIN, as a kernel
+ * send buffer with no room) until the hook is set to 0, so that tests reach what a post leaves
+ * queued and, on RC, an FPDU cut by TCP. A UD datagram goes whole or not at all: any cap is
+ * "full". */
+void soft_qp_test_tx_cap(struct dgv_qp *qpb, uint32_t cap);
+void soft_qp_test_tx_cap(struct dgv_qp *qpb, uint32_t cap)
 {
 	struct soft_qp *qp = to_sqp(qpb);
 	pthread_mutex_lock(&qp->lock);
-	qp->tx_test_block = on;
+	qp->tx_test_cap = cap;
 	soft_qp_unlock(qp);
 }
 

@@ -382,19 +382,7 @@ static ssize_t tcp_full(struct soft_qp *qp)
 	return 0;
 }
 
-/* Test hook, declared by tests/unit/test_rc.c (not part of soft.h): TCP takes at most cap bytes
- * of the QP's next send and then has no room until the hook is set to 0, so that tests reach
- * an FPDU cut by TCP. */
-void soft_qp_test_tx_cap(struct dgv_qp *qpb, uint32_t cap);
-void soft_qp_test_tx_cap(struct dgv_qp *qpb, uint32_t cap)
-{
-	struct soft_qp *qp = to_sqp(qpb);
-	pthread_mutex_lock(&qp->lock);
-	qp->tx_test_cap = cap;
-	soft_qp_unlock(qp);
-}
-
-/* rc_send_some under soft_qp_test_tx_cap. */
+/* rc_send_some under the test hook soft_qp_test_tx_cap (qp.c). */
 static ssize_t test_capped(struct soft_qp *qp, const struct iovec *iov, int n)
 {
 	if (qp->tx_test_cap == UINT32_MAX)

@@ -304,9 +304,9 @@ struct soft_qp {
 	bool io_used;               /* it was started once: libev may hold its descriptor (lazily) */
 	ev_io io;
 	bool pump_blocked;          /* UDP socket full: need POLLOUT (stored atomically: read unlocked) */
-	bool tx_test_block;         /* qp.c soft_qp_test_block_tx (tests): sends find the socket full */
-	/* rc_tx.c soft_qp_test_tx_cap (tests): TCP takes at most this many bytes of the next send,
-	 * then is full (UINT32_MAX) until the hook is cleared (0) */
+	/* qp.c soft_qp_test_tx_cap (tests): the socket takes at most this many bytes of the next
+	 * send (RC: TCP; UD: nothing, a datagram is whole or not at all), then is full
+	 * (UINT32_MAX) until the hook is cleared (0) */
 	uint32_t tx_test_cap;
 	struct rc_conn *rc;         /* RC QPs: the connection (rc_int.h); NULL on UD/RD */
 	struct dgv_qp_stats st;
