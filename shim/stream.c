@@ -80,6 +80,10 @@ enum { WR_DATA = 1, WR_CTL = 2, WR_SENTINEL = 3 };
  * CQ would wake a program waiting for the reply once more per message. */
 #define WR_SEND (1ull << 63)
 #define SIGNAL_EVERY 16u /* device: one data record in this many asks for a completion */
+/* DGV_SEND_NOW: a write of at most this many bytes in at most NOW_SGE pieces is offered to the
+ * provider from the program's buffer (the soft provider's one-FPDU post takes up to ~1.5 kB) */
+#define NOW_MAX 1400u
+#define NOW_SGE 2 /* the stream QP's max_sge (rc_attr) */
 /* A device consumes a posted receive per Write-Record (docs/design.md, "The ibverbs
  * provider"): a device stream keeps one posted per record the peer may have in flight (data and
  * control), each with its own 64-byte buffer (an iWARP record's descriptor lands there), wr_id
@@ -2125,6 +2129,26 @@ static size_t tx_room(const struct stream *t)
 	return (size_t)(win - used);
 }
 
+/* The c bytes of iov from byte skip on as at most NOW_SGE SGEs of the program's memory (lkey 0:
+ * DGV_SEND_NOW does not look). Returns how many, 0 when they take more. */
+static int iov_sges(const struct iovec *iov, int iovcnt, size_t skip, size_t c, struct dgv_sge *sge)
+{
+	int k = 0;
+	for (int i = 0; i < iovcnt && c; i++) {
+		if (skip >= iov[i].iov_len) {
+			skip -= iov[i].iov_len;
+			continue;
+		}
+		size_t l = iov[i].iov_len - skip < c ? iov[i].iov_len - skip : c;
+		if (k == NOW_SGE)
+			return 0;
+		sge[k++] = (struct dgv_sge){(uint64_t)(uintptr_t)iov[i].iov_base + skip, (uint32_t)l, 0};
+		c -= l;
+		skip = 0;
+	}
+	return c ? 0 : k;
+}
+
 /* Copies up to n bytes of iov (from byte skip) into the send ring and posts them as data
  * records, as far as the window lets. Where completions cost (DGV_CAP_SIGNAL_COSTS) one record
  * in SIGNAL_EVERY asks for one, and with sig_last the one that ends the n bytes (a later
@@ -2145,28 +2169,42 @@ static ssize_t post_data(struct sock *s, struct stream *t, const struct iovec *i
 			c = t->ring - toff;
 		if (c > t->p_ring - poff)
 			c = t->p_ring - poff;
-		/* gather the program's pieces into the ring */
-		size_t got = 0, at = skip + done;
-		for (int i = 0; i < iovcnt && got < c; i++) {
-			if (at >= iov[i].iov_len) {
-				at -= iov[i].iov_len;
-				continue;
-			}
-			size_t k = iov[i].iov_len - at < c - got ? iov[i].iov_len - at : c - got;
-			memcpy(t->tx + toff + got, (const uint8_t *)iov[i].iov_base + at, k);
-			got += k;
-			at = 0;
-		}
-		struct dgv_sge sge = {(uint64_t)(uintptr_t)(t->tx + toff), (uint32_t)c, t->mr_out->lkey};
 		bool sig = !pv_can(t->pv, DGV_CAP_SIGNAL_COSTS) || (t->data_seq + 1) % SIGNAL_EVERY == 0 ||
 			   (sig_last && done + c == n);
-		struct dgv_send_wr wr = {.wr_id = WR_SEND | (t->data_seq + 1) << 8 | WR_DATA, .sg_list = &sge, .num_sge = 1,
+		struct dgv_sge sge[NOW_SGE];
+		struct dgv_send_wr wr = {.wr_id = WR_SEND | (t->data_seq + 1) << 8 | WR_DATA, .sg_list = sge, .num_sge = 1,
 					 .opcode = DGV_WR_WRITE_RECORD, .send_flags = sig ? DGV_SEND_SIGNALED : 0,
 					 .remote_addr = t->p_ring_addr + poff, .rkey = t->p_stag},
 				   *bad;
-		int rc = dgv_post_send(t->qp, &wr, &bad);
-		if (rc)
-			return done ? (ssize_t)done : rc;
+		/* A small write into an idle connection goes from the program's own buffer during
+		 * the post (DGV_SEND_NOW): the send ring is neither copied into nor written, so a
+		 * connection that trades requests and replies never writes a page of it (issue 14
+		 * item 2: SIPp's calls). Its bytes keep their place in the ring's positions. */
+		int rc = -EAGAIN;
+		if (c <= NOW_MAX && pv_can(t->pv, DGV_CAP_RC_SEND_NOW) &&
+		    (wr.num_sge = iov_sges(iov, iovcnt, skip + done, c, sge)) > 0) {
+			wr.send_flags |= DGV_SEND_NOW;
+			rc = dgv_post_send(t->qp, &wr, &bad);
+			wr.send_flags &= ~(unsigned)DGV_SEND_NOW;
+		}
+		if (rc) {
+			/* gather the program's pieces into the ring */
+			size_t got = 0, at = skip + done;
+			for (int i = 0; i < iovcnt && got < c; i++) {
+				if (at >= iov[i].iov_len) {
+					at -= iov[i].iov_len;
+					continue;
+				}
+				size_t k = iov[i].iov_len - at < c - got ? iov[i].iov_len - at : c - got;
+				memcpy(t->tx + toff + got, (const uint8_t *)iov[i].iov_base + at, k);
+				got += k;
+				at = 0;
+			}
+			sge[0] = (struct dgv_sge){(uint64_t)(uintptr_t)(t->tx + toff), (uint32_t)c, t->mr_out->lkey};
+			wr.num_sge = 1;
+			if ((rc = dgv_post_send(t->qp, &wr, &bad)))
+				return done ? (ssize_t)done : rc;
+		}
 		t->data_seq++;
 		if (sig)
 			t->sig_seq = t->data_seq;

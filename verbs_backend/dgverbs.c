@@ -222,6 +222,12 @@ int dgv_post_send(struct dgv_qp *qp, struct dgv_send_wr *wr, struct dgv_send_wr 
 	*bad = wr;
 	if (!qp || !wr)
 		return -EINVAL;
+	if (__builtin_expect((wr->send_flags & DGV_SEND_NOW) != 0, 0)) {
+		if (!(qp->ctx->caps.flags & DGV_CAP_RC_SEND_NOW) || qp->type != DGV_QPT_RC)
+			return -EOPNOTSUPP;
+		if (wr->next)
+			return -EINVAL;
+	}
 	return qp->ctx->ops->post_send(qp, wr, bad);
 }
 

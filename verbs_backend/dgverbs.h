@@ -113,6 +113,8 @@ enum dgv_cap_flag {
 	/* RC: sends are handed to the transport during dgv_post_send when it has room (the soft
 	 * provider's TCP socket), DGV_SEND_SIGNAL_HELD and dgv_qp_tx_held work */
 	DGV_CAP_RC_TX_HELD = 1u << 12,
+	/* RC: DGV_SEND_NOW (the soft provider's TCP socket) */
+	DGV_CAP_RC_SEND_NOW = 1u << 13,
 };
 
 struct dgv_caps {
@@ -321,6 +323,14 @@ enum dgv_send_flags {
 	 * know its bytes left the process asks dgv_qp_tx_held after the post and waits for a
 	 * completion only then, instead of making and taking one per send */
 	DGV_SEND_SIGNAL_HELD = 1u << 2,
+	/* RC (DGV_CAP_RC_SEND_NOW), one work request: the message goes to the transport during
+	 * dgv_post_send, which reads the SGEs' memory only then (registered or not: lkeys are not
+	 * looked at), or nothing is posted and it returns -EAGAIN (something is queued or on its way
+	 * before it, the transport has no room, more than one FPDU). What the transport took only
+	 * part of the provider keeps a copy of. A stream's small write then goes from the program's
+	 * buffer, and the send ring's pages are not written for it (issue 14 item 2). -EINVAL with
+	 * a chain, -EOPNOTSUPP where the provider has no such way. */
+	DGV_SEND_NOW = 1u << 3,
 };
 
 struct dgv_send_wr {

@@ -464,6 +464,59 @@ Test(rc, small_post_goes_now_and_a_cut_fpdu_finishes_first)
 	cr_assert_eq(dgv_qp_tx_held(C.qp), 0);
 }
 
+/* DGV_SEND_NOW: the message goes from the caller's unregistered memory during the post, or
+ * nothing is posted (-EAGAIN) when it cannot go now; what TCP took only part of is kept as a
+ * copy, so the caller's buffer may change the moment the post returns. */
+Test(rc, send_now_reads_the_callers_memory_only_during_the_post)
+{
+	connect_pair(NULL, NULL);
+	uint8_t mine[1200], orig[1200];
+	fill(mine, sizeof mine, 33);
+	memcpy(orig, mine, sizeof mine);
+	struct dgv_wc r;
+	struct dgv_sge sg[2] = {{(uint64_t)(uintptr_t)mine, 500, 0}, {(uint64_t)(uintptr_t)mine + 500, 700, 0}};
+	struct dgv_send_wr wr = {.wr_id = 1, .sg_list = sg, .num_sge = 2, .opcode = DGV_WR_WRITE_RECORD,
+				 .send_flags = DGV_SEND_NOW, .remote_addr = (uint64_t)(uintptr_t)S.buf, .rkey = S.mr->rkey};
+	cr_assert_eq(dgv_post_send(C.qp, &wr, NULL), 0, "an idle connection takes it now");
+	memset(mine, 0xee, sizeof mine); /* the caller's again */
+	r = wait_wc(S.cq);
+	cr_assert_eq(r.opcode, DGV_WC_RECV_WRITE_RECORD);
+	cr_assert_eq(r.record.length, 1200);
+	cr_assert(memcmp(S.buf, orig, 1200) == 0, "placed as it was at the post");
+
+	struct dgv_send_wr two = wr;
+	two.next = &wr;
+	cr_assert_eq(dgv_post_send(C.qp, &two, NULL), -EINVAL, "one work request only");
+
+	/* TCP takes 9 bytes of it: the rest is a copy, sent once TCP has room */
+	memcpy(mine, orig, sizeof mine);
+	soft_qp_test_tx_cap(C.qp, 9);
+	wr.remote_addr = (uint64_t)(uintptr_t)S.buf + 4096;
+	cr_assert_eq(dgv_post_send(C.qp, &wr, NULL), 0, "begun during the post");
+	memset(mine, 0x5a, sizeof mine);
+	/* now something is on its way: the next one cannot go now, and nothing of it is posted */
+	struct dgv_sge sg3 = {(uint64_t)(uintptr_t)mine, 100, 0};
+	struct dgv_send_wr wr3 = {.wr_id = 3, .sg_list = &sg3, .num_sge = 1, .opcode = DGV_WR_WRITE_RECORD,
+				  .send_flags = DGV_SEND_NOW, .remote_addr = (uint64_t)(uintptr_t)S.buf + 8192,
+				  .rkey = S.mr->rkey};
+	struct dgv_send_wr *bad = NULL;
+	cr_assert_eq(dgv_post_send(C.qp, &wr3, &bad), -EAGAIN);
+	cr_assert_eq(bad, &wr3);
+	soft_qp_test_tx_cap(C.qp, 0);
+	r = wait_wc(S.cq);
+	cr_assert_eq(r.record.base, (uint64_t)(uintptr_t)S.buf + 4096);
+	cr_assert_eq(r.record.length, 1200);
+	cr_assert(memcmp(S.buf + 4096, orig, 1200) == 0, "the cut FPDU's rest was kept as posted");
+	usleep(20000);
+	cr_assert_eq(dgv_poll_cq(S.cq, 1, &r), 0, "the refused post sent nothing");
+	/* room again: it goes now */
+	cr_assert_eq(dgv_post_send(C.qp, &wr3, NULL), 0);
+	r = wait_wc(S.cq);
+	cr_assert_eq(r.record.base, (uint64_t)(uintptr_t)S.buf + 8192);
+	cr_assert_eq(r.record.length, 100);
+	cr_assert(S.buf[8192] == 0x5a && S.buf[8291] == 0x5a);
+}
+
 Test(rc, reads_beyond_ord_wait)
 {
 	struct dgv_conn_param cp = {.ord = 1};

@@ -546,7 +546,7 @@ int dgv_soft_open(const struct dgv_context_attr *attr, struct dgv_context **out)
 		.max_msg_size = 16u << 20, /* a message segments into datagrams (qp.c DEFAULT_MAX_MSG) */
 		.flags = DGV_CAP_ADOPT_FD | DGV_CAP_PEEK | DGV_CAP_BACKGROUND | DGV_CAP_DGRAM_READ |
 			 DGV_CAP_SEND_INLINE | DGV_CAP_RX_FEED | DGV_CAP_RC_RX_FEED | DGV_CAP_SIGNAL_COSTS |
-			 DGV_CAP_RC_TX_HELD,
+			 DGV_CAP_RC_TX_HELD | DGV_CAP_RC_SEND_NOW,
 	};
 	ctx->progress = attr ? attr->progress : DGV_PROGRESS_AUTO;
 	ctx->loop_epfd = -1;

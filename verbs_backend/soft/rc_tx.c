@@ -553,8 +553,9 @@ static int sq_grow(struct soft_qp *qp)
  * the system call. When TCP takes part of it, the rest becomes the batch and the message a
  * send queue entry (built, waiting for its last byte), which the pump finishes as it finishes
  * any batch. Returns true when the post is done, false when the queued way must take it
- * (nothing was sent: TCP full, an error it reports, anything out of the common case). Needs
- * qp->lock. */
+ * (nothing was sent: TCP full, an error it reports, anything out of the common case). With
+ * DGV_SEND_NOW the SGEs are the caller's memory (no region looked up): read only here, since
+ * what TCP did not take goes to the batch as a copy. Needs qp->lock. */
 static bool rc_post_now(struct soft_qp *qp, const struct dgv_send_wr *wr)
 {
 	struct rc_conn *rc = qp->rc;
@@ -573,7 +574,8 @@ static bool rc_post_now(struct soft_qp *qp, const struct dgv_send_wr *wr)
 		total += wr->sg_list[i].length;
 	if (total > rc->mulpdu - hlen || mpa_fpdu_len((uint32_t)(hlen + total)) > RC_FLAT_SEND)
 		return false;
-	for (int i = 0; i < wr->num_sge; i++)
+	bool now = (wr->send_flags & DGV_SEND_NOW) != 0; /* the caller's memory, read only here */
+	for (int i = 0; i < wr->num_sge && !now; i++)
 		if (soft_mr_check_local(qp->ctx, qp->pd, &wr->sg_list[i], false))
 			return false; /* the queued way completes it with the error */
 	uint32_t ulen = hlen + (uint32_t)total, pad = mpa_pad(ulen), flen = mpa_fpdu_len(ulen);
@@ -622,11 +624,13 @@ static bool rc_post_now(struct soft_qp *qp, const struct dgv_send_wr *wr)
 	}
 	qp->sq_head = qp->sq_pump = qp->sq_tail = 0;
 	struct soft_swqe *w = soft_sq_at(qp, 0);
-	*w = (struct soft_swqe){.wr_id = wr->wr_id, .opcode = op, .flags = wr->send_flags, .num_sge = (uint32_t)wr->num_sge,
+	/* built whole: its SGEs are not read again (DGV_SEND_NOW's are not even kept) */
+	uint32_t nsge = now ? 0 : (uint32_t)wr->num_sge;
+	*w = (struct soft_swqe){.wr_id = wr->wr_id, .opcode = op, .flags = wr->send_flags, .num_sge = nsge,
 				.len = (uint32_t)total, .remote_addr = wr->remote_addr, .rkey = wr->rkey,
 				.msn = msn, .sent = total ? (uint32_t)total : 1, .gen = w->gen + 1};
-	if (wr->num_sge)
-		memcpy(w->sge, wr->sg_list, (size_t)wr->num_sge * sizeof *w->sge);
+	if (nsge)
+		memcpy(w->sge, wr->sg_list, (size_t)nsge * sizeof *w->sge);
 	qp->sq_tail = qp->sq_pump = 1;
 	uint32_t rest = flen - (uint32_t)n;
 	memcpy(rc->bt->hbuf, f + n, rest);
@@ -652,6 +656,11 @@ int soft_rc_post_send(struct soft_qp *qp, struct dgv_send_wr *wr, struct dgv_sen
 		*bad = NULL;
 		soft_qp_unlock(qp);
 		return 0;
+	}
+	if (wr && (wr->send_flags & DGV_SEND_NOW)) {
+		/* not now: nothing posted, the caller copies and posts the queued way */
+		soft_qp_unlock(qp);
+		return -EAGAIN;
 	}
 	/* an empty send queue with no batch in flight (whose FPDUs name entries) starts again at
 	 * its first entry: a connection that has a message or two out at a time writes one page of
