@@ -539,8 +539,12 @@ def page(R, M, made, elapsed):
               "socket gets a UD queue pair with 32 pre-registered 64 KiB receive slots (touched only as far "
               "as datagrams reach), a send slot pool and a completion queue (no eventfd on the soft provider; docs/shim.md "
               "\"Descriptors and memory per socket\"); each carried TCP connection an RC queue pair with a 512 KiB receive "
-              "ring and a send ring (touched only as far as its bytes reach; SIP calls move few bytes), and "
-              "on the UAS side one such connection per call where UDP has one socket for all calls." % (
+              "ring (touched only as far as its bytes reach; SIP calls move few bytes) and a send ring (on the "
+              "soft provider a small write into an idle connection goes from the program's buffer and "
+              "writes none of it: `DGV_SEND_NOW`, docs/shim.md), and on the UAS side one such connection "
+              "per call where UDP has one socket for all calls. What each connection end still writes: "
+              "the RC queue pair's first page, the stream area's first page (control slots both ways and "
+              "the receive ring's start) and ~3.5 kB of small objects and heap." % (
                   n, per(u, un), per(r, tn)))
             w("")
             if sav is not None and sav < 30:
