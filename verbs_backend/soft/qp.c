@@ -69,7 +69,7 @@ static void errq_add(struct soft_qp *qp, const struct dg_reject *why, bool remot
 		qp->errq_count--;
 		qp->st.errq_overflows++;
 	}
-	struct dgv_async_err *e = &qp->errq[(qp->errq_head + qp->errq_count) % SOFT_ERRQ];
+	struct dgv_async_err *e = &qp->x->errq[(qp->errq_head + qp->errq_count) % SOFT_ERRQ];
 	*e = (struct dgv_async_err){.layer = why->layer, .etype = why->etype, .ecode = why->ecode,
 				    .remote = remote, .opcode = opcode, .msn = msn, .stag = stag,
 				    .to = to, .length = len};
@@ -354,7 +354,7 @@ static struct soft_swqe *cookie_wqe(struct soft_qp *qp, uint64_t cookie, uint32_
 static int ord_alloc(struct soft_qp *qp)
 {
 	for (int i = 0; i < SOFT_MAX_ORD; i++)
-		if (!qp->ord[i].used)
+		if (!qp->x->ord[i].used)
 			return i;
 	return -1;
 }
@@ -656,11 +656,11 @@ static int pump_swqe(struct soft_qp *qp, uint32_t idx)
 		if (rc)
 			return rc;
 		qp->ord_count++;
-		qp->ord[o] = (struct soft_ord){.used = true, .sq_idx = idx, .msn = w->msn,
+		qp->x->ord[o] = (struct soft_ord){.used = true, .sq_idx = idx, .msn = w->msn,
 					       .stag = w->sge[0].lkey, .to = w->sge[0].addr, .len = w->len,
 					       .slot = -1, .peer = w->dst, .peerlen = w->dstlen};
 		if (qp->base.type == DGV_QPT_UD)
-			qp->ord[o].deadline_us = dg_now_us() + 4ull * qp->reasm_us;
+			qp->x->ord[o].deadline_us = dg_now_us() + 4ull * qp->reasm_us;
 		w->read_ord = true;
 		w->all_sent = true;
 		return 0;
@@ -751,8 +751,8 @@ static int pump_ird(struct soft_qp *qp)
 	while (qp->ird_count) {
 		struct soft_ird *r = NULL;
 		for (int i = 0; i < SOFT_MAX_IRD; i++)
-			if (qp->ird[i].used && (!r || msn_before(qp->ird[i].msn, r->msn)))
-				r = &qp->ird[i];
+			if (qp->x->ird[i].used && (!r || msn_before(qp->x->ird[i].msn, r->msn)))
+				r = &qp->x->ird[i];
 		if (!r)
 			break;
 		do {
@@ -883,13 +883,13 @@ static struct soft_slot *slot_find(struct soft_qp *qp, bool send_class, const un
 {
 	if (!qp->slots_active)
 		return NULL;
-	struct soft_slot *h = &qp->slots[qp->slot_hint];
+	struct soft_slot *h = &qp->x->slots[qp->slot_hint];
 	if (slot_is(h, send_class, src, msn))
 		return h;
 	for (uint32_t i = 0; i < SOFT_REASM_SLOTS; i++)
-		if (slot_is(&qp->slots[i], send_class, src, msn)) {
+		if (slot_is(&qp->x->slots[i], send_class, src, msn)) {
 			qp->slot_hint = i;
-			return &qp->slots[i];
+			return &qp->x->slots[i];
 		}
 	return NULL;
 }
@@ -910,7 +910,7 @@ static struct soft_slot *slot_alloc(struct soft_qp *qp)
 {
 	struct soft_slot *victim = NULL;
 	for (int i = 0; i < SOFT_REASM_SLOTS; i++) {
-		struct soft_slot *s = &qp->slots[i];
+		struct soft_slot *s = &qp->x->slots[i];
 		if (slot_usable(s))
 			return s;
 		if (s->kind != SLOT_FREE && s->kind != SLOT_READ &&
@@ -940,7 +940,7 @@ static int slot_init(struct soft_qp *qp, struct soft_slot *s, enum slot_kind kin
 		s->bitmap_cap = need;
 	}
 	memset(s->bitmap, 0, need);
-	qp->slot_hint = (uint32_t)(s - qp->slots);
+	qp->slot_hint = (uint32_t)(s - qp->x->slots);
 	s->kind = kind;
 	s->done = false;
 	s->src = *src;
@@ -1008,7 +1008,7 @@ static bool older_send_active(struct soft_qp *qp, const union dgv_sockaddr *src,
 	if (!qp->slots_active)
 		return false;
 	for (int i = 0; i < SOFT_REASM_SLOTS; i++) {
-		struct soft_slot *s = &qp->slots[i];
+		struct soft_slot *s = &qp->x->slots[i];
 		if ((s->kind == SLOT_SEND || s->kind == SLOT_DISCARD) && !s->done &&
 		    msn_before(s->msn, msn) && dgv_addr_eq(&s->src, src))
 			return true;
@@ -1022,7 +1022,7 @@ static void release_done_sends(struct soft_qp *qp, const union dgv_sockaddr *src
 	for (;;) {
 		struct soft_slot *best = NULL;
 		for (int i = 0; i < SOFT_REASM_SLOTS; i++) {
-			struct soft_slot *s = &qp->slots[i];
+			struct soft_slot *s = &qp->x->slots[i];
 			if (s->kind == SLOT_SEND && s->done && dgv_addr_eq(&s->src, src) &&
 			    (!best || msn_before(s->msn, best->msn)))
 				best = s;
@@ -1270,8 +1270,8 @@ static void rx_read_req(struct soft_qp *qp, const union dgv_sockaddr *from, sock
 	}
 	struct soft_ird *r = NULL;
 	for (int i = 0; i < SOFT_MAX_IRD; i++)
-		if (!qp->ird[i].used) {
-			r = &qp->ird[i];
+		if (!qp->x->ird[i].used) {
+			r = &qp->x->ird[i];
 			break;
 		}
 	if (!r) {
@@ -1290,7 +1290,7 @@ static void rx_read_req(struct soft_qp *qp, const union dgv_sockaddr *from, sock
 static void ord_finish(struct soft_qp *qp, struct soft_ord *o, enum dgv_wc_status st, uint32_t bytes)
 {
 	if (o->slot >= 0) {
-		struct soft_slot *s = &qp->slots[o->slot];
+		struct soft_slot *s = &qp->x->slots[o->slot];
 		if (st == DGV_WC_PARTIAL) {
 			sq_complete_read_partial(qp, o->sq_idx, s, o);
 		} else {
@@ -1312,8 +1312,8 @@ static void rx_read_resp(struct soft_qp *qp, const union dgv_sockaddr *from, soc
 {
 	struct soft_ord *o = NULL;
 	for (int i = 0; i < SOFT_MAX_ORD; i++)
-		if (qp->ord[i].used && qp->ord[i].msn == g->msn && dgv_addr_eq(&qp->ord[i].peer, from)) {
-			o = &qp->ord[i];
+		if (qp->x->ord[i].used && qp->x->ord[i].msn == g->msn && dgv_addr_eq(&qp->x->ord[i].peer, from)) {
+			o = &qp->x->ord[i];
 			break;
 		}
 	if (!o) {
@@ -1356,10 +1356,10 @@ static void rx_read_resp(struct soft_qp *qp, const union dgv_sockaddr *from, soc
 			ord_finish(qp, o, DGV_WC_PARTIAL, 0);
 			return;
 		}
-		o->slot = (int)(s - qp->slots);
+		o->slot = (int)(s - qp->x->slots);
 		s->deadline_us = UINT64_MAX; /* the ORD deadline governs */
 	}
-	struct soft_slot *s = &qp->slots[o->slot];
+	struct soft_slot *s = &qp->x->slots[o->slot];
 	int m = slot_mark(qp, s, g);
 	if (m == 0)
 		qp->st.dup_drops++;
@@ -1401,12 +1401,12 @@ static void rx_terminate(struct soft_qp *qp, const union dgv_sockaddr *from, con
 		dgv_err_str(why.layer, why.etype, why.ecode));
 	if (op == RDMAP_READ_REQ) {
 		for (int i = 0; i < SOFT_MAX_ORD; i++)
-			if (qp->ord[i].used && qp->ord[i].msn == msn && dgv_addr_eq(&qp->ord[i].peer, from)) {
+			if (qp->x->ord[i].used && qp->x->ord[i].msn == msn && dgv_addr_eq(&qp->x->ord[i].peer, from)) {
 				/* protection: RDMAP remote protection or a DDP tagged-buffer error;
 				 * anything else (e.g. the responder's read queue full) is an operation error */
 				bool prot = (why.layer == TERM_LAYER_RDMAP && why.etype == RDMAP_ETYPE_REMOTE_PROT) ||
 					    (why.layer == TERM_LAYER_DDP && why.etype == DDP_ETYPE_TAGGED_BUF);
-				ord_finish(qp, &qp->ord[i], prot ? DGV_WC_REM_ACCESS_ERR : DGV_WC_REM_OP_ERR, 0);
+				ord_finish(qp, &qp->x->ord[i], prot ? DGV_WC_REM_ACCESS_ERR : DGV_WC_REM_OP_ERR, 0);
 			}
 	}
 }
@@ -1485,8 +1485,8 @@ static void rd_failed_cb(void *arg, uint64_t cookie, int err)
 	qp->st.rd_peer_failures++;
 	if (w->opcode == DGV_WR_READ)
 		for (int i = 0; i < SOFT_MAX_ORD; i++)
-			if (qp->ord[i].used && qp->ord[i].sq_idx == idx) {
-				ord_finish(qp, &qp->ord[i], st, 0);
+			if (qp->x->ord[i].used && qp->x->ord[i].sq_idx == idx) {
+				ord_finish(qp, &qp->x->ord[i], st, 0);
 				return;
 			}
 	sq_complete(qp, idx, st, w->sent);
@@ -1903,15 +1903,15 @@ static void run_timers(struct soft_qp *qp, uint64_t now)
 		qp->last_scan_us = now;
 	if (scan && qp->slots_active)
 		for (int i = 0; i < SOFT_REASM_SLOTS; i++) {
-			struct soft_slot *s = &qp->slots[i];
+			struct soft_slot *s = &qp->x->slots[i];
 			if (s->kind != SLOT_FREE && s->kind != SLOT_READ && s->deadline_us <= now)
 				slot_expire(qp, s);
 		}
 	if (scan && qp->base.type == DGV_QPT_UD)
 		for (int i = 0; i < SOFT_MAX_ORD; i++)
-			if (qp->ord[i].used && qp->ord[i].deadline_us <= now) {
+			if (qp->x->ord[i].used && qp->x->ord[i].deadline_us <= now) {
 				qp->st.reasm_timeouts++;
-				ord_finish(qp, &qp->ord[i], DGV_WC_PARTIAL, 0);
+				ord_finish(qp, &qp->x->ord[i], DGV_WC_PARTIAL, 0);
 			}
 	if (qp->rd)
 		rd_tick(qp->rd, now);
@@ -1932,13 +1932,13 @@ uint64_t soft_qp_next_timer_locked(struct soft_qp *qp, uint64_t now)
 	uint64_t next = UINT64_MAX;
 	if (qp->slots_active)
 		for (int i = 0; i < SOFT_REASM_SLOTS; i++) {
-			struct soft_slot *s = &qp->slots[i];
+			struct soft_slot *s = &qp->x->slots[i];
 			if (s->kind != SLOT_FREE && s->kind != SLOT_READ && s->deadline_us < next)
 				next = s->deadline_us;
 		}
 	for (int i = 0; i < SOFT_MAX_ORD; i++)
-		if (qp->ord[i].used && qp->ord[i].deadline_us && qp->ord[i].deadline_us < next)
-			next = qp->ord[i].deadline_us;
+		if (qp->x->ord[i].used && qp->x->ord[i].deadline_us && qp->x->ord[i].deadline_us < next)
+			next = qp->x->ord[i].deadline_us;
 	uint64_t rel = next == UINT64_MAX ? UINT64_MAX : (next > now ? next - now : 0);
 	if (qp->rd) {
 		uint64_t r = rd_tick(qp->rd, now);
@@ -2168,7 +2168,7 @@ static void qp_free(struct soft_qp *qp)
 	dg_fault_fini(&qp->ftx);
 	dg_fault_fini(&qp->frx);
 	for (int i = 0; i < SOFT_REASM_SLOTS; i++)
-		free(qp->slots[i].bitmap);
+		free(qp->x->slots[i].bitmap);
 	if (qp->own_fd && qp->fd >= 0)
 		close(qp->fd);
 	for (uint32_t i = qp->sq_head; qp->sq && i != qp->sq_tail; i++)
@@ -2177,7 +2177,45 @@ static void qp_free(struct soft_qp *qp)
 	free(qp->rdpend);
 	soft_rq_free(qp);
 	pthread_mutex_destroy(&qp->lock);
-	dg_zfree(qp, sizeof *qp);
+	soft_qp_release(qp);
+}
+
+_Static_assert(sizeof(struct soft_qp) <= DG_SMALL_MAX, "an RC QP's fields fit dg_small_alloc");
+/* The UD/RD layout's rest starts right after the fields, aligned as the rest wants. */
+#define QP_X_OFF ((sizeof(struct soft_qp) + _Alignof(struct soft_qp_ext) - 1) & ~(_Alignof(struct soft_qp_ext) - 1))
+
+struct soft_qp *soft_qp_alloc(bool rc)
+{
+	if (!rc) {
+		uint8_t *p = dg_zalloc(QP_X_OFF + sizeof(struct soft_qp_ext));
+		if (!p)
+			return NULL;
+		struct soft_qp *qp = (struct soft_qp *)p;
+		qp->x = (struct soft_qp_ext *)(p + QP_X_OFF);
+		return qp;
+	}
+	struct soft_qp *qp = dg_small_alloc(sizeof *qp);
+	struct soft_qp_ext *x = dg_zalloc(sizeof *x);
+	if (!qp || !x) {
+		dg_small_free(qp, sizeof *qp);
+		dg_zfree(x, sizeof *x);
+		return NULL;
+	}
+	qp->x = x;
+	qp->x_apart = true;
+	return qp;
+}
+
+void soft_qp_release(struct soft_qp *qp)
+{
+	if (!qp)
+		return;
+	if (!qp->x_apart) {
+		dg_zfree(qp, QP_X_OFF + sizeof(struct soft_qp_ext));
+		return;
+	}
+	dg_zfree(qp->x, sizeof *qp->x);
+	dg_small_free(qp, sizeof *qp);
 }
 
 /* The QP's UDP socket: the adopted one, or a new one bound as a asks (non-blocking). Sets
@@ -2268,7 +2306,7 @@ int soft_create_qp(struct dgv_pd *pdb, const struct dgv_qp_init_attr *a, struct 
 	if (a->max_sge > SOFT_MAX_SGE)
 		return -EINVAL;
 	/* most of it (reassembly slots, read and error queues) is never touched by an idle QP */
-	struct soft_qp *qp = dg_zalloc(sizeof *qp);
+	struct soft_qp *qp = soft_qp_alloc(false);
 	if (!qp)
 		return -ENOMEM;
 	int err;
@@ -2389,9 +2427,9 @@ int soft_destroy_qp(struct dgv_qp *qpb)
 		recv_complete(qp, &w, DGV_WC_WR_FLUSH_ERR, 0, 0, &none, 0, false);
 	}
 	for (int i = 0; i < SOFT_REASM_SLOTS; i++)
-		if (qp->slots[i].kind == SLOT_SEND) {
+		if (qp->x->slots[i].kind == SLOT_SEND) {
 			union dgv_sockaddr none = {0};
-			recv_complete(qp, &qp->slots[i].wqe, DGV_WC_WR_FLUSH_ERR, 0, 0, &none, 0, false);
+			recv_complete(qp, &qp->x->slots[i].wqe, DGV_WC_WR_FLUSH_ERR, 0, 0, &none, 0, false);
 		}
 	soft_qp_unlock(qp);
 	soft_qp_quiesce(qp);
@@ -2674,7 +2712,7 @@ int soft_poll_errq(struct dgv_qp *qpb, int n, struct dgv_async_err *out)
 	pthread_mutex_lock(&qp->lock);
 	int got = 0;
 	while (got < n && qp->errq_count) {
-		out[got++] = qp->errq[qp->errq_head];
+		out[got++] = qp->x->errq[qp->errq_head];
 		qp->errq_head = (qp->errq_head + 1) % SOFT_ERRQ;
 		qp->errq_count--;
 	}

@@ -289,7 +289,7 @@ void rc_errq_put(struct soft_qp *qp, uint8_t l, uint8_t t, uint8_t c, bool remot
 		qp->errq_count--;
 		qp->st.errq_overflows++;
 	}
-	struct dgv_async_err *e = &qp->errq[(qp->errq_head + qp->errq_count) % SOFT_ERRQ];
+	struct dgv_async_err *e = &qp->x->errq[(qp->errq_head + qp->errq_count) % SOFT_ERRQ];
 	*e = (struct dgv_async_err){.layer = l, .etype = t, .ecode = c, .remote = remote, .opcode = opcode,
 				    .msn = msn, .stag = stag, .to = to, .length = len, .peer = qp->rc->info.peer};
 	qp->errq_count++;
@@ -315,10 +315,10 @@ void rc_flush_all(struct soft_qp *qp, enum dgv_wc_status first_status)
 	qp->sq_pump = qp->sq_tail;
 	rc->cur = 0;
 	for (uint32_t i = 0; i < SOFT_MAX_ORD; i++)
-		qp->ord[i].used = false;
+		qp->x->ord[i].used = false;
 	qp->ord_count = 0;
 	for (uint32_t i = 0; i < SOFT_MAX_IRD; i++)
-		qp->ird[i].used = false;
+		qp->x->ird[i].used = false;
 	qp->ird_count = 0;
 	rc->ird_unbuilt = 0;
 	if (rc->rcv_active) {
@@ -378,7 +378,7 @@ static void rc_qp_free(struct soft_qp *qp)
 	soft_sq_free(qp);
 	soft_rq_free(qp);
 	pthread_mutex_destroy(&qp->lock);
-	dg_zfree(qp, sizeof *qp);
+	soft_qp_release(qp);
 }
 
 /* Applies a connection parameter block (NULL: defaults) to what this side asks for. */
@@ -402,7 +402,7 @@ static int rc_qp_new(struct dgv_pd *pdb, const struct dgv_qp_init_attr *a, int f
 {
 	if (a->max_sge > SOFT_MAX_SGE)
 		return -EINVAL;
-	struct soft_qp *qp = dg_zalloc(sizeof *qp); /* zpages.c: an idle QP touches little of it */
+	struct soft_qp *qp = soft_qp_alloc(true); /* its fields a small object, the rest apart */
 	/* its scalars only (the batch is rc_tx.c's while it is used): two to a page, not the
 	 * program's heap */
 	_Static_assert(sizeof(struct rc_conn) <= DG_SMALL_MAX, "rc_conn fits dg_small_alloc");
@@ -410,7 +410,7 @@ static int rc_qp_new(struct dgv_pd *pdb, const struct dgv_qp_init_attr *a, int f
 	struct rc_conn *rc = dg_small_alloc(sizeof *rc);
 	struct rc_hs *hs = dg_small_alloc(sizeof *hs);
 	if (!qp || !rc || !hs) {
-		dg_zfree(qp, sizeof *qp);
+		soft_qp_release(qp);
 		dg_small_free(rc, sizeof *rc);
 		dg_small_free(hs, sizeof *hs);
 		return -ENOMEM;
@@ -431,7 +431,7 @@ static int rc_qp_new(struct dgv_pd *pdb, const struct dgv_qp_init_attr *a, int f
 	qp->max_msg = a->max_msg_size ? a->max_msg_size : RC_DEFAULT_MAX_MSG;
 	qp->max_sge = a->max_sge ? a->max_sge : 4;
 	qp->sq_max = a->max_send_wr ? a->max_send_wr : RC_DEFAULT_WR;
-	qp->sq_cap = qp->sq_max > SOFT_RC_SQ_FIRST ? SOFT_RC_SQ_FIRST : qp->sq_max;
+	qp->sq_cap = qp->sq_max > SOFT_RC_SQ_SMALL ? SOFT_RC_SQ_SMALL : qp->sq_max;
 	qp->rq_cap = a->max_recv_wr ? a->max_recv_wr : RC_DEFAULT_WR;
 	soft_sq_alloc(qp);
 	soft_rq_alloc(qp);

@@ -229,7 +229,7 @@ static int rx_read_resp(struct soft_qp *qp, const struct rx_seg *s)
 		rc->rtr_read_wait = false;
 		return 0;
 	}
-	struct soft_ord *o = &qp->ord[rc->ord_head];
+	struct soft_ord *o = &qp->x->ord[rc->ord_head];
 	if (!qp->ord_count || !o->used || s->stag != o->stag || s->to != o->to + o->got || s->plen > o->len - o->got)
 		return seg_violation(qp, s, TERM_LAYER_DDP, DDP_ETYPE_TAGGED_BUF, DDP_ECODE_T_BASE_BOUNDS,
 				     "Read Response outside the outstanding Read");
@@ -362,7 +362,7 @@ static int rx_read_req(struct soft_qp *qp, const struct rx_seg *s)
 	}
 	rc->exp_msn[DDP_QN_READ_REQ]++;
 	uint32_t slot = (rc->ird_head + rc->ird_unbuilt) % SOFT_MAX_IRD;
-	qp->ird[slot] = (struct soft_ird){.used = true, .msn = s->msn, .src_stag = src_stag,
+	qp->x->ird[slot] = (struct soft_ird){.used = true, .msn = s->msn, .src_stag = src_stag,
 					  .sink_stag = be32toh(r.sink_stag), .src_to = src_to,
 					  .sink_to = be64toh(r.sink_to), .len = size};
 	qp->ird_count++;

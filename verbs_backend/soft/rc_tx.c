@@ -184,7 +184,7 @@ static int emit_sq(struct soft_qp *qp)
 		w->msn = msn;
 		w->sent = 1;
 		w->read_ord = true;
-		struct soft_ord *o = &qp->ord[(rc->ord_head + qp->ord_count) % SOFT_MAX_ORD];
+		struct soft_ord *o = &qp->x->ord[(rc->ord_head + qp->ord_count) % SOFT_MAX_ORD];
 		*o = (struct soft_ord){.used = true, .sq_idx = pos, .msn = msn, .stag = w->sge[0].lkey,
 				       .to = w->sge[0].addr, .len = w->len};
 		qp->ord_count++;
@@ -229,7 +229,7 @@ static int emit_sq(struct soft_qp *qp)
 static int emit_ird(struct soft_qp *qp)
 {
 	struct rc_conn *rc = qp->rc;
-	struct soft_ird *r = &qp->ird[rc->ird_head];
+	struct soft_ird *r = &qp->x->ird[rc->ird_head];
 	uint32_t room = rc->mulpdu - DDP_TAGGED_HLEN;
 	uint32_t off = rc->cur_off;
 	uint32_t chunk = r->len - off < room ? r->len - off : room;
@@ -354,7 +354,7 @@ static void fp_complete(struct soft_qp *qp, const struct rc_fp *f)
 	}
 	case FP_IRD_DONE:
 		if (!rc->ended) {
-			qp->ird[f->idx].used = false;
+			qp->x->ird[f->idx].used = false;
 			qp->ird_count--;
 		}
 		break;
@@ -528,14 +528,16 @@ int rc_tx_pump(struct soft_qp *qp)
 	return did;
 }
 
-/* The send queue full at its first size: it becomes sq_max entries, each entry still at its
+/* The send queue full: the small first queue (SOFT_RC_SQ_SMALL entries) becomes
+ * SOFT_RC_SQ_FIRST in the QP's own area, that one sq_max entries, each entry still at its
  * position (the positions that batches, the ORD table and completions hold stay valid). The
- * new array is zeroed pages (dg_zalloc) written only as far as the queue is used. Returns 0,
- * or -ENOMEM (the post fails as on a full queue). qp->lock held. */
+ * new array is zeroed (pages: dg_zalloc) and written only as far as the queue is used. Returns
+ * 0, or -ENOMEM (the post fails as on a full queue). qp->lock held. */
 static int sq_grow(struct soft_qp *qp)
 {
-	uint32_t n = qp->sq_max;
-	struct soft_swqe *nq = dg_zalloc((size_t)n * sizeof *nq);
+	/* the small first queue grows into the QP's own area, that into pages of its own */
+	uint32_t n = qp->sq_cap < SOFT_RC_SQ_FIRST && SOFT_RC_SQ_FIRST < qp->sq_max ? SOFT_RC_SQ_FIRST : qp->sq_max;
+	struct soft_swqe *nq = soft_q_alloc(qp, (size_t)n * sizeof *nq, qp->x->sq_inline, sizeof qp->x->sq_inline);
 	if (!nq)
 		return -ENOMEM;
 	for (uint32_t i = qp->sq_head; i != qp->sq_tail; i++)

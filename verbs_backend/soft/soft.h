@@ -32,6 +32,9 @@
 /* Bytes of receive queue a QP holds inside itself (rq_inline): 32 entries of 4 SGEs. */
 #define SOFT_RQ_INLINE 2560
 #define SOFT_SQ_INLINE (40 * 240) /* 40 send queue entries (struct soft_swqe) */
+/* An RC QP's queues of at most this many bytes are small objects (dg_small_alloc): a stream's
+ * 4 receives of 2 SGEs (192 bytes) and its first send queue, SOFT_RC_SQ_SMALL entries */
+#define SOFT_Q_SMALL 512
 #define SOFT_REASM_SLOTS 64
 #define SOFT_MAX_ORD 16
 #define SOFT_MAX_IRD 64 /* > SOFT_MAX_ORD: one requester cannot overflow it */
@@ -158,6 +161,11 @@ _Static_assert(40 * sizeof(struct soft_swqe) <= SOFT_SQ_INLINE, "a socket's send
  * (a power of two: positions wrap at 2^32 onto the same entries) */
 #define SOFT_RC_SQ_FIRST 32u
 _Static_assert(SOFT_RC_SQ_FIRST * sizeof(struct soft_swqe) <= SOFT_SQ_INLINE, "an RC QP's first send queue fits");
+/* ...and before that, a small object of 2 entries (a power of two too): a connection that
+ * queues a message or two at a time (a stream's hello while the responder waits for the
+ * initiator's first FPDU, a reply behind another) writes no page of the QP's rest for them */
+#define SOFT_RC_SQ_SMALL 2u
+_Static_assert(SOFT_RC_SQ_SMALL * sizeof(struct soft_swqe) <= SOFT_Q_SMALL, "an RC QP's small send queue fits");
 
 struct soft_rdpend {
 	uint64_t wr_id;
@@ -257,8 +265,9 @@ struct soft_qp {
 	/* send queue */
 	struct soft_swqe *sq;
 	uint32_t sq_cap, sq_head, sq_pump, sq_tail; /* head: oldest not done; pump: next to send */
-	/* RC: the queue starts in sq_inline (SOFT_RC_SQ_FIRST entries) and grows to sq_max
-	 * entries when a post finds it full (rc_tx.c sq_grow); sq_cap is its size now. An idle
+	/* RC: the queue starts as a small object (SOFT_RC_SQ_SMALL entries), grows into sq_inline
+	 * (SOFT_RC_SQ_FIRST) and then to sq_max entries as posts find it full (rc_tx.c sq_grow);
+	 * sq_cap is its size now. An idle
 	 * connection's queue then shares the QP's first page instead of writing a page of its own
 	 * (issue 14: 4 kB of every carried TCP connection). Elsewhere sq_max == sq_cap. */
 	uint32_t sq_max;
@@ -310,8 +319,19 @@ struct soft_qp {
 	uint32_t tx_test_cap;
 	struct rc_conn *rc;         /* RC QPs: the connection (rc_int.h); NULL on UD/RD */
 	struct dgv_qp_stats st;
+	/* The rest of the QP (struct soft_qp_ext). A UD or RD QP's follows these fields in the same
+	 * zeroed pages (soft_qp_alloc), so its receive queue shares their page; an RC QP's fields
+	 * are a small object, three or so to a page, and its rest pages of their own that a
+	 * connection which only sends at once and receives into its stream ring never writes (a
+	 * page less per carried TCP connection end: issue 14 item 2) */
+	struct soft_qp_ext *x;
+	bool x_apart;
+};
+
+/* What a QP holds besides its fields, in the order an idle one writes it. */
+struct soft_qp_ext {
 	/* The receive queue when it fits here (a socket's 32 entries of 80 bytes, soft_rq_stride):
-	 * on the page the fields above are on, which an idle QP writes anyway, instead of a page
+	 * on the page the QP's fields are on, which an idle QP writes anyway, instead of a page
 	 * of its own (4 kB of every idle UDP socket) */
 	_Alignas(16) uint8_t rq_inline[SOFT_RQ_INLINE];
 	/* The send queue when it fits here (a socket's 40 entries, soft_sq_alloc), right after the
@@ -319,15 +339,20 @@ struct soft_qp {
 	 * at entry 0, so a socket that sends a datagram at a time writes no page of its own for it
 	 * (4 kB of every socket that sent; an idle one writes none of it) */
 	_Alignas(16) uint8_t sq_inline[SOFT_SQ_INLINE];
-	/* Last, after every field an idle QP writes: the object is zeroed pages (dg_zalloc), and
-	 * these arrays (25 kB) are written only by multi-segment messages, Reads and errors, so
-	 * an idle QP's resident memory is the page or two of the fields above (in the middle of
-	 * the object they made it 3-4 pages: 12-16 kB per socket) */
+	/* Last, after everything an idle QP writes: zeroed pages (dg_zalloc), and these arrays
+	 * (25 kB) are written only by multi-segment messages, Reads and errors, so an idle QP's
+	 * resident memory is the page or two of the fields above (in the middle of the object they
+	 * made it 3-4 pages: 12-16 kB per socket) */
 	struct soft_slot slots[SOFT_REASM_SLOTS];
 	struct soft_ord ord[SOFT_MAX_ORD];
 	struct soft_ird ird[SOFT_MAX_IRD];
 	struct dgv_async_err errq[SOFT_ERRQ];
 };
+
+/* A new QP, zeroed: its fields and its rest (qp->x), apart for RC (see x_apart). NULL: out of
+ * memory. soft_qp_release gives both back. */
+struct soft_qp *soft_qp_alloc(bool rc);
+void soft_qp_release(struct soft_qp *qp);
 
 /* The receive queue's entries hold the QP's max_sge SGEs, not SOFT_MAX_SGE: with the default 4
  * an entry is 80 bytes instead of 144, and the 32 receives a socket posts when it is made fit
@@ -392,19 +417,44 @@ void dg_spare_put(unsigned kind, void *b, size_t size);
 void *dg_zalloc(size_t size);
 void dg_zfree(void *p, size_t size);
 
+/* Zeroed objects of at most DG_SMALL_MAX bytes packed into pages of zpages.c's chunks (not the
+ * program's heap); dg_small_free needs the size given to dg_small_alloc. NULL: out of memory
+ * or too large. Free objects are kept by size for reuse, never returned to the system. */
+#define DG_SMALL_MAX 2048
+void *dg_small_alloc(size_t size);
+void dg_small_free(void *p, size_t size);
+
+/* Zeroed memory for one of qp's queues, n bytes: a small object for an RC QP's small queue,
+ * else the QP's own area `in` (room bytes) when it fits, else zeroed pages. NULL: out of
+ * memory. soft_q_free takes the same n and `in`. */
+static inline void *soft_q_alloc(struct soft_qp *qp, size_t n, uint8_t *in, size_t room)
+{
+	if (qp->x_apart && n <= SOFT_Q_SMALL)
+		return dg_small_alloc(n);
+	return n <= room ? (void *)in : dg_zalloc(n);
+}
+static inline void soft_q_free(struct soft_qp *qp, void *q, size_t n, uint8_t *in)
+{
+	if (!q || q == (void *)in)
+		return;
+	if (qp->x_apart && n <= SOFT_Q_SMALL)
+		dg_small_free(q, n);
+	else
+		dg_zfree(q, n);
+}
+
 /* Makes qp's receive queue for rq_cap entries of max_sge SGEs (both set): inside the QP when it
  * fits (rq_inline), else zeroed pages. Returns 0 or -ENOMEM. */
 static inline int soft_rq_alloc(struct soft_qp *qp)
 {
-	size_t n = (size_t)qp->rq_cap * soft_rq_stride(qp->max_sge);
-	qp->rq = n <= sizeof qp->rq_inline ? (struct soft_rwqe *)qp->rq_inline : dg_zalloc(n);
+	qp->rq = soft_q_alloc(qp, (size_t)qp->rq_cap * soft_rq_stride(qp->max_sge), qp->x->rq_inline,
+			      sizeof qp->x->rq_inline);
 	return qp->rq ? 0 : -ENOMEM;
 }
 
 static inline void soft_rq_free(struct soft_qp *qp)
 {
-	if (qp->rq && qp->rq != (struct soft_rwqe *)qp->rq_inline)
-		dg_zfree(qp->rq, (size_t)qp->rq_cap * soft_rq_stride(qp->max_sge));
+	soft_q_free(qp, qp->rq, (size_t)qp->rq_cap * soft_rq_stride(qp->max_sge), qp->x->rq_inline);
 	qp->rq = NULL;
 }
 
@@ -412,15 +462,13 @@ static inline void soft_rq_free(struct soft_qp *qp)
  * pages of its own. Returns 0 or -ENOMEM. */
 static inline int soft_sq_alloc(struct soft_qp *qp)
 {
-	size_t n = (size_t)qp->sq_cap * sizeof *qp->sq;
-	qp->sq = n <= sizeof qp->sq_inline ? (struct soft_swqe *)qp->sq_inline : dg_zalloc(n);
+	qp->sq = soft_q_alloc(qp, (size_t)qp->sq_cap * sizeof *qp->sq, qp->x->sq_inline, sizeof qp->x->sq_inline);
 	return qp->sq ? 0 : -ENOMEM;
 }
 
 static inline void soft_sq_free(struct soft_qp *qp)
 {
-	if (qp->sq && qp->sq != (struct soft_swqe *)qp->sq_inline)
-		dg_zfree(qp->sq, (size_t)qp->sq_cap * sizeof *qp->sq);
+	soft_q_free(qp, qp->sq, (size_t)qp->sq_cap * sizeof *qp->sq, qp->x->sq_inline);
 	qp->sq = NULL;
 }
 
@@ -431,12 +479,6 @@ static inline struct soft_swqe *soft_sq_at(struct soft_qp *qp, uint32_t i)
 {
 	return &qp->sq[i % qp->sq_cap];
 }
-/* Zeroed objects of at most DG_SMALL_MAX bytes packed into pages of zpages.c's chunks (not the
- * program's heap); dg_small_free needs the size given to dg_small_alloc. NULL: out of memory
- * or too large. Free objects are kept by size for reuse, never returned to the system. */
-#define DG_SMALL_MAX 2048
-void *dg_small_alloc(size_t size);
-void dg_small_free(void *p, size_t size);
 
 /* mr.c */
 int soft_reg_mr(struct dgv_pd *pd, void *addr, size_t len, unsigned access, struct dgv_mr **out);

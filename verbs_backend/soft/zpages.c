@@ -7,8 +7,8 @@
  * entries and error queues an idle socket never uses. These objects come instead from large
  * MAP_NORESERVE anonymous chunks (one mapping per 64 MiB, not one per object: the number of
  * mappings a process may have is limited), rounded up to whole pages; a freed object's pages
- * are given back with MADV_DONTNEED (zero again, nothing resident) and kept on a free list by
- * size. Objects above ZP_MAX_PAGES pages get a mapping of their own (dg_pages_alloc).
+ * are given back with MADV_DONTNEED (zero again, nothing resident) and kept by size in stacks
+ * of their own (not linked through the runs, which would write a page of each). Objects above ZP_MAX_PAGES pages get a mapping of their own (dg_pages_alloc).
  *
  * Small objects that live long and come one per destination (address handles) are carved from
  * the same chunks by dg_small_alloc, not taken from the program's heap: each one left between
@@ -38,7 +38,13 @@ struct zp_free {
 static pthread_mutex_t zp_lock = PTHREAD_MUTEX_INITIALIZER;
 static uint8_t *zp_cur;
 static size_t zp_left;
-static struct zp_free *zp_bins[ZP_MAX_PAGES + 1];
+/* Freed page runs by size, kept apart from them: a link written into a freed run would make its
+ * first page resident again (an RC QP's rest, recycled by the next connection, is meant to stay
+ * unwritten). Each bin is a stack of addresses in pages of its own, grown by doubling. */
+static struct zp_bin {
+	void **v;
+	size_t n, cap;
+} zp_bins[ZP_MAX_PAGES + 1];
 static size_t zp_page;
 static pthread_once_t zp_once = PTHREAD_ONCE_INIT;
 /* dg_small_alloc: free objects by size class (16-byte steps up to DG_SMALL_MAX) and the rest of
@@ -143,16 +149,29 @@ void *dg_zalloc(size_t size)
 	if (n > ZP_MAX_PAGES)
 		return dg_pages_alloc(size); /* a mapping of its own, as lazy */
 	pthread_mutex_lock(&zp_lock);
-	struct zp_free *f = zp_bins[n];
-	if (f) {
-		zp_bins[n] = f->next;
-		pthread_mutex_unlock(&zp_lock);
-		f->next = NULL; /* the only word written since MADV_DONTNEED zeroed it */
-		return f;
-	}
-	void *p = zp_carve(n);
+	struct zp_bin *b = &zp_bins[n];
+	void *p = b->n ? b->v[--b->n] : zp_carve(n); /* a freed run: zero since MADV_DONTNEED */
 	pthread_mutex_unlock(&zp_lock);
 	return p;
+}
+
+/* Pushes p on b, growing its stack (a failed growth leaves the run unused: address space only).
+ * Needs zp_lock. */
+static void zp_bin_push(struct zp_bin *b, void *p)
+{
+	if (b->n == b->cap) {
+		size_t cap = b->cap ? 2 * b->cap : zp_page / sizeof(void *);
+		void **v = mmap(NULL, cap * sizeof *v, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (v == MAP_FAILED)
+			return;
+		if (b->v) {
+			memcpy(v, b->v, b->n * sizeof *v);
+			munmap(b->v, b->cap * sizeof *v);
+		}
+		b->v = v;
+		b->cap = cap;
+	}
+	b->v[b->n++] = p;
 }
 
 void dg_zfree(void *p, size_t size)
@@ -166,9 +185,7 @@ void dg_zfree(void *p, size_t size)
 		return;
 	}
 	madvise(p, n * zp_page, MADV_DONTNEED);
-	struct zp_free *f = p;
 	pthread_mutex_lock(&zp_lock);
-	f->next = zp_bins[n];
-	zp_bins[n] = f;
+	zp_bin_push(&zp_bins[n], p);
 	pthread_mutex_unlock(&zp_lock);
 }
