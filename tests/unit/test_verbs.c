@@ -1588,3 +1588,19 @@ Test(verbs, a_freed_page_run_comes_back_unwritten)
 		cr_assert_eq(q[i], 0, "byte %zu not zero", i);
 	dg_zfree(q, n);
 }
+
+/* DGV_SEND_NOW is RC's (DGV_CAP_RC_SEND_NOW): on a UD QP the post says -EOPNOTSUPP and posts
+ * nothing, so a caller falls back to its queued way. */
+Test(verbs, send_now_is_not_for_ud)
+{
+	setup_pair(DGV_QPT_UD, NULL, 0);
+	uint8_t b[16] = {0};
+	struct dgv_sge sg = {(uint64_t)(uintptr_t)b, sizeof b, 0};
+	struct dgv_send_wr wr = {.wr_id = 1, .sg_list = &sg, .num_sge = 1, .opcode = DGV_WR_SEND,
+				 .send_flags = DGV_SEND_NOW, .ah = A.ah_peer}, *bad = NULL;
+	cr_assert_eq(dgv_post_send(A.qp, &wr, &bad), -EOPNOTSUPP);
+	cr_assert_eq(bad, &wr);
+	struct dgv_wc wc;
+	cr_assert_eq(wait_wc(&A, &wc, 50), 0, "nothing was posted");
+	teardown_pair();
+}
