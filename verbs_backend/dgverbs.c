@@ -307,6 +307,15 @@ int dgv_qp_tx_held(struct dgv_qp *qp)
 	return qp->ctx->ops->qp_tx_held ? qp->ctx->ops->qp_tx_held(qp) : -EOPNOTSUPP;
 }
 
+int dgv_qp_discard(struct dgv_qp *qp, void *addr, size_t len)
+{
+	if (!qp || (len && !addr) || (uintptr_t)addr + len < (uintptr_t)addr)
+		return -EINVAL;
+	if (!(qp->ctx->caps.flags & DGV_CAP_RC_DISCARD) || qp->type != DGV_QPT_RC)
+		return -EOPNOTSUPP;
+	return qp->ctx->ops->qp_discard ? qp->ctx->ops->qp_discard(qp, addr, len) : -EOPNOTSUPP;
+}
+
 int dgv_qp_rx_claim(struct dgv_qp *qp, size_t *room)
 {
 	if (!qp || !room)

@@ -115,6 +115,8 @@ enum dgv_cap_flag {
 	DGV_CAP_RC_TX_HELD = 1u << 12,
 	/* RC: DGV_SEND_NOW (the soft provider's TCP socket) */
 	DGV_CAP_RC_SEND_NOW = 1u << 13,
+	/* RC: dgv_qp_discard (registered memory is not pinned: the soft provider) */
+	DGV_CAP_RC_DISCARD = 1u << 14,
 };
 
 struct dgv_caps {
@@ -752,6 +754,21 @@ int dgv_qp_socket_events(struct dgv_qp *qp);
  * a socket of its own), -EOPNOTSUPP (the provider's QPs do not run on the caller's socket).
  */
 int dgv_qp_set_fd(struct dgv_qp *qp, int fd);
+
+/*
+ * An idle RC queue pair's memory goes back to the kernel (DGV_CAP_RC_DISCARD), as the kernel
+ * frees an idle socket's buffers: the whole pages inside [addr, addr + len), memory the caller
+ * mapped private and anonymous and registered for this connection's transfers, read as zero
+ * afterwards and take no RSS until written again. The provider does it under the QP's lock,
+ * and only while nothing can still need their bytes: no completion queued on the QP's CQs (the
+ * caller has taken every record and so every byte placed there), no tagged message or Send
+ * partly placed, no send queued or partly handed to the transport (which reads the send
+ * buffers). The caller promises the rest: that it has read what it wants of that memory. A
+ * peer's Write that arrives later is placed as usual (the page comes back, zeroed, then
+ * written). Returns 0 (done, or no whole page inside), -EBUSY (not idle now: try later),
+ * -EINVAL, -EOPNOTSUPP (pinned memory: a device's; or not an RC queue pair).
+ */
+int dgv_qp_discard(struct dgv_qp *qp, void *addr, size_t len);
 
 #ifdef __cplusplus
 }

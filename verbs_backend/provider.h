@@ -74,6 +74,8 @@ struct dgv_ops {
 	/* optional (NULL: -EOPNOTSUPP): dgv_qp_rx_claim, dgv_qp_rx_stream_feed */
 	int (*qp_rx_claim)(struct dgv_qp *qp, size_t *room);
 	int (*qp_rx_stream_feed)(struct dgv_qp *qp, const void *buf, ssize_t n);
+	/* optional (NULL: -EOPNOTSUPP): dgv_qp_discard */
+	int (*qp_discard)(struct dgv_qp *qp, void *addr, size_t len);
 	/* optional (NULL: -EOPNOTSUPP): dgv_qp_set_fd */
 	int (*qp_set_fd)(struct dgv_qp *qp, int fd);
 	/* optional (NULL: 0): dgv_qp_socket_events */

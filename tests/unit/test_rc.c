@@ -17,6 +17,7 @@
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -515,6 +516,50 @@ Test(rc, send_now_reads_the_callers_memory_only_during_the_post)
 	cr_assert_eq(r.record.base, (uint64_t)(uintptr_t)S.buf + 8192);
 	cr_assert_eq(r.record.length, 100);
 	cr_assert(S.buf[8192] == 0x5a && S.buf[8291] == 0x5a);
+}
+
+/* dgv_qp_discard: an idle connection's pages go back to the kernel. Never while a completion
+ * is queued (it names bytes the caller has not taken) nor while a send is still being handed to
+ * TCP (it reads its buffer); once both are done, the whole pages inside the range read as zero
+ * and are not resident, the partial page at its start is left as it was, and a record placed
+ * there afterwards lands whole. */
+Test(rc, discard_gives_back_pages_only_when_idle)
+{
+	connect_pair(NULL, NULL);
+	enum { N = 12288 };
+	uint8_t *dst = S.buf + (1u << 20); /* page-aligned */
+	fill(C.buf, N, 3);
+	cr_assert_eq(dgv_qp_discard(NULL, dst, N), -EINVAL);
+	post_send(&C, DGV_WR_WRITE_RECORD, 1, 0, N, (uint64_t)(uintptr_t)dst, S.mr->rkey, 0);
+	cr_assert_eq(wait_wc(C.cq).status, DGV_WC_SUCCESS);
+	/* the provider's thread places it while nobody polls (within its idle tick) */
+	for (int i = 0; i < 5000 && dgv_cq_ready(S.cq) <= 0; i++)
+		usleep(1000);
+	cr_assert_gt(dgv_cq_ready(S.cq), 0, "the record was not placed in 5 s");
+	cr_assert_eq(dgv_qp_discard(S.qp, dst, N), -EBUSY, "a completion is queued");
+	cr_assert(memcmp(dst, C.buf, N) == 0, "nothing was given back");
+	struct dgv_wc r = wait_wc(S.cq);
+	cr_assert_eq(r.opcode, DGV_WC_RECV_WRITE_RECORD);
+	cr_assert_eq(r.record.length, N);
+	cr_assert_eq(dgv_qp_discard(S.qp, dst + 100, N), 0);
+	unsigned char v[3];
+	cr_assert_eq(mincore(dst, N, v), 0);
+	cr_assert(v[0] & 1, "the partial first page stays");
+	cr_assert(!(v[1] & 1) && !(v[2] & 1), "whole pages given back: %d %d", v[1] & 1, v[2] & 1);
+	cr_assert(memcmp(dst, C.buf, 4096) == 0, "the partial page is as it was");
+	for (size_t i = 4096; i < N; i++)
+		cr_assert_eq(dst[i], 0, "byte %zu of a page given back is %#x", i, dst[i]);
+
+	/* a send TCP took 9 bytes of: still under way, so its side is not idle */
+	soft_qp_test_tx_cap(C.qp, 9);
+	post_send(&C, DGV_WR_WRITE_RECORD, 2, 0, N, (uint64_t)(uintptr_t)dst, S.mr->rkey, 0);
+	cr_assert_eq(dgv_qp_discard(C.qp, C.buf, N), -EBUSY, "a send is under way");
+	soft_qp_test_tx_cap(C.qp, 0);
+	cr_assert_eq(wait_wc(C.cq).status, DGV_WC_SUCCESS);
+	r = wait_wc(S.cq);
+	cr_assert_eq(r.record.length, N);
+	cr_assert(memcmp(dst, C.buf, N) == 0, "placed whole into the pages given back");
+	cr_assert_eq(dgv_qp_discard(C.qp, C.buf + N, N), 0, "the sender's side is idle again");
 }
 
 Test(rc, reads_beyond_ord_wait)

@@ -460,6 +460,7 @@ static const struct dgv_ops soft_ops = {
 	.qp_socket_events = soft_qp_socket_events,
 	.qp_tx_held = soft_qp_tx_held,
 	.qp_rx_claim = soft_qp_rx_claim,
+	.qp_discard = soft_qp_discard,
 	.qp_rx_stream_feed = soft_qp_rx_stream_feed,
 	.cm_create_channel = soft_cm_create_channel,
 	.cm_create_channel_on_cq = soft_cm_create_channel_on_cq,
@@ -546,7 +547,7 @@ int dgv_soft_open(const struct dgv_context_attr *attr, struct dgv_context **out)
 		.max_msg_size = 16u << 20, /* a message segments into datagrams (qp.c DEFAULT_MAX_MSG) */
 		.flags = DGV_CAP_ADOPT_FD | DGV_CAP_PEEK | DGV_CAP_BACKGROUND | DGV_CAP_DGRAM_READ |
 			 DGV_CAP_SEND_INLINE | DGV_CAP_RX_FEED | DGV_CAP_RC_RX_FEED | DGV_CAP_SIGNAL_COSTS |
-			 DGV_CAP_RC_TX_HELD | DGV_CAP_RC_SEND_NOW,
+			 DGV_CAP_RC_TX_HELD | DGV_CAP_RC_SEND_NOW | DGV_CAP_RC_DISCARD,
 	};
 	ctx->progress = attr ? attr->progress : DGV_PROGRESS_AUTO;
 	ctx->loop_epfd = -1;

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 
 #include "crc.h"
@@ -720,4 +721,30 @@ void soft_rc_after_post_recv(struct soft_qp *qp)
 	struct rc_conn *rc = qp->rc;
 	if (rc->ended)
 		rc_flush_all(qp, DGV_WC_WR_FLUSH_ERR);
+}
+
+/* dgv_qp_discard. The lock is what makes it safe: every placement into this QP's memory, and
+ * every read of its send buffers, happens under qp->lock, so while it is held none runs, and
+ * what the checks find idle stays idle until the pages are gone. */
+int soft_qp_discard(struct dgv_qp *qpb, void *addr, size_t len)
+{
+	struct soft_qp *qp = to_sqp(qpb);
+	struct rc_conn *rc = qp->rc;
+	if (!rc)
+		return -EOPNOTSUPP;
+	uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+	uintptr_t a = ((uintptr_t)addr + pg - 1) & ~(pg - 1), e = ((uintptr_t)addr + len) & ~(pg - 1);
+	pthread_mutex_lock(&qp->lock);
+	int r = -EBUSY;
+	/* a queued completion may name bytes the caller has not taken; a message partly placed
+	 * has bytes there that no completion names yet; a send not done is still read */
+	bool cqs_empty = !__atomic_load_n(&qp->rcq->count, __ATOMIC_RELAXED) &&
+			 !__atomic_load_n(&qp->scq->count, __ATOMIC_RELAXED);
+	if (cqs_empty && !rc->t_active && !rc->rcv_active && qp->sq_head == qp->sq_tail && !rc_tx_owed(qp)) {
+		r = 0;
+		if (e > a && madvise((void *)a, e - a, MADV_DONTNEED))
+			r = -errno;
+	}
+	soft_qp_unlock(qp);
+	return r;
 }

@@ -548,6 +548,7 @@ int soft_set_rx_cap(struct dgv_qp *qp, unsigned n);
 int soft_qp_peer_gone(struct dgv_qp *qp, const struct sockaddr *to, socklen_t tolen);
 int soft_qp_tx_held(struct dgv_qp *qp);
 int soft_qp_rx_claim(struct dgv_qp *qp, size_t *room);
+int soft_qp_discard(struct dgv_qp *qp, void *addr, size_t len);
 int soft_qp_rx_stream_feed(struct dgv_qp *qp, const void *buf, ssize_t n);
 int soft_qp_set_fd(struct dgv_qp *qp, int fd);
 int soft_qp_socket_events(struct dgv_qp *qp);
