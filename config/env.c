@@ -65,6 +65,8 @@ static const struct var vars[DG_ENV_COUNT] = {
 			    .words = {{"on", DG_ON}, {"off", DG_OFF}}, .expect = "on or off"},
 	[DG_ENV_DEST_IDLE_MS] = {.name = "DGSHIM_DEST_IDLE_MS", .kind = K_LONG, .lo = 100, .hi = 86400000,
 				 .dflt = 60000, .expect = "100..86400000 milliseconds"},
+	[DG_ENV_STREAM_IDLE_MS] = {.name = "DGSHIM_STREAM_IDLE_MS", .kind = K_LONG, .lo = 0, .hi = 86400000,
+				   .dflt = 1000, .expect = "0..86400000 milliseconds (0: never)"},
 };
 
 /* one complaint per variable and process, however often it is read */

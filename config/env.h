@@ -32,6 +32,7 @@ enum dg_env {
 	DG_ENV_STATS,           /* on|off */
 	DG_ENV_UDP_GSO,         /* on|off: UDP GSO sends and GRO receives of the soft provider */
 	DG_ENV_DEST_IDLE_MS,    /* 100..86400000: a destination unused this long is forgotten (peer.c) */
+	DG_ENV_STREAM_IDLE_MS,  /* 0 (never)..86400000: an idle stream's buffers go back (stream.c) */
 	DG_ENV_COUNT
 };
 

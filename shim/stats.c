@@ -209,7 +209,7 @@ void shim_fini(void)
 		       "summary: sockets=%u tx_framed=%llu tx_plain=%llu rx_framed=%llu rx_plain=%llu "
 		       "tx_zcopy=%llu tx_bytes=%llu rx_bytes=%llu crc_drops=%llu rejected=%llu lost=%llu "
 		       "retransmits=%llu rc_conns=%llu rc_plain=%llu rc_tx_bytes=%llu rc_rx_bytes=%llu rc_on_device=%llu "
-		       "rc_reset=%llu rc_peer_gone=%llu rc_no_room=%llu udp_on_device=%u dests=%u dests_forgotten=%llu "
+		       "rc_reset=%llu rc_peer_gone=%llu rc_no_room=%llu rc_idle_freed=%llu udp_on_device=%u dests=%u dests_forgotten=%llu "
 		       "disco_asks=%llu%s%s",
 		       n, (unsigned long long)t.tx_framed, (unsigned long long)t.tx_plain,
 		       (unsigned long long)t.rx_framed, (unsigned long long)t.rx_plain,
@@ -219,7 +219,8 @@ void shim_fini(void)
 		       (unsigned long long)t.retransmits, (unsigned long long)rc.conns,
 		       (unsigned long long)rc.plain, (unsigned long long)rc.tx_bytes,
 		       (unsigned long long)rc.rx_bytes, (unsigned long long)rc.dev,
-		       (unsigned long long)rc.resets, (unsigned long long)rc.peer_gone, (unsigned long long)rc.no_room, ndev, dests, dests_gone,
+		       (unsigned long long)rc.resets, (unsigned long long)rc.peer_gone, (unsigned long long)rc.no_room,
+		       (unsigned long long)rc.idle_freed, ndev, dests, dests_gone,
 		       (unsigned long long)disco_asks(), G.dev_why[0] ? " provider=" : "", G.dev_why);
 	}
 out:

@@ -187,10 +187,20 @@ struct stream {
 	_Atomic uint32_t kicks;
 	uint8_t nbells;
 	struct bell *bells[STREAM_BELLS];
+	/* The idle list ("Giving an idle stream's memory back" below): its links and idle_seen
+	 * under R.lock; idle_state written under R.lock, and changed from IDLE_LOOKED only under
+	 * s->lock too, so that idle_touch (s->lock) may read it alone; act bumped by each send and
+	 * receive of the program's (s->lock), read by the sweep */
+	struct stream *idle_prev, *idle_next;
+	struct sock *idle_s;
+	_Atomic uint8_t idle_state;
+	uint8_t idle_tries;
+	_Atomic uint32_t act;
+	uint32_t idle_seen;
 };
 
 static struct {
-	_Atomic uint64_t conns, plain, tx_bytes, rx_bytes, dev, resets, peer_gone, no_room;
+	_Atomic uint64_t conns, plain, tx_bytes, rx_bytes, dev, resets, peer_gone, no_room, idle_freed;
 } T;
 
 /* Counts how a carried connection ended, once per connection (the first cause seen). */
@@ -208,6 +218,7 @@ void stream_totals(struct stream_totals *t)
 	t->tx_bytes = atomic_load(&T.tx_bytes), t->rx_bytes = atomic_load(&T.rx_bytes);
 	t->resets = atomic_load(&T.resets), t->peer_gone = atomic_load(&T.peer_gone);
 	t->no_room = atomic_load(&T.no_room);
+	t->idle_freed = atomic_load(&T.idle_freed);
 }
 
 
@@ -345,8 +356,11 @@ static int res_setup(struct stream *t, struct shim_pv *pv)
 	return 0;
 }
 
+static void idle_forget(struct stream *t);
+
 static void res_free(struct stream *t)
 {
+	idle_forget(t);
 	if (t->qp)
 		dgv_destroy_qp(t->qp), t->qp = NULL;
 	if (t->ch)
@@ -1858,9 +1872,228 @@ static void late_fork(bool child)
 		late_fork(false); /* the rest */
 }
 
+/* ------------------------------------------------------------------ idle memory
+ *
+ * Giving an idle stream's memory back. A carried connection writes its area as it works: the
+ * peer's records into the control slots and the receive ring, ours into the send ring. The
+ * kernel frees an idle TCP socket's buffers once they are read; the area's pages stayed
+ * resident for the connection's life (4-8 kB of every SIPp call's connection end, 22 s on
+ * hold, issue 14 item 2). So a stream that the program sent or read on joins the idle list
+ * (idle_touch); a thread of the shim's looks at the list every DGSHIM_STREAM_IDLE_MS (1 s)
+ * and gives back the area's pages (dgv_qp_discard) of each stream that no call touched for a
+ * whole interval and that holds nothing: every byte arrived was read, no control message is
+ * owed or on its way, and the provider finds no completion queued, no record partly placed and
+ * no send queued (it checks under the QP's lock, which every placement takes). A stream that
+ * stays busy (unread bytes) leaves the list after IDLE_TRIES looks; its next send or receive
+ * lists it again. The thread sleeps on a condition while the list is empty: a process whose
+ * streams are all given back is not woken. The pages come back zeroed when next written. */
+
+enum { IDLE_OFF = 0, IDLE_LISTED, IDLE_LOOKED };
+enum { IDLE_TRIES = 3 };
+
+static struct {
+	pthread_mutex_t lock;
+	pthread_cond_t cv;
+	bool running, asleep; /* asleep: the thread waits for the list to have an entry */
+	struct stream *head, *tail; /* oldest first */
+	uint32_t n;
+} R = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, false, NULL, NULL, 0};
+
+/* DGSHIM_STREAM_IDLE_MS, once (0: streams keep their pages). */
+static uint32_t idle_ms(void)
+{
+	static _Atomic uint32_t v = UINT32_MAX;
+	uint32_t x = atomic_load_explicit(&v, memory_order_relaxed);
+	if (x == UINT32_MAX) {
+		x = (uint32_t)dg_env_long(DG_ENV_STREAM_IDLE_MS);
+		atomic_store_explicit(&v, x, memory_order_relaxed);
+	}
+	return x;
+}
+
+/* Needs R.lock. */
+static void idle_link(struct stream *t)
+{
+	t->idle_next = NULL;
+	t->idle_prev = R.tail;
+	if (R.tail)
+		R.tail->idle_next = t;
+	else
+		R.head = t;
+	R.tail = t;
+	R.n++;
+	atomic_store_explicit(&t->idle_state, IDLE_LISTED, memory_order_relaxed);
+}
+
+/* Needs R.lock; t is listed. */
+static void idle_unlink(struct stream *t)
+{
+	if (t->idle_prev)
+		t->idle_prev->idle_next = t->idle_next;
+	else
+		R.head = t->idle_next;
+	if (t->idle_next)
+		t->idle_next->idle_prev = t->idle_prev;
+	else
+		R.tail = t->idle_prev;
+	t->idle_prev = t->idle_next = NULL;
+	R.n--;
+}
+
+/* Gives t's area back when it holds nothing. Returns 0 (given back), -EBUSY (not idle now),
+ * -EOPNOTSUPP (not an established soft stream). Needs s->lock. */
+static int idle_give_back(struct sock *s, struct stream *t)
+{
+	if (t->state != SS_ESTAB || !t->qp || !t->area || t->own_cm || !pv_can(t->pv, DGV_CAP_RC_DISCARD))
+		return -EOPNOTSUPP;
+	/* our records' completions (and any the peer made) are taken first, as a poll of another
+	 * thread's would take them: what they say is told to the waits */
+	if (t->cq && dgv_cq_ready(t->cq) > 0)
+		progress_look(s, t, CHECK_QUEUED);
+	if (t->state != SS_ESTAB || !t->area)
+		return -EOPNOTSUPP;
+	if (t->arrived != t->consumed || t->ctl_owed || t->ctl_out_n) {
+		DG_DBG("stream: not idle: %llu bytes unread, control message %s", (unsigned long long)(t->arrived - t->consumed),
+		       t->ctl_owed ? "owed" : t->ctl_out_n ? "on its way" : "none");
+		return -EBUSY;
+	}
+	/* the sentinel's page stays (its receive is posted there) */
+	int r = dgv_qp_discard(t->qp, t->area, (size_t)(t->sentinel - t->area));
+	if (r == 0)
+		atomic_fetch_add(&T.idle_freed, 1);
+	else
+		DG_DBG("stream: its buffers stay: %s", strerror(-r));
+	return r;
+}
+
+/* One look at every listed stream: one touched since the last look moves to the tail, one
+ * that was not is given back (or, busy, kept for IDLE_TRIES looks). Needs R.lock (released
+ * while a stream is looked at). */
+static void idle_sweep(void)
+{
+	for (uint32_t k = R.n; k && R.head; k--) {
+		struct stream *t = R.head;
+		idle_unlink(t);
+		uint32_t a = atomic_load_explicit(&t->act, memory_order_relaxed);
+		if (a != t->idle_seen) {
+			t->idle_seen = a;
+			t->idle_tries = 0;
+			idle_link(t);
+			continue;
+		}
+		struct sock *s = t->idle_s;
+		if (!sock_hold(s)) {
+			atomic_store_explicit(&t->idle_state, IDLE_OFF, memory_order_relaxed);
+			continue; /* closed: its teardown does not find it listed */
+		}
+		atomic_store_explicit(&t->idle_state, IDLE_LOOKED, memory_order_relaxed);
+		pthread_mutex_unlock(&R.lock);
+		sock_lock(s);
+		int r = -EOPNOTSUPP;
+		if (!sock_gone(s) && s->strm == t && atomic_load_explicit(&t->act, memory_order_relaxed) == a)
+			r = idle_give_back(s, t);
+		/* under s->lock: a send or receive after this sees the state this sets */
+		pthread_mutex_lock(&R.lock);
+		if (atomic_load_explicit(&t->act, memory_order_relaxed) != a)
+			r = -EBUSY, t->idle_tries = 0; /* touched while looked at: look again */
+		if (r == -EBUSY && !sock_gone(s) && s->strm == t && ++t->idle_tries < IDLE_TRIES)
+			idle_link(t);
+		else
+			atomic_store_explicit(&t->idle_state, IDLE_OFF, memory_order_relaxed);
+		pthread_mutex_unlock(&R.lock);
+		sock_unlock(s);
+		sock_unhold(s);
+		pthread_mutex_lock(&R.lock);
+	}
+}
+
+static void *idle_thread(void *arg)
+{
+	(void)arg;
+	shim_depth++; /* everything here is the shim's own */
+	pthread_mutex_lock(&R.lock);
+	for (;;) {
+		if (!R.head) {
+			R.asleep = true;
+			pthread_cond_wait(&R.cv, &R.lock);
+			R.asleep = false;
+			continue;
+		}
+		/* an interval from now; a stream listed meanwhile waits for the next one (idle
+		 * between one and two intervals, as the destinations' sweep in peer.c) */
+		struct timespec ts;
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		uint64_t ns = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec + (uint64_t)idle_ms() * 1000000u;
+		ts.tv_sec = (time_t)(ns / 1000000000u), ts.tv_nsec = (long)(ns % 1000000000u);
+		while (pthread_cond_timedwait(&R.cv, &R.lock, &ts) != ETIMEDOUT)
+			;
+		idle_sweep();
+	}
+	return NULL;
+}
+
+/* A send or receive of the program's on t: lists it (the thread started on first use). Needs
+ * s->lock. */
+static void idle_touch(struct sock *s, struct stream *t)
+{
+	atomic_store_explicit(&t->act, atomic_load_explicit(&t->act, memory_order_relaxed) + 1, memory_order_relaxed);
+	if (atomic_load_explicit(&t->idle_state, memory_order_relaxed) != IDLE_OFF || !idle_ms())
+		return;
+	pthread_mutex_lock(&R.lock);
+	if (!R.running) {
+		pthread_condattr_t ca;
+		pthread_condattr_init(&ca);
+		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+		pthread_cond_init(&R.cv, &ca);
+		pthread_condattr_destroy(&ca);
+		R.running = shim_thread(idle_thread, NULL) == 0;
+	}
+	if (R.running) {
+		t->idle_s = s;
+		t->idle_seen = atomic_load_explicit(&t->act, memory_order_relaxed);
+		t->idle_tries = 0;
+		idle_link(t);
+		if (R.asleep)
+			pthread_cond_signal(&R.cv);
+	}
+	pthread_mutex_unlock(&R.lock);
+}
+
+/* t's resources go: off the list (the sweep, looking at it now, sees the socket gone). Needs
+ * s->lock. */
+static void idle_forget(struct stream *t)
+{
+	if (atomic_load_explicit(&t->idle_state, memory_order_relaxed) != IDLE_LISTED)
+		return;
+	pthread_mutex_lock(&R.lock);
+	if (atomic_load_explicit(&t->idle_state, memory_order_relaxed) == IDLE_LISTED) {
+		idle_unlink(t);
+		atomic_store_explicit(&t->idle_state, IDLE_OFF, memory_order_relaxed);
+	}
+	pthread_mutex_unlock(&R.lock);
+}
+
+/* Fork, in the child (single-threaded): the thread is not here; the parent's streams are
+ * the parent's (stream_after_fork), so nothing listed stays listed. */
+static void idle_fork(bool child)
+{
+	if (!child)
+		return;
+	pthread_mutex_init(&R.lock, NULL);
+	for (struct stream *t = R.head, *nx; t; t = nx) {
+		nx = t->idle_next;
+		t->idle_prev = t->idle_next = NULL;
+		atomic_store_explicit(&t->idle_state, IDLE_OFF, memory_order_relaxed);
+	}
+	R.head = R.tail = NULL;
+	R.n = 0;
+	R.running = R.asleep = false;
+}
+
 void stream_fork(bool child)
 {
 	late_fork(child);
+	idle_fork(child);
 }
 
 /* What the client of a device stream said on its TCP connection nfd while we wait for its
@@ -2326,6 +2559,8 @@ static struct stream *io_begin(struct sock *s, int fd, int flags, bool *nb)
 		sock_unlock(s);
 		return NULL;
 	}
+	if (t->state == SS_ESTAB && t->area)
+		idle_touch(s, t);
 	return t;
 }
 
@@ -3066,11 +3301,13 @@ static void ops_release(struct sock *s)
 {
 	if (!s->strm)
 		return;
-	if (s->gen == G.gen)
+	if (s->gen == G.gen) {
 		stream_teardown(s);
-	else
-		s->strm->state = SS_DEAD, s->strm->err = EBADF; /* a forked child's copy: the parent owns
-								     * the QP; freed with the socket */
+	} else {
+		/* a forked child's copy: the parent owns the QP; freed with the socket */
+		idle_forget(s->strm);
+		s->strm->state = SS_DEAD, s->strm->err = EBADF;
+	}
 }
 
 /* TCP over RC (or plain TCP until connect/listen decides, and after a fallback). */

@@ -105,6 +105,7 @@ struct stream_totals {
 	uint64_t resets;     /* of conns: ended by an error (a reset, a Terminate, a broken peer) */
 	uint64_t peer_gone;  /* of conns: TCP ended without the peer's close (its process ended) */
 	uint64_t no_room;    /* of plain: a server without resources said "stay plain" (either end) */
+	uint64_t idle_freed; /* an idle connection's memory given back (stream.c "idle memory") */
 };
 void stream_totals(struct stream_totals *t);
 

@@ -77,6 +77,8 @@ ok --stats off DGSHIM_STATS off; bad --stats 0
 ok --udp-gso off DGSHIM_UDP_GSO off; bad --udp-gso 0
 ok --dest-idle-ms 100 DGSHIM_DEST_IDLE_MS 100; ok --dest-idle-ms 86400000 DGSHIM_DEST_IDLE_MS 86400000
 bad --dest-idle-ms 99; bad --dest-idle-ms 86400001; bad --dest-idle-ms 1s; bad --dest-idle-ms 99999999999999999999
+ok --stream-idle-ms 0 DGSHIM_STREAM_IDLE_MS 0; ok --stream-idle-ms 86400000 DGSHIM_STREAM_IDLE_MS 86400000
+bad --stream-idle-ms 86400001; bad --stream-idle-ms 2s; bad --stream-idle-ms -1
 for l in off error warn info debug 0 4; do ok -l $l DGSHIM_LOG $l; done
 bad -l verbose; bad -l 5
 ok --log-file "$tmp/x.%p.log" DGSHIM_LOG_FILE "$tmp/x.%p.log"; bad --log-file /nonexistent-dir/x.log

@@ -8,6 +8,9 @@
  *                  blocking receive that times out): "udp-waited N wfds F wrss_kb R"
  *   fdcost tcp N   N loopback TCP connections, idle after one exchange: per client end (the
  *                  server ends in a forked child: a connection within one process is plain)
+ *   fdcost tcpidle N WAIT_MS BYTES  N connections trade BYTES each way: kB of RSS per client
+ *                  end then ("busy_kb"), after WAIT_MS idle ("idle_kb": the shim gives an idle
+ *                  connection's buffers back) and after BYTES more each way, checked ("again_kb")
  *   fdcost dests N one UDP server socket answers N short-lived client sockets: kB of RSS per
  *                  new destination ("dests N rss_kb R")
  *   fdcost churn R N GAP_MS  R rounds of N new clients, GAP_MS apart: the server's kB of RSS
@@ -179,7 +182,8 @@ static int run_udp(int n)
 }
 
 /* The server ends live in a forked child (a connection within one process is plain under the
- * shim): it accepts, answers each connection's byte and holds them until the pipe closes. */
+ * shim): it accepts and echoes what each connection sends, and holds them all until the pipe
+ * closes. */
 static void tcp_server(int n, int wr, int done)
 {
 	int l = socket(AF_INET, SOCK_STREAM, 0);
@@ -191,41 +195,72 @@ static void tcp_server(int n, int wr, int done)
 		port = ntohs(a.sin_port);
 	if (write(wr, &port, sizeof port) != sizeof port || !port)
 		_exit(1);
-	for (int i = -1; i < n; i++) {
-		int s = accept(l, NULL, NULL);
-		char b;
-		if (s < 0 || read(s, &b, 1) != 1 || write(s, &b, 1) != 1)
+	struct pollfd *p = calloc((size_t)n + 3, sizeof *p);
+	if (!p)
+		_exit(1);
+	p[0] = (struct pollfd){.fd = done, .events = POLLIN};
+	p[1] = (struct pollfd){.fd = l, .events = POLLIN};
+	int np = 2;
+	static char b[65536];
+	for (;;) {
+		if (poll(p, (nfds_t)np, -1) < 0)
 			_exit(1);
+		if (p[0].revents)
+			_exit(0); /* the measuring parent closed its end */
+		if (p[1].revents && np < n + 3) {
+			int c = accept(l, NULL, NULL);
+			if (c < 0)
+				_exit(1);
+			p[np++] = (struct pollfd){.fd = c, .events = POLLIN};
+		}
+		for (int i = 2; i < np; i++) {
+			if (!p[i].revents)
+				continue;
+			ssize_t r = read(p[i].fd, b, sizeof b);
+			if (r <= 0) {
+				p[i].fd = -1;
+				continue;
+			}
+			for (ssize_t o = 0, w; o < r; o += w)
+				if ((w = write(p[i].fd, b + o, (size_t)(r - o))) <= 0)
+					_exit(1);
+		}
 	}
-	char b;
-	while (read(done, &b, 1) > 0) /* until the measuring parent closes its end */
-		;
-	_exit(0);
 }
 
-static int run_tcp(int n)
+/* Forks the echo server for n + 1 connections. Returns its port (0: failed), *pid and *done
+ * (the pipe end whose close ends it). */
+static unsigned tcp_server_start(int n, pid_t *pid, int *done)
 {
 	int pp[2], dp[2];
 	if (pipe(pp) || pipe(dp)) {
 		FAIL("pipe: %s", strerror(errno));
-		return 1;
+		return 0;
 	}
-	pid_t pid = fork();
-	if (pid < 0) {
+	if ((*pid = fork()) < 0) {
 		FAIL("fork: %s", strerror(errno));
-		return 1;
+		return 0;
 	}
-	if (pid == 0) {
+	if (*pid == 0) {
 		close(pp[0]), close(dp[1]);
 		tcp_server(n, pp[1], dp[0]);
 	}
 	close(pp[1]), close(dp[0]);
 	unsigned port = 0;
-	if (read(pp[0], &port, sizeof port) != sizeof port || !port) {
+	if (read(pp[0], &port, sizeof port) != sizeof port || !port)
 		FAIL("the server child did not listen");
-		return 1;
-	}
 	close(pp[0]);
+	*done = dp[1];
+	return port;
+}
+
+static int run_tcp(int n)
+{
+	pid_t pid;
+	int done;
+	unsigned port = tcp_server_start(n, &pid, &done);
+	if (!port)
+		return 1;
 	struct sockaddr_in a = lo((int)port);
 	int f0 = 0, first = -1;
 	long r0 = 0;
@@ -259,7 +294,7 @@ static int run_tcp(int n)
 	sock_waits(cs, n, false);
 	printf("tcp-waited %d wfds %.3f\n", n, (double)(nfds() - (wf1 - wf0) - f0) / n);
 	free(cs);
-	close(dp[1]);
+	close(done);
 	waitpid(pid, NULL, 0);
 	return fails ? 1 : 0;
 }
@@ -573,6 +608,71 @@ static int run_rdkill(int n, bool forked)
 	return fails ? 1 : 0;
 }
 
+/* Sends m pattern bytes (seeded by k) on c and reads them echoed back. Returns 0, or -1 (FAIL said). */
+static int echo_check(int c, int k, size_t m)
+{
+	static uint8_t out[8192], in[8192];
+	for (size_t i = 0; i < m; i++)
+		out[i] = (uint8_t)(i * 7 + (size_t)k * 13 + 1);
+	if (write(c, out, m) != (ssize_t)m)
+		return FAIL("connection %d: write: %s", k, strerror(errno)), -1;
+	for (size_t got = 0; got < m;) {
+		ssize_t r = read(c, in + got, m - got);
+		if (r <= 0)
+			return FAIL("connection %d: read %zd (%s) after %zu of %zu", k, r, strerror(errno), got, m), -1;
+		got += (size_t)r;
+	}
+	if (memcmp(in, out, m))
+		return FAIL("connection %d: the echo differs from what was sent", k), -1;
+	return 0;
+}
+
+/* n connections (server ends in a forked child), each trades m bytes each way, crossing pages
+ * of its rings: kB of RSS per client end then, and again after wait_ms with no call on them
+ * (an idle connection's buffers go back under the shim: DGSHIM_STREAM_IDLE_MS); then each
+ * trades m bytes more, which must come back whole into the pages given back. */
+static int run_tcpidle(int n, int wait_ms, size_t m)
+{
+	if (m > 8192)
+		m = 8192;
+	pid_t pid;
+	int done;
+	unsigned port = tcp_server_start(n, &pid, &done);
+	if (!port)
+		return 1;
+	struct sockaddr_in a = lo((int)port);
+	int *cs = calloc((size_t)n, sizeof *cs);
+	long r0 = 0;
+	if (!cs)
+		return 1;
+	for (int i = -1; i < n && !fails; i++) {
+		if (i == 0)
+			r0 = rss_kb();
+		int c = socket(AF_INET, SOCK_STREAM, 0);
+		if (c < 0 || connect(c, (struct sockaddr *)&a, sizeof a)) {
+			FAIL("connect #%d: %s", i, strerror(errno));
+			break;
+		}
+		if (i >= 0)
+			cs[i] = c;
+		echo_check(c, i, m);
+	}
+	long r1 = rss_kb();
+	usleep((useconds_t)wait_ms * 1000);
+	long r2 = rss_kb();
+	for (int i = 0; i < n && !fails; i++)
+		echo_check(cs[i], i + n, m);
+	long r3 = rss_kb();
+	printf("tcpidle %d busy_kb %.2f idle_kb %.2f again_kb %.2f\n", n, (double)(r1 - r0) / n, (double)(r2 - r0) / n,
+	       (double)(r3 - r0) / n);
+	for (int i = 0; i < n; i++)
+		close(cs[i]);
+	free(cs);
+	close(done);
+	waitpid(pid, NULL, 0);
+	return fails ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -580,6 +680,8 @@ int main(int argc, char **argv)
 		return run_udp(atoi(argv[2]));
 	if (argc >= 3 && !strcmp(argv[1], "tcp"))
 		return run_tcp(atoi(argv[2]));
+	if (argc >= 5 && !strcmp(argv[1], "tcpidle"))
+		return run_tcpidle(atoi(argv[2]), atoi(argv[3]), (size_t)atol(argv[4]));
 	if (argc >= 2 && !strcmp(argv[1], "move"))
 		return run_move();
 	if (argc >= 3 && !strcmp(argv[1], "dests"))
@@ -592,6 +694,6 @@ int main(int argc, char **argv)
 		return run_rdstall(atof(argv[2]));
 	if (argc >= 5 && !strcmp(argv[1], "churn"))
 		return run_churn(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]));
-	fprintf(stderr, "usage: fdcost udp N | tcp N | move | dests N | churn ROUNDS N GAP_MS | rdstall SECONDS | rdkill N [fork]\n");
+	fprintf(stderr, "usage: fdcost udp N | tcp N | tcpidle N WAIT_MS BYTES | move | dests N | churn ROUNDS N GAP_MS | rdstall SECONDS | rdkill N [fork]\n");
 	return 2;
 }

@@ -80,6 +80,24 @@ for c in udp tcp; do
 	grep -q "summary:" "$DG_TMP/$c.err" || failed+=("$c: no exit summary from the preloaded run")
 done
 grep -Eq "summary:.* rc_conns=[1-9]" "$DG_TMP/tcp.err" || failed+=("tcp: no connection carried over RC")
+# an idle carried connection gives its buffers back (DGSHIM_STREAM_IDLE_MS; issue 14 item 2):
+# N connections trade 3000 bytes each way (a page or two of each ring written), then nothing for
+# a second; the client's RSS per end must fall by at least two pages (measured 25.6 -> 9.5 kB;
+# 25.8 with DGSHIM_STREAM_IDLE_MS=0) and stay under TCP_IDLE_KB_MAX, and 3000 bytes more each way
+# must come back whole into the pages given back (fdcost checks every byte)
+TCP_IDLE_KB_MAX=12 TCP_IDLE_FREED_MIN=8
+timeout -k 5 120 env -u MALLOC_PERTURB_ "${DG_SHIM_ENV[@]}" DGSHIM_LOG=info DGSHIM_STREAM_IDLE_MS=200 \
+	"$bin" tcpidle "$N" 1000 3000 >"$DG_TMP/tcpidle.shim" 2>"$DG_TMP/tcpidle.err" ||
+	{ failed+=("tcpidle: preloaded run failed"); dg_tail "$DG_TMP/tcpidle.shim" 5; dg_tail "$DG_TMP/tcpidle.err" 5; }
+ib=$(field "$DG_TMP/tcpidle.shim" busy_kb) ii=$(field "$DG_TMP/tcpidle.shim" idle_kb)
+ifr=$(sed -n 's/.*summary: .* rc_conns=\([0-9]*\) .* rc_idle_freed=\([0-9]*\) .*/\2/p' "$DG_TMP/tcpidle.err" | sort -n | tail -1)
+dg_log "tcpidle: $N connections after 3000 bytes each way: ${ib:-?} kB per client end; after 1 s idle ${ii:-?} kB (max $TCP_IDLE_KB_MAX, at least $TCP_IDLE_FREED_MIN less); idle connections given back: ${ifr:-?}"
+[ "${ifr:-0}" -ge "$N" ] || failed+=("tcpidle: ${ifr:-no} idle connections gave their buffers back (want >= $N)")
+if [ -z "$DG_ASAN_RT$DG_TSAN_RT" ]; then
+	[ -n "$ib" ] && [ -n "$ii" ] && awk -v b="$ib" -v i="$ii" -v m="$TCP_IDLE_KB_MAX" -v f="$TCP_IDLE_FREED_MIN" \
+		'BEGIN {exit !(i <= m && b - i >= f)}' ||
+		failed+=("tcpidle: ${ib:-?} kB per end busy, ${ii:-?} idle: want <= $TCP_IDLE_KB_MAX idle and >= $TCP_IDLE_FREED_MIN given back")
+fi
 # what a new destination costs a UDP server (the destination table grows with the destinations;
 # a table spread by hash touched a page for almost each one: ~2 kB each, 200 kB a minute in the
 # soak's servers). Bound: 1 kB per destination, natively ~0.
