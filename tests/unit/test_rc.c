@@ -562,6 +562,41 @@ Test(rc, discard_gives_back_pages_only_when_idle)
 	cr_assert_eq(dgv_qp_discard(C.qp, C.buf + N, N), 0, "the sender's side is idle again");
 }
 
+/* Record completions carry their ranges in the CQ's scratch, which starts at 4 entries inside
+ * the CQ and grows when a poll found it short: a burst of 40 records, polled 16 at a time,
+ * hands each its own valid range, whatever the scratch held at the time. */
+Test(rc, a_burst_of_records_each_gets_its_range)
+{
+	connect_pair(NULL, NULL);
+	enum { K = 40 };
+	fill(C.buf, K * 100, 9);
+	for (int i = 0; i < K; i++)
+		post_send(&C, DGV_WR_WRITE_RECORD, (uint64_t)i, (uint64_t)i * 100, 100 + (uint32_t)i,
+			  (uint64_t)(uintptr_t)S.buf + (uint64_t)i * 256, S.mr->rkey, 0);
+	for (int i = 0; i < K; i++)
+		cr_assert_eq(wait_wc(C.cq).status, DGV_WC_SUCCESS);
+	/* all placed before the polls below (S's thread places them while nobody polls) */
+	for (int i = 0; i < 5000 && dgv_cq_ready(S.cq) < K; i++)
+		usleep(1000);
+	cr_assert_eq(dgv_cq_ready(S.cq), K, "all %d records placed", K);
+	int seen = 0, polls = 0;
+	while (seen < K) {
+		struct dgv_wc w[16];
+		int n = dgv_poll_cq(S.cq, 16, w);
+		cr_assert_gt(n, 0);
+		polls++;
+		for (int j = 0; j < n; j++, seen++) {
+			cr_assert_eq(w[j].opcode, DGV_WC_RECV_WRITE_RECORD);
+			cr_assert_eq(w[j].record.base, (uint64_t)(uintptr_t)S.buf + (uint64_t)seen * 256);
+			cr_assert_eq(w[j].record.length, 100u + (uint32_t)seen);
+			cr_assert_eq(w[j].record.nranges, 1);
+			cr_assert_eq(w[j].record.ranges[0].offset, 0);
+			cr_assert_eq(w[j].record.ranges[0].length, 100u + (uint32_t)seen);
+		}
+	}
+	cr_assert_geq(polls, 3, "the scratch started small (%d polls)", polls);
+}
+
 Test(rc, reads_beyond_ord_wait)
 {
 	struct dgv_conn_param cp = {.ord = 1};

@@ -65,7 +65,9 @@ static int ring_grow(struct soft_cq *cq)
 
 int soft_create_cq(struct dgv_context *ctx, int cqe, struct dgv_cq **out)
 {
-	struct soft_cq *cq = calloc(1, sizeof *cq);
+	/* a small object, not the program's heap (zpages.c: what lives long pins glibc's heap) */
+	_Static_assert(sizeof(struct soft_cq) <= DG_SMALL_MAX, "soft_cq fits dg_small_alloc");
+	struct soft_cq *cq = dg_small_alloc(sizeof *cq);
 	if (!cq)
 		return -ENOMEM;
 	cq->base.ctx = ctx;
@@ -83,8 +85,9 @@ int soft_create_cq(struct dgv_context *ctx, int cqe, struct dgv_cq **out)
 	 * with 10 000 sockets would otherwise hold 10 000 eventfds (issue 14: descriptors) */
 	atomic_init(&cq->efd, -1);
 	cq->qps = cq->qps_inline;
+	cq->scratch = cq->scratch_in, cq->scratch_cap = sizeof cq->scratch_in / sizeof cq->scratch_in[0];
 	if (!cq->cap) {
-		free(cq);
+		dg_small_free(cq, sizeof *cq);
 		return -EINVAL;
 	}
 	pthread_mutex_init(&cq->lock, NULL);
@@ -107,9 +110,10 @@ int soft_destroy_cq(struct dgv_cq *cqb)
 		free(cq->qps);
 	if (cq->ring)
 		ring_free(cq->ring, cq->phys);
-	free(cq->scratch);
+	if (cq->scratch != cq->scratch_in)
+		free(cq->scratch);
 	pthread_mutex_destroy(&cq->lock);
-	free(cq);
+	dg_small_free(cq, sizeof *cq);
 	return 0;
 }
 
@@ -386,6 +390,22 @@ static uint32_t bitmap_ranges(const struct soft_slot *s, struct dgv_range *out)
 	return n;
 }
 
+/* Makes the scratch hold at least need ranges. Only with none of them handed out by the poll
+ * under way (the last poll's are the caller's no more). Returns false without memory. Needs
+ * cq->lock. */
+static bool scratch_room(struct soft_cq *cq, uint32_t need)
+{
+	if (need <= cq->scratch_cap)
+		return true;
+	struct dgv_range *r = malloc(need * sizeof *r);
+	if (!r)
+		return false;
+	if (cq->scratch != cq->scratch_in)
+		free(cq->scratch);
+	cq->scratch = r, cq->scratch_cap = need;
+	return true;
+}
+
 int soft_poll_cq(struct dgv_cq *cqb, int n, struct dgv_wc *wc)
 {
 	struct soft_cq *cq = to_scq(cqb);
@@ -399,18 +419,22 @@ int soft_poll_cq(struct dgv_cq *cqb, int n, struct dgv_wc *wc)
 	pthread_mutex_lock(&cq->lock);
 	int got = 0;
 	uint32_t used = 0;
+	if (cq->scratch_short) {
+		/* the last poll stopped for want of ranges: twice as many this time */
+		cq->scratch_short = false;
+		scratch_room(cq, cq->scratch_cap < 32 ? cq->scratch_cap * 2 : 64);
+	}
 	while (got < n && cq->count) {
 		struct soft_cqe *e = &cq->ring[cq->head];
 		if (e->slot) {
 			uint32_t need = e->slot->nsegs / 2 + 1;
 			if (need > cq->scratch_cap - used) {
-				if (got)
+				if (got) {
+					cq->scratch_short = true;
 					break; /* earlier records' ranges must stay valid: stop here */
-				struct dgv_range *r = realloc(cq->scratch, need * sizeof *r);
-				if (!r)
+				}
+				if (!scratch_room(cq, need))
 					break;
-				cq->scratch = r;
-				cq->scratch_cap = need;
 			}
 			wc[got] = e->wc;
 			wc[got].record.ranges = cq->scratch + used;
@@ -421,13 +445,8 @@ int soft_poll_cq(struct dgv_cq *cqb, int n, struct dgv_wc *wc)
 			wc[got] = e->wc;
 			if (e->wc.opcode == DGV_WC_RECV_WRITE_RECORD || e->wc.record.nranges) {
 				if (cq->scratch_cap - used < 1) {
-					if (got)
-						break;
-					struct dgv_range *r = realloc(cq->scratch, 64 * sizeof *r);
-					if (!r)
-						break;
-					cq->scratch = r;
-					cq->scratch_cap = 64;
+					cq->scratch_short = true;
+					break; /* got > 0: the scratch holds at least one range */
 				}
 				wc[got].record.ranges = cq->scratch + used;
 				if (e->wc.record.nranges)

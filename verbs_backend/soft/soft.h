@@ -117,8 +117,13 @@ struct soft_cq {
 	struct soft_qp **qps;
 	struct soft_qp *qps_inline[4];
 	uint32_t nqps;
-	struct dgv_range *scratch; /* ranges handed out by the last poll */
+	/* ranges handed out by the last poll: scratch_in until a poll found it short (a burst of
+	 * records; scratch_short), then a buffer of the heap, doubled up to 64 (a 64-entry buffer
+	 * on the first record was half a kilobyte of the program's heap per connection) */
+	struct dgv_range *scratch;
 	uint32_t scratch_cap;
+	bool scratch_short;
+	struct dgv_range scratch_in[4];
 };
 
 struct soft_ah {
