@@ -456,11 +456,12 @@ static void post_sentinel(struct stream *t)
 static struct dgv_qp_init_attr rc_attr(struct stream *t, struct sock *s)
 {
 	/* DGV_CAP_RC_WREC_AS_SEND: a Write-Record may take two send queue entries, and a
-	 * receive per record */
+	 * receive per record; else the sentinel is the one receive ever posted (a queue of 4 was
+	 * 432 bytes more of every connection end) */
 	bool drec = t->drec != NULL;
 	struct dgv_qp_init_attr a = {.qp_type = DGV_QPT_RC, .send_cq = t->cq, .recv_cq = t->cq,
 				     .max_send_wr = drec ? 2 * SQ_DEPTH : SQ_DEPTH,
-				     .max_recv_wr = drec ? NDREC + 4 : 4, .max_sge = 2, .cm_channel = t->ch,
+				     .max_recv_wr = drec ? NDREC + 4 : 1, .max_sge = 2, .cm_channel = t->ch,
 				     .cm_user = s};
 	/* rx_hold: only our calls read the connection (the thread writes for it), so a wait on
 	 * it needs the program's own descriptor alone while TCP takes every send (stream_self) */

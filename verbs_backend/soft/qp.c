@@ -139,8 +139,8 @@ static int udp_xmit(struct soft_qp *qp, const struct iovec *iov, int iovcnt,
 	for (int i = 0; i < iovcnt; i++)
 		len += iov[i].iov_len;
 	struct dg_pkt pkt = {iov, iovcnt, len, to, tolen};
-	if (qp->ftx.active)
-		dg_fault_apply(&qp->ftx, &pkt, udp_emit, &t);
+	if (qp->ftx_on)
+		dg_fault_apply(&qp->x->ftx, &pkt, udp_emit, &t);
 	else
 		udp_emit(&t, &pkt);
 	if (t.err == -EWOULDBLOCK || t.err == -ENOBUFS)
@@ -568,7 +568,7 @@ static bool ud_train_fits(const struct soft_swqe *w)
  */
 static int pump_ud_train(struct soft_qp *qp, uint32_t i)
 {
-	if (qp->gso_off || qp->ftx.active || __builtin_expect(qp->tx_test_cap != 0, 0))
+	if (qp->gso_off || qp->ftx_on || __builtin_expect(qp->tx_test_cap != 0, 0))
 		return 0;
 	struct soft_swqe *first = &qp->sq[i % qp->sq_cap];
 	if (!ud_train_fits(first) || i + 1 == qp->sq_tail)
@@ -683,7 +683,7 @@ static int pump_swqe(struct soft_qp *qp, uint32_t idx)
 	bool tagged = w->opcode == DGV_WR_WRITE || w->opcode == DGV_WR_WRITE_RECORD;
 	uint8_t op = w->opcode == DGV_WR_SEND ? RDMAP_SEND : w->opcode == DGV_WR_SEND_SE ? RDMAP_SEND_SE
 		     : w->opcode == DGV_WR_WRITE ? RDMAP_WRITE : RDMAP_WRITE_RECORD;
-	if (qp->base.type == DGV_QPT_UD && !qp->ftx.active && w->len - w->sent > w->segsz) {
+	if (qp->base.type == DGV_QPT_UD && !qp->ftx_on && w->len - w->sent > w->segsz) {
 		int rc = qp->gso_off ? 0 : pump_ud_gso(qp, idx, op, tagged);
 		if (!rc)
 			rc = pump_ud_batched(qp, idx, op, tagged);
@@ -1499,7 +1499,7 @@ static int rd_train_cb(void *arg, const struct iovec *iov, int n, uint16_t seg, 
 		       socklen_t tolen)
 {
 	struct soft_qp *qp = arg;
-	if (qp->gso_off || qp->ftx.active || __builtin_expect(qp->tx_test_cap != 0, 0)) {
+	if (qp->gso_off || qp->ftx_on || __builtin_expect(qp->tx_test_cap != 0, 0)) {
 		int rc = 0;
 		for (int j = 0; j < n; j++) {
 			int e = udp_xmit(qp, &iov[j], 1, to, tolen);
@@ -1616,11 +1616,11 @@ static void rx_fault_emit(void *arg, const struct dg_pkt *pkt)
 static void rx_piece(struct soft_qp *qp, uint8_t *buf, size_t len, const union dgv_sockaddr *from,
 		     socklen_t fromlen)
 {
-	if (qp->frx.active) {
+	if (qp->frx_on) {
 		struct iovec v = {buf, len};
 		struct dg_pkt pkt = {&v, 1, len, from, fromlen};
 		struct rx_emit_ctx c = {qp};
-		dg_fault_apply(&qp->frx, &pkt, rx_fault_emit, &c);
+		dg_fault_apply(&qp->x->frx, &pkt, rx_fault_emit, &c);
 	} else {
 		rx_datagram(qp, buf, len, from, fromlen);
 	}
@@ -1915,13 +1915,13 @@ static void run_timers(struct soft_qp *qp, uint64_t now)
 			}
 	if (qp->rd)
 		rd_tick(qp->rd, now);
-	if (qp->ftx.nheld) {
+	if (qp->ftx_on && qp->x->ftx.nheld) {
 		struct tx_ctx t = {qp, 0};
-		dg_fault_flush(&qp->ftx, fault_flush_emit_tx, &t);
+		dg_fault_flush(&qp->x->ftx, fault_flush_emit_tx, &t);
 	}
-	if (qp->frx.nheld) {
+	if (qp->frx_on && qp->x->frx.nheld) {
 		struct rx_emit_ctx c = {qp};
-		dg_fault_flush(&qp->frx, rx_fault_emit, &c);
+		dg_fault_flush(&qp->x->frx, rx_fault_emit, &c);
 	}
 }
 
@@ -1945,7 +1945,7 @@ uint64_t soft_qp_next_timer_locked(struct soft_qp *qp, uint64_t now)
 		if (r < rel)
 			rel = r;
 	}
-	if ((qp->ftx.nheld || qp->frx.nheld) && rel > 1000)
+	if (((qp->ftx_on && qp->x->ftx.nheld) || (qp->frx_on && qp->x->frx.nheld)) && rel > 1000)
 		rel = 1000;
 	return rel;
 }
@@ -1955,7 +1955,7 @@ bool soft_qp_timers_pending(struct soft_qp *qp)
 	if (qp->rc)
 		return soft_rc_timers_pending(qp);
 	return qp->rd || qp->slots_active || qp->ord_count || qp->ird_count ||
-	       qp->ftx.nheld || qp->frx.nheld || qp->pump_blocked || qp->sq_pump != qp->sq_tail;
+	       (qp->ftx_on && qp->x->ftx.nheld) || (qp->frx_on && qp->x->frx.nheld) || qp->pump_blocked || qp->sq_pump != qp->sq_tail;
 }
 
 /* A UD QP that reads its socket only from the program's calls (rx_hold) makes every receive
@@ -1970,9 +1970,9 @@ bool soft_qp_timers_pending(struct soft_qp *qp)
 bool soft_qp_self_driven(const struct soft_qp *qp)
 {
 	if (qp->rc)
-		return qp->rx_app && !__atomic_load_n(&qp->tx_refused, __ATOMIC_ACQUIRE) && !qp->ftx.active &&
-		       !qp->frx.active;
-	return qp->base.type == DGV_QPT_UD && !qp->rd && qp->rx_hold && !qp->ftx.active && !qp->frx.active;
+		return qp->rx_app && !__atomic_load_n(&qp->tx_refused, __ATOMIC_ACQUIRE) && !qp->ftx_on &&
+		       !qp->frx_on;
+	return qp->base.type == DGV_QPT_UD && !qp->rd && qp->rx_hold && !qp->ftx_on && !qp->frx_on;
 }
 
 int soft_qp_socket_events(struct dgv_qp *qpb)
@@ -2013,7 +2013,7 @@ int soft_qp_progress(struct soft_qp *qp, bool from_app, bool block)
 	/* rx_hold: only the program's own calls read the socket (the thread runs timers) */
 	int n = qp->rx_hold && !from_app ? 0 : rx_drain(qp, 256);
 	/* An idle UD QP has no timers: the busy-poll path then reads no clock at all. */
-	if (qp->rd || qp->slots_active || qp->ord_count || qp->ftx.nheld || qp->frx.nheld)
+	if (qp->rd || qp->slots_active || qp->ord_count || (qp->ftx_on && qp->x->ftx.nheld) || (qp->frx_on && qp->x->frx.nheld))
 		run_timers(qp, qp_now(qp));
 	after_rx_locked(qp);
 	soft_qp_unlock(qp);
@@ -2064,7 +2064,7 @@ void soft_qp_test_rx(struct dgv_qp *qpb, uint8_t *buf, size_t len, const union d
 static bool rx_takeable(struct soft_qp *qp, const uint8_t *buf, size_t len, uint32_t max,
 			struct dgv_rx_msg *out)
 {
-	if (qp->base.type != DGV_QPT_UD || qp->frx.active || qp->slots_active ||
+	if (qp->base.type != DGV_QPT_UD || qp->frx_on || qp->slots_active ||
 	    __atomic_load_n(&qp->rcq->count, __ATOMIC_ACQUIRE))
 		return false;
 	if (len < DG_CRC_LEN + 2 || !dg_crc_check(buf, len)) {
@@ -2165,8 +2165,10 @@ static void qp_free(struct soft_qp *qp)
 {
 	if (qp->rd)
 		rd_destroy(qp->rd);
-	dg_fault_fini(&qp->ftx);
-	dg_fault_fini(&qp->frx);
+	if (qp->ftx_on)
+		dg_fault_fini(&qp->x->ftx);
+	if (qp->frx_on)
+		dg_fault_fini(&qp->x->frx);
 	for (int i = 0; i < SOFT_REASM_SLOTS; i++)
 		free(qp->x->slots[i].bitmap);
 	if (qp->own_fd && qp->fd >= 0)
@@ -2344,9 +2346,21 @@ int soft_create_qp(struct dgv_pd *pdb, const struct dgv_qp_init_attr *a, struct 
 		goto fail;
 	if (!a->fault_rx && (err = dg_fault_from_env(DG_ENV_FAULT_RX, &frx)))
 		goto fail;
-	if ((err = dg_fault_init(&qp->ftx, a->fault_tx ? a->fault_tx : &ftx, qp->seg_path ? DG_MAX_DATAGRAM : qp->seg_size)) ||
-	    (err = dg_fault_init(&qp->frx, a->fault_rx ? a->fault_rx : &frx, qp->rxbuf_size)))
+	/* made on the stack, kept in the rest only when on: an idle QP does not write the page
+	 * they are on */
+	struct dg_fault_state fs;
+	if ((err = dg_fault_init(&fs, a->fault_tx ? a->fault_tx : &ftx, qp->seg_path ? DG_MAX_DATAGRAM : qp->seg_size)))
 		goto fail;
+	if ((qp->ftx_on = fs.active))
+		qp->x->ftx = fs;
+	else
+		dg_fault_fini(&fs);
+	if ((err = dg_fault_init(&fs, a->fault_rx ? a->fault_rx : &frx, qp->rxbuf_size)))
+		goto fail;
+	if ((qp->frx_on = fs.active))
+		qp->x->frx = fs;
+	else
+		dg_fault_fini(&fs);
 	if (a->qp_type == DGV_QPT_RD) {
 		/* The window sizes the reordering pool and half the retransmission pool, which
 		 * dominate an RD QP's memory: at most 4 and 8 MiB, whatever the segment size. */
@@ -2580,7 +2594,7 @@ int soft_send_now(struct dgv_qp *qpb, struct dgv_ah *ah, const struct iovec *iov
 	}
 	int rc = -EAGAIN;
 	pthread_mutex_lock(&qp->lock);
-	if (qp->sq_head == qp->sq_tail && !qp->ird_count && !qp->ftx.active && total <= qp->max_msg &&
+	if (qp->sq_head == qp->sq_tail && !qp->ird_count && !qp->ftx_on && total <= qp->max_msg &&
 	    ud_datagram_now(qp, ah, RDMAP_SEND, iov, iovcnt, total) == 0) {
 		qp->msn_send++;
 		qp->st.tx_msgs++;
@@ -2598,7 +2612,7 @@ int soft_post_send(struct dgv_qp *qpb, struct dgv_send_wr *wr, struct dgv_send_w
 		return soft_rc_post_send(qp, wr, bad);
 	pthread_mutex_lock(&qp->lock);
 	if (qp->base.type == DGV_QPT_UD && wr && !wr->next && (wr->send_flags & DGV_SEND_INLINE) &&
-	    qp->sq_head == qp->sq_tail && !qp->ird_count && !qp->ftx.active && ud_send_now(qp, wr)) {
+	    qp->sq_head == qp->sq_tail && !qp->ird_count && !qp->ftx_on && ud_send_now(qp, wr)) {
 		soft_qp_unlock(qp);
 		*bad = NULL;
 		return 0;
@@ -2725,10 +2739,10 @@ int soft_qp_stats(struct dgv_qp *qpb, struct dgv_qp_stats *out)
 	struct soft_qp *qp = to_sqp(qpb);
 	pthread_mutex_lock(&qp->lock);
 	*out = qp->st;
-	out->fault_dropped = qp->ftx.dropped + qp->frx.dropped;
-	out->fault_duplicated = qp->ftx.duplicated + qp->frx.duplicated;
-	out->fault_reordered = qp->ftx.reordered + qp->frx.reordered;
-	out->fault_corrupted = qp->ftx.corrupted + qp->frx.corrupted;
+	out->fault_dropped = qp->x->ftx.dropped + qp->x->frx.dropped;
+	out->fault_duplicated = qp->x->ftx.duplicated + qp->x->frx.duplicated;
+	out->fault_reordered = qp->x->ftx.reordered + qp->x->frx.reordered;
+	out->fault_corrupted = qp->x->ftx.corrupted + qp->x->frx.corrupted;
 	if (qp->rd) {
 		struct rd_stats r;
 		rd_get_stats(qp->rd, &r);
@@ -2758,7 +2772,7 @@ int soft_peek(struct dgv_qp *qpb, void *buf, size_t len, struct dgv_peek *out)
 	pthread_mutex_lock(&qp->lock);
 	int rc = -ENOMSG;
 	struct rx_batch *b = NULL;
-	if (qp->slots_active || qp->frx.active)
+	if (qp->slots_active || qp->frx_on)
 		goto out;
 	if (!(b = rx_batch_get(qp))) {
 		rc = -ENOMEM;

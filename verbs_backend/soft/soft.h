@@ -297,7 +297,9 @@ struct soft_qp {
 	uint32_t term_in_window;
 	/* lower layers */
 	struct rd_ep *rd;
-	struct dg_fault_state ftx, frx;
+	/* fault injection on (DGSHIM_FAULT_TX/RX, dgv_qp_init_attr): its state is in the rest
+	 * (qp->x), 304 bytes an RC QP's fields no longer carry */
+	bool ftx_on, frx_on;
 	/* receive buffers: the reading thread's batch (qp.c rx_batch_get) of rx_batch buffers of
 	 * rxbuf_size bytes */
 	uint32_t rxbuf_size, rx_batch;
@@ -352,6 +354,7 @@ struct soft_qp_ext {
 	struct soft_ord ord[SOFT_MAX_ORD];
 	struct soft_ird ird[SOFT_MAX_IRD];
 	struct dgv_async_err errq[SOFT_ERRQ];
+	struct dg_fault_state ftx, frx; /* UD and RD: written when fault injection is on */
 };
 
 /* A new QP, zeroed: its fields and its rest (qp->x), apart for RC (see x_apart). NULL: out of
