@@ -17,6 +17,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 dg_init twohost_bulk "$@"
 perf=$DG_BUILD/apps/dgperf
 [ -x "$perf" ] || dg_fail "$perf does not exist"
+san=$(ldd "$perf" 2>/dev/null | grep -Eo 'lib[at]san' | head -1) # a sanitizer build (build-asan)
 command -v tc >/dev/null || dg_fail "no tc(8) (iproute2)"
 th_up --rate 10gbit
 dev=$(th_run a ip -o link show type veth | awk -F': ' '{print $2}' | cut -d@ -f1)
@@ -45,9 +46,12 @@ print("%s %s %d B: %.0f MB/s, %.1f %% of the bytes delivered, tbf dropped %d pac
       % (r["transport"], r["test"], r["size"], r["bw_MBps"], 100 * whole, drops, r["cpu_client_s"], r["cpu_server_s"]))
 assert drops == 0, "the first hop (tbf) dropped %d packets: the sender out-queued it" % drops
 assert r["cpu_client_s"] > 0 and r["cpu_server_s"] > 0, r
-# the receiver may still fall behind on a loaded machine (UD: its socket drops), rarely
-assert whole >= 0.95, "only %.1f %% of the bytes arrived" % (100 * whole)
-' "$((after - before))" || fail=1
+# the receiver may still fall behind on a loaded machine (UD: its socket drops), rarely; a
+# sanitizer build receives at a fraction of the speed (ASan on a 2-core machine: 56-82 %
+# arrived at 600 MB/s, with tbf dropping nothing), so there it must only make progress
+need = 0.95 if sys.argv[2] == "" else 0.25
+assert whole >= need, "only %.1f %% of the bytes arrived (want %.0f %%)" % (100 * whole, 100 * need)
+' "$((after - before))" "$san" || fail=1
 done
 [ $fail -eq 0 ] || dg_fail "bulk UD across a shaped link lost datagrams"
 dg_log "PASS"
