@@ -1761,6 +1761,29 @@ static ino_t fd_ino(int fd)
 	return fstat(fd, &st) == 0 ? st.st_ino : 0;
 }
 
+/* A thread of the shim's (shim_thread) that waits on cv, made with CLOCK_MONOTONIC so that a
+ * wait's deadline (mono_deadline) ignores changes of the wall clock. Returns true when started.
+ * Needs the lock that guards cv. */
+static bool mono_thread_start(pthread_cond_t *cv, void *(*fn)(void *))
+{
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(cv, &ca);
+	pthread_condattr_destroy(&ca);
+	return shim_thread(fn, NULL) == 0;
+}
+
+/* The CLOCK_MONOTONIC time us microseconds from now, for pthread_cond_timedwait. */
+static struct timespec mono_deadline(uint64_t us)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	uint64_t ns = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec + us * 1000u;
+	ts.tv_sec = (time_t)(ns / 1000000000u), ts.tv_nsec = (long)(ns % 1000000000u);
+	return ts;
+}
+
 static void *late_thread(void *arg)
 {
 	(void)arg;
@@ -1790,10 +1813,7 @@ static void *late_thread(void *arg)
 		if (!next) {
 			pthread_cond_wait(&L.cv, &L.lock);
 		} else {
-			struct timespec ts;
-			clock_gettime(CLOCK_MONOTONIC, &ts);
-			uint64_t ns = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec + (next - now) * 1000u;
-			ts.tv_sec = (time_t)(ns / 1000000000u), ts.tv_nsec = (long)(ns % 1000000000u);
+			struct timespec ts = mono_deadline(next - now);
 			pthread_cond_timedwait(&L.cv, &L.lock, &ts);
 		}
 	}
@@ -1804,14 +1824,8 @@ static void *late_thread(void *arg)
 static void late_add(struct sock *s, int fd)
 {
 	pthread_mutex_lock(&L.lock);
-	if (!L.running) {
-		pthread_condattr_t ca;
-		pthread_condattr_init(&ca);
-		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-		pthread_cond_init(&L.cv, &ca);
-		pthread_condattr_destroy(&ca);
-		L.running = shim_thread(late_thread, NULL) == 0;
-	}
+	if (!L.running)
+		L.running = mono_thread_start(&L.cv, late_thread);
 	if (L.running && L.n == L.cap) {
 		int nc = L.cap ? L.cap * 2 : 16;
 		struct late *nv = realloc(L.v, (size_t)nc * sizeof *nv);
@@ -2022,10 +2036,7 @@ static void *idle_thread(void *arg)
 		}
 		/* an interval from now; a stream listed meanwhile waits for the next one (idle
 		 * between one and two intervals, as the destinations' sweep in peer.c) */
-		struct timespec ts;
-		clock_gettime(CLOCK_MONOTONIC, &ts);
-		uint64_t ns = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec + (uint64_t)idle_ms() * 1000000u;
-		ts.tv_sec = (time_t)(ns / 1000000000u), ts.tv_nsec = (long)(ns % 1000000000u);
+		struct timespec ts = mono_deadline((uint64_t)idle_ms() * 1000u);
 		while (pthread_cond_timedwait(&R.cv, &R.lock, &ts) != ETIMEDOUT)
 			;
 		idle_sweep();
@@ -2041,14 +2052,8 @@ static void idle_touch(struct sock *s, struct stream *t)
 	if (atomic_load_explicit(&t->idle_state, memory_order_relaxed) != IDLE_OFF || !idle_ms())
 		return;
 	pthread_mutex_lock(&R.lock);
-	if (!R.running) {
-		pthread_condattr_t ca;
-		pthread_condattr_init(&ca);
-		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-		pthread_cond_init(&R.cv, &ca);
-		pthread_condattr_destroy(&ca);
-		R.running = shim_thread(idle_thread, NULL) == 0;
-	}
+	if (!R.running)
+		R.running = mono_thread_start(&R.cv, idle_thread);
 	if (R.running) {
 		t->idle_s = s;
 		t->idle_seen = atomic_load_explicit(&t->act, memory_order_relaxed);

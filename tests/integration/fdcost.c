@@ -254,17 +254,24 @@ static unsigned tcp_server_start(int n, pid_t *pid, int *done)
 	return port;
 }
 
+/* The echo server for n + 1 connections, its address *a, and room for n client sockets.
+ * Returns that array, or NULL (FAIL said, or out of memory). */
+static int *tcp_begin(int n, pid_t *pid, int *done, struct sockaddr_in *a)
+{
+	unsigned port = tcp_server_start(n, pid, done);
+	if (!port)
+		return NULL;
+	*a = lo((int)port);
+	return calloc((size_t)n, sizeof(int));
+}
+
 static int run_tcp(int n)
 {
 	pid_t pid;
-	int done;
-	unsigned port = tcp_server_start(n, &pid, &done);
-	if (!port)
-		return 1;
-	struct sockaddr_in a = lo((int)port);
-	int f0 = 0, first = -1;
+	int done, f0 = 0, first = -1;
 	long r0 = 0;
-	int *cs = calloc((size_t)n, sizeof *cs);
+	struct sockaddr_in a;
+	int *cs = tcp_begin(n, &pid, &done, &a);
 	if (!cs)
 		return 1;
 	for (int i = -1; i < n; i++) {
@@ -637,12 +644,9 @@ static int run_tcpidle(int n, int wait_ms, size_t m)
 		m = 8192;
 	pid_t pid;
 	int done;
-	unsigned port = tcp_server_start(n, &pid, &done);
-	if (!port)
-		return 1;
-	struct sockaddr_in a = lo((int)port);
-	int *cs = calloc((size_t)n, sizeof *cs);
 	long r0 = 0;
+	struct sockaddr_in a;
+	int *cs = tcp_begin(n, &pid, &done, &a);
 	if (!cs)
 		return 1;
 	for (int i = -1; i < n && !fails; i++) {
