@@ -2056,7 +2056,9 @@ static void idle_touch(struct sock *s, struct stream *t)
 		R.running = mono_thread_start(&R.cv, idle_thread);
 	if (R.running) {
 		t->idle_s = s;
-		t->idle_seen = atomic_load_explicit(&t->act, memory_order_relaxed);
+		/* as if touched since the last look: the first look only notes it, so a stream is
+		 * given back after one to two intervals untouched, never sooner */
+		t->idle_seen = atomic_load_explicit(&t->act, memory_order_relaxed) - 1;
 		t->idle_tries = 0;
 		idle_link(t);
 		if (R.asleep)
