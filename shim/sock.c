@@ -409,25 +409,32 @@ out:
  */
 static struct {
 	pthread_mutex_t lock;
-	struct sock *head; /* through retire_next */
-} pool = {PTHREAD_MUTEX_INITIALIZER, NULL};
+	struct sock *head[2]; /* through retire_next: datagram objects, stream (small) ones */
+} pool = {PTHREAD_MUTEX_INITIALIZER, {NULL, NULL}};
 
-/* A zeroed object for sock_new, from the list or the heap. holds and gone of a reused one are
- * not written but atomically (a late lookup may read them meanwhile). NULL: no memory. */
-static struct sock *sock_alloc(void)
+/* A zeroed object for sock_new, from the list or the heap: a whole struct sock, or for a
+ * stream (small) SOCK_STREAM_SIZE bytes of it. holds and gone of a reused one are not written
+ * but atomically (a late lookup may read them meanwhile). NULL: no memory. */
+static struct sock *sock_alloc(bool small)
 {
+	size_t size = small ? SOCK_STREAM_SIZE : sizeof(struct sock);
 	pthread_mutex_lock(&pool.lock);
-	struct sock *s = pool.head;
+	struct sock *s = pool.head[small];
 	if (s)
-		pool.head = s->retire_next;
+		pool.head[small] = s->retire_next;
 	pthread_mutex_unlock(&pool.lock);
-	if (!s)
-		return calloc(1, sizeof *s);
+	if (!s) {
+		if ((s = calloc(1, size)))
+			s->small = small;
+		return s;
+	}
 	_Static_assert(offsetof(struct sock, gone) > offsetof(struct sock, holds), "holds, then gone");
+	_Static_assert(offsetof(struct sock, small) < SOCK_STREAM_SIZE, "a small object has its size");
 	size_t after = offsetof(struct sock, gone) + sizeof s->gone;
 	memset(s, 0, offsetof(struct sock, holds));
-	memset((char *)s + after, 0, sizeof *s - after);
+	memset((char *)s + after, 0, size - after);
 	atomic_store_explicit(&s->gone, false, memory_order_relaxed);
+	s->small = small;
 	return s;
 }
 
@@ -439,14 +446,14 @@ void sock_unhold(struct sock *s)
 	s->strm = NULL;
 	pthread_mutex_destroy(&s->lock);
 	pthread_mutex_lock(&pool.lock);
-	s->retire_next = pool.head;
-	pool.head = s;
+	s->retire_next = pool.head[s->small];
+	pool.head[s->small] = s;
 	pthread_mutex_unlock(&pool.lock);
 }
 
-static struct sock *sock_new(int fd, int domain, int mode)
+static struct sock *sock_new(int fd, int domain, int mode, bool stream)
 {
-	struct sock *s = sock_alloc();
+	struct sock *s = sock_alloc(stream);
 	if (!s)
 		return NULL;
 	s->ent.kind = ENT_SOCK;
@@ -472,7 +479,7 @@ static struct sock *sock_new(int fd, int domain, int mode)
  * memory: the OS carries the socket). */
 struct sock *sock_new_stream(int fd, int domain, bool nonblock, int mode)
 {
-	struct sock *s = sock_new(fd, domain, mode);
+	struct sock *s = sock_new(fd, domain, mode, true);
 	if (!s)
 		return NULL;
 	if (stream_attach(s)) {
@@ -511,7 +518,7 @@ static void sock_take(int fd, int domain, int type, int protocol)
 	int mode = shim_default_mode();
 	if (mode == IWARP_MODE_OFF || mode == IWARP_MODE_RC)
 		mode = IWARP_MODE_OFF;
-	struct sock *s = sock_new(fd, domain, mode == IWARP_MODE_OFF ? IWARP_MODE_AUTO : mode);
+	struct sock *s = sock_new(fd, domain, mode == IWARP_MODE_OFF ? IWARP_MODE_AUTO : mode, false);
 	if (!s)
 		return; /* out of memory: the OS carries it */
 	s->user_nonblock = (type & SOCK_NONBLOCK) != 0;
@@ -682,10 +689,12 @@ void sock_put(struct sock *s)
 	if (s->gen == G.gen)
 		qp_teardown(s, true);
 	stats_release(s);
-	free(s->carry);
-	s->carry = NULL;
-	free(s->txd);
-	s->txd = NULL;
+	if (!s->small) {
+		free(s->carry);
+		s->carry = NULL;
+		free(s->txd);
+		s->txd = NULL;
+	}
 	pthread_mutex_unlock(&s->lock);
 	sock_unhold(s);
 }
@@ -893,7 +902,8 @@ void qp_teardown(struct sock *s, bool all)
 		return;
 	if (s->cq)
 		dgv_destroy_cq(s->cq), s->cq = NULL, s->armed = false, __atomic_store_n(&s->cq_fd, false, __ATOMIC_RELAXED);
-	zc_cache_clear(s);
+	if (!s->small)
+		zc_cache_clear(s);
 	if (s->rx_mr)
 		dgv_dereg_mr(s->rx_mr), s->rx_mr = NULL;
 	if (s->tx_mr)
@@ -913,7 +923,7 @@ void sock_reset_after_fork(struct sock *s)
 	/* natively a datagram the program peeked is still in the kernel for whoever reads next,
 	 * which after fork is most often the child (socat's UDP-RECVFROM fork); the parent drops
 	 * its copy (shim_atfork_parent) */
-	if (!sock_is_stream(s) && s->pend_n && s->pend[s->pend_head].peeked && s->rx_area && !s->carry) {
+	if (!s->small && s->pend_n && s->pend[s->pend_head].peeked && s->rx_area && !s->carry) {
 		struct pend *p = &s->pend[s->pend_head];
 		if ((s->carry = malloc(p->len ? p->len : 1))) {
 			memcpy(s->carry, rx_data(s, p->slot), p->len);
@@ -926,15 +936,17 @@ void sock_reset_after_fork(struct sock *s)
 	s->qp = NULL, s->cq = NULL, s->armed = false, s->rx_mr = NULL, s->tx_mr = NULL;
 	if (!sock_is_stream(s))
 		s->qfd = -1; /* the child's QP takes the number of its first call */
-	s->pend_head = s->pend_n = 0;
-	s->rx_free_n = 0, s->tx_free_n = 0; /* qp_setup fills them with the new areas */
+	if (!s->small) {
+		s->pend_head = s->pend_n = 0;
+		s->rx_free_n = 0, s->tx_free_n = 0; /* qp_setup fills them with the new areas */
+		memset(s->zc, 0, sizeof s->zc);
+	}
 	if (s->rx_area) {
 		/* the copied areas are ours; register them with the child's context later */
 		munmap(s->rx_area, (size_t)SHIM_RX_SLOTS * SHIM_RX_STRIDE);
 		munmap(s->tx_area, (size_t)SHIM_TX_SLOTS * SHIM_SLOT);
 		s->rx_area = s->tx_area = NULL;
 	}
-	memset(s->zc, 0, sizeof s->zc);
 	s->regfd = -1; /* the parent's entry stays the parent's (registry.c) */
 	s->broken = false;
 	s->pv = NULL; /* chosen again with the child's first QP */
@@ -1207,7 +1219,7 @@ int shim_iwarp_opt_untaken(int fd, int set, int name, void *v, socklen_t *l)
 	if (G.disabled)
 		return -EOPNOTSUPP; /* a configuration error left everything to the OS */
 	shim_init();
-	struct sock *s = sock_new(fd, dom, IWARP_MODE_AUTO);
+	struct sock *s = sock_new(fd, dom, IWARP_MODE_AUTO, false);
 	if (!s)
 		return -ENOMEM;
 	int fl = real.fcntl(fd, F_GETFL);

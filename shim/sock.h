@@ -126,6 +126,7 @@ struct sock {
 	bool explicit_mode;           /* set by the program: rules no longer apply */
 	bool user_nonblock;
 	bool broken;                  /* QP creation failed: the OS carries it */
+	bool small;                   /* made SOCK_STREAM_SIZE bytes, without the datagram part */
 	struct shim_pv *pv;           /* the context its QP is on (&G.host or &G.dev); NULL: none yet */
 	bool armed;                   /* DGV_CAP_ARM_ONCE: its CQ's channel is armed (an acked event is not) */
 	/* its CQ's eventfd is made, which waits watch; false only while every queue pair it had
@@ -136,12 +137,6 @@ struct sock {
 	 * for a readiness check, and MSG_PEEK leaves the datagram in the kernel (docs/shim.md
 	 * "Fork and exec"). */
 	bool shared;
-	/* A datagram the parent had peeked but not received when this process was forked from
-	 * it: the next receive here gets it first (malloc'd, NULL: none). */
-	uint8_t *carry;
-	uint32_t carry_len;
-	socklen_t carry_srclen;
-	union dgv_sockaddr carry_src;
 	const union dgv_sockaddr *dest_hint; /* during sock_send: where the datagram goes */
 	bool connected;
 	bool shut_rd, shut_wr;
@@ -158,26 +153,6 @@ struct sock {
 	struct dgv_cq *cq;            /* sends and receives */
 	struct dgv_mr *rx_mr, *tx_mr;
 	uint8_t *rx_area, *tx_area;
-	uint16_t rx_free[SHIM_RX_SLOTS], rx_free_n;
-	uint16_t tx_free[SHIM_TX_SLOTS], tx_free_n;
-	struct pend pend[SHIM_RX_SLOTS];
-	uint32_t pend_head, pend_n;
-	uint64_t zc_seq, zc_done;     /* zero-copy sends posted / completed */
-	struct zc_ent zc[SHIM_ZC_CACHE];
-	uint32_t ops;                 /* counter-refresh pacing */
-	/* RD: where each send slot goes, to resend it plain if the peer vanishes (SHIM_TX_SLOTS
-	 * of them, made with the socket's first RD queue pair; NULL before: a UD socket's would
-	 * be 1.5 kB of its resident memory for nothing) */
-	struct shim_txd {
-		union dgv_sockaddr to;
-		socklen_t tolen;
-		uint32_t len;
-		uint64_t gone_at; /* rd_gone_check: when its destination was first seen gone (0: not) */
-	} *txd;
-	struct peer_memo heard;       /* consume_cq's peer_heard_memo */
-	struct route_memo route;      /* dgram_send's peer_route_memo */
-	uint64_t gone_check_us;       /* rd_gone_check's last look */
-	bool gone_seen;               /* rd_gone_check's last look found a destination gone */
 
 	struct ep *eps[SHIM_MAX_EPS]; /* epoll instances watching it */
 	int neps;
@@ -188,7 +163,46 @@ struct sock {
 	struct iwarp_stats own_st;
 	int stat_slot;
 	uint64_t base_crc, base_lost, base_rexmit, base_wtx, base_wrx, base_rej;
+
+	/*
+	 * The datagram part: last, and not there at all in a stream socket's object (sock.c
+	 * sock_alloc makes that SOCK_STREAM_SIZE bytes): its slot lists, pending datagrams and
+	 * memos were 0.8 kB of every carried TCP connection's resident memory (issue 14). Only
+	 * a datagram socket's calls touch it (!sock_is_stream); AddressSanitizer sees a stream's
+	 * object end before it.
+	 */
+	struct {
+		/* A datagram the parent had peeked but not received when this process was forked
+		 * from it: the next receive here gets it first (malloc'd, NULL: none). */
+		uint8_t *carry;
+		uint32_t carry_len;
+		socklen_t carry_srclen;
+		union dgv_sockaddr carry_src;
+		uint16_t rx_free[SHIM_RX_SLOTS], rx_free_n;
+		uint16_t tx_free[SHIM_TX_SLOTS], tx_free_n;
+		struct pend pend[SHIM_RX_SLOTS];
+		uint32_t pend_head, pend_n;
+		uint64_t zc_seq, zc_done;     /* zero-copy sends posted / completed */
+		struct zc_ent zc[SHIM_ZC_CACHE];
+		uint32_t ops;                 /* counter-refresh pacing */
+		/* RD: where each send slot goes, to resend it plain if the peer vanishes (SHIM_TX_SLOTS
+		 * of them, made with the socket's first RD queue pair; NULL before: a UD socket's would
+		 * be 1.5 kB of its resident memory for nothing) */
+		struct shim_txd {
+			union dgv_sockaddr to;
+			socklen_t tolen;
+			uint32_t len;
+			uint64_t gone_at; /* rd_gone_check: when its destination was first seen gone (0: not) */
+		} *txd;
+		struct peer_memo heard;       /* consume_cq's peer_heard_memo */
+		struct route_memo route;      /* dgram_send's peer_route_memo */
+		uint64_t gone_check_us;       /* rd_gone_check's last look */
+		bool gone_seen;               /* rd_gone_check's last look found a destination gone */
+	};
 };
+
+/* A stream socket's object: struct sock up to its datagram part. */
+#define SOCK_STREAM_SIZE offsetof(struct sock, carry)
 
 /* Receive slot `slot` of s: where the provider places its datagram, and its head. */
 static inline uint8_t *rx_data(const struct sock *s, uint32_t slot)
