@@ -63,6 +63,27 @@ static int ring_grow(struct soft_cq *cq)
 	return 0;
 }
 
+void soft_cq_trim(struct soft_cq *cq)
+{
+	pthread_mutex_lock(&cq->lock);
+	if (!cq->count && cq->ring) {
+		ring_free(cq->ring, cq->phys);
+		cq->ring = NULL, cq->phys = 0, cq->head = 0;
+	}
+	pthread_mutex_unlock(&cq->lock);
+}
+
+/* Tests: the entries cq's ring has now (0: none made, or given back by soft_cq_trim). */
+uint32_t soft_cq_test_entries(struct dgv_cq *cqb);
+uint32_t soft_cq_test_entries(struct dgv_cq *cqb)
+{
+	struct soft_cq *cq = to_scq(cqb);
+	pthread_mutex_lock(&cq->lock);
+	uint32_t n = cq->phys;
+	pthread_mutex_unlock(&cq->lock);
+	return n;
+}
+
 int soft_create_cq(struct dgv_context *ctx, int cqe, struct dgv_cq **out)
 {
 	/* a small object, not the program's heap (zpages.c: what lives long pins glibc's heap) */

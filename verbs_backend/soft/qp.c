@@ -2034,6 +2034,18 @@ void soft_qp_test_tx_cap(struct dgv_qp *qpb, uint32_t cap)
 	soft_qp_unlock(qp);
 }
 
+/* Test hook (tests/unit/test_rc.c): the entries of qp's send queue now, 0 while it has none
+ * (an idle RC connection gave it back: rc_sq_release). */
+uint32_t soft_qp_test_sq_entries(struct dgv_qp *qpb);
+uint32_t soft_qp_test_sq_entries(struct dgv_qp *qpb)
+{
+	struct soft_qp *qp = to_sqp(qpb);
+	pthread_mutex_lock(&qp->lock);
+	uint32_t n = qp->sq ? qp->sq_cap : 0;
+	soft_qp_unlock(qp);
+	return n;
+}
+
 /* Test hook, declared by tests/fuzz/fuzz_qp.c (not part of soft.h): one datagram as UDP would
  * have delivered it, without the socket, followed by what a progress pass does after reading
  * (RD redelivery, the pump for Read Responses). Lets the fuzzer reach the receive path at

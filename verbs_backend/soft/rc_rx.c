@@ -744,6 +744,12 @@ int soft_qp_discard(struct dgv_qp *qpb, void *addr, size_t len)
 		r = 0;
 		if (e > a && madvise((void *)a, e - a, MADV_DONTNEED))
 			r = -errno;
+		/* empty (checked above), they stay so while qp->lock is held: their rings go too */
+		soft_cq_trim(qp->rcq);
+		if (qp->scq != qp->rcq)
+			soft_cq_trim(qp->scq);
+		if (!rc->b_bytes && !rc->cur)
+			rc_sq_release(qp);
 	}
 	soft_qp_unlock(qp);
 	return r;

@@ -548,6 +548,15 @@ static int sq_grow(struct soft_qp *qp)
 	return 0;
 }
 
+void rc_sq_release(struct soft_qp *qp)
+{
+	if (qp->x_apart && qp->sq && qp->sq_cap <= SOFT_RC_SQ_SMALL && qp->sq_head == qp->sq_tail &&
+	    qp->sq_pump == qp->sq_tail) {
+		soft_sq_free(qp);
+		qp->sq_head = qp->sq_pump = qp->sq_tail = 0;
+	}
+}
+
 /* soft_rc_post_send's common case: one Send or Write(-Record) that is one FPDU of at most
  * RC_FLAT_SEND bytes, posted while nothing else is queued, being built or on its way into TCP.
  * The FPDU is built on the stack (length, header, payload, pad, CRC) and handed to TCP during
@@ -620,7 +629,7 @@ static bool rc_post_now(struct soft_qp *qp, const struct dgv_send_wr *wr)
 		return true;
 	}
 	/* TCP took part of the FPDU: the rest must follow before anything else */
-	if (!batch_get(rc)) {
+	if (!batch_get(rc) || (!qp->sq && soft_sq_alloc(qp))) {
 		rc_fail(qp, -ENOMEM, NULL, false, NULL, 0, 0);
 		return true; /* the connection failed: its queue flushes */
 	}
@@ -683,6 +692,8 @@ int soft_rc_post_send(struct soft_qp *qp, struct dgv_send_wr *wr, struct dgv_sen
 			if (ret)
 				break;
 		}
+		if (!qp->sq && (ret = soft_sq_alloc(qp)))
+			break; /* given back while idle (rc_sq_release): made again */
 		uint64_t total = 0;
 		for (int i = 0; i < wr->num_sge; i++)
 			total += wr->sg_list[i].length;

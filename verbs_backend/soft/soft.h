@@ -272,7 +272,8 @@ struct soft_qp {
 	uint32_t sq_cap, sq_head, sq_pump, sq_tail; /* head: oldest not done; pump: next to send */
 	/* RC: the queue starts as a small object (SOFT_RC_SQ_SMALL entries), grows into sq_inline
 	 * (SOFT_RC_SQ_FIRST) and then to sq_max entries as posts find it full (rc_tx.c sq_grow);
-	 * sq_cap is its size now. An idle
+	 * sq_cap is its size now; sq is NULL while an idle connection gave the small one back
+	 * (rc_tx.c rc_sq_release). An idle
 	 * connection's queue then shares the QP's first page instead of writing a page of its own
 	 * (issue 14: 4 kB of every carried TCP connection). Elsewhere sq_max == sq_cap. */
 	uint32_t sq_max;
@@ -540,6 +541,10 @@ int soft_cq_push(struct soft_cq *cq, const struct dgv_wc *wc, struct soft_slot *
 int soft_cq_attach(struct soft_cq *cq, struct soft_qp *qp);
 /* No room for another completion now (a hint without the lock: polls only make room). */
 bool soft_cq_full(struct soft_cq *cq);
+/* An empty CQ gives its ring back (the next completion makes one again, ring_grow): an idle
+ * connection's 4 entries were 544 bytes of its resident memory (dgv_qp_discard). Takes
+ * cq->lock (after the QP's, as a push does). */
+void soft_cq_trim(struct soft_cq *cq);
 void soft_cq_detach(struct soft_cq *cq, struct soft_qp *qp);
 
 /* qp.c */
