@@ -183,6 +183,7 @@ void stats_note_stream(struct sock *s, const struct shim_pv *pv)
 
 void shim_fini(void)
 {
+	stream_fini();
 	if (dg_log_on(DG_LOG_INFO) && G.gen) {
 		struct iwarp_stats t = closed;
 		unsigned n = closed_socks, ndev = closed_dev;

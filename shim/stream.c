@@ -177,6 +177,7 @@ struct stream {
 	bool peer_abort;         /* the peer announced an abortive close (CTL_ABORT) */
 	bool reset;              /* ended as by a TCP reset (readiness: both directions over) */
 	bool end_counted;        /* in the rc_reset or rc_peer_gone total */
+	bool closing;            /* closed by the program, read by the closing thread (closing_add) */
 	uint64_t fin_total;
 	/* Waking another thread's wait (shim.h "Waking a waiter"): completions and connection
 	 * events taken so far (progress compares), bumped by tell_waiters when a call took some
@@ -526,7 +527,9 @@ static void credit_maybe(struct stream *t)
 
 static void fail(struct stream *t, int err, const char *why)
 {
-	if (!t->err && !t->peer_fin) {
+	/* a connection the program closed ended by its close (what the peer does after it, a
+	 * reset as its process exits, is the closing thread's business alone) */
+	if (!t->err && !t->peer_fin && !t->closing) {
 		t->err = err;
 		t->reset = true;
 		count_end(t, &T.resets);
@@ -2098,10 +2101,13 @@ static void idle_fork(bool child)
 	R.running = R.asleep = false;
 }
 
+static void closing_fork(bool child);
+
 void stream_fork(bool child)
 {
 	late_fork(child);
 	idle_fork(child);
+	closing_fork(child);
 }
 
 /* What the client of a device stream said on its TCP connection nfd while we wait for its
@@ -3119,6 +3125,157 @@ static bool outq_draining(const struct stream *t, struct outq_watch *w, uint64_t
 	return now - w->since_us < OUTQ_STALL_US;
 }
 
+/* ------------------------------------------------------------------ closing in the background
+ *
+ * A closed connection whose TCP still holds bytes the peer has not acknowledged (our last
+ * control message and FIN, usually: the peer's delayed ACK comes 5-10 ms later) must be read
+ * until they are, or bytes the peer's side sent meanwhile reach a closed socket and reset the
+ * connection (stream_teardown). Waiting for that inside the program's close() cost every close
+ * 5-10 ms (a server closing 5 000 connections one after another: 50 s). So the queue pair moves
+ * to a private duplicate of the descriptor, the program's close() returns, and a thread of the
+ * shim's reads the connection every few ms until TCP's queue is empty, stalls or the 2 s bound
+ * passes, then frees it (closing the duplicate: the kernel's close, the FIN is out already).
+ * The list holds a sock_hold reference to each socket. A process that exits waits for the list
+ * (stream_fini, bounded by the same 2 s), as its close() used to; a forked child closes its
+ * copies of the duplicates at once (the parent finishes them).
+ */
+struct closing {
+	struct sock *s;
+	uint64_t end;          /* the bound of stream_teardown's wait */
+	struct outq_watch ow;
+};
+static struct {
+	pthread_mutex_t lock;
+	pthread_cond_t cv;
+	bool running;
+	struct closing *v;
+	int n, cap;
+} C = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, NULL, 0, 0};
+
+enum { CLOSING_LOOK_MS = 2 };
+
+static void teardown_end(struct stream *t); /* how often each connection is read while it closes */
+
+/* One look at a closing connection: reads it. Returns true while it must stay (TCP's queue not
+ * empty, still shrinking, before the bound). Needs s->lock. */
+static bool closing_look(struct sock *s, struct stream *t, struct closing *c)
+{
+	if (t->tcp_down || !t->qp)
+		return false;
+	progress(s, t);
+	return !t->tcp_down && outq_draining(t, &c->ow, c->end);
+}
+
+static void *closing_thread(void *arg)
+{
+	(void)arg;
+	shim_depth++; /* everything here is the shim's own */
+	pthread_mutex_lock(&C.lock);
+	for (;;) {
+		if (!C.n) {
+			pthread_cond_wait(&C.cv, &C.lock);
+			continue;
+		}
+		/* only this thread takes entries out: index i names the same entry after the lock
+		 * was let go (closing_add appends) */
+		for (int i = 0; i < C.n;) {
+			struct closing e = C.v[i];
+			pthread_mutex_unlock(&C.lock);
+			sock_lock(e.s);
+			struct stream *t = e.s->strm;
+			bool stay = t && closing_look(e.s, t, &e);
+			if (t && !stay) {
+				res_free(t);
+				teardown_end(t);
+			}
+			sock_unlock(e.s);
+			pthread_mutex_lock(&C.lock);
+			if (stay) {
+				C.v[i++].ow = e.ow;
+				continue;
+			}
+			C.v[i] = C.v[--C.n];
+			pthread_cond_broadcast(&C.cv); /* stream_fini may wait for the list to empty */
+			pthread_mutex_unlock(&C.lock);
+			sock_unhold(e.s);
+			pthread_mutex_lock(&C.lock);
+		}
+		if (C.n) {
+			struct timespec ts = mono_deadline(CLOSING_LOOK_MS * 1000u);
+			pthread_cond_timedwait(&C.cv, &C.lock, &ts);
+		}
+	}
+	return NULL;
+}
+
+/* Hands t (its last descriptor closing, its FIN sent) to the closing thread: its queue pair
+ * moves to a private duplicate of the program's descriptor, which the thread closes when done.
+ * Returns 0 (the thread has it: the caller frees nothing), or -errno (no thread, no descriptor
+ * or memory to spare: the caller waits itself). Needs s->lock; s is still held (sock_put). */
+static int closing_add(struct sock *s, struct stream *t, const struct outq_watch *ow, uint64_t end)
+{
+	if (!t->qp || t->qfd < 0)
+		return -EINVAL;
+	if (!t->qfd_own && !own_room(1, "a closing TCP connection"))
+		return -EMFILE;
+	pthread_mutex_lock(&C.lock);
+	if (!C.running)
+		C.running = mono_thread_start(&C.cv, closing_thread);
+	if (C.running && C.n == C.cap) {
+		int nc = C.cap ? C.cap * 2 : 16;
+		struct closing *nv = realloc(C.v, (size_t)nc * sizeof *nv);
+		if (nv)
+			C.v = nv, C.cap = nc;
+	}
+	int rc = C.running && C.n < C.cap ? 0 : -ENOMEM;
+	if (!rc && !t->qfd_own) {
+		int d = high_fd(t->qfd);
+		if (d < 0)
+			rc = -errno;
+		else if ((rc = dgv_qp_set_fd(t->qp, d)))
+			own_close(d);
+		else
+			t->qfd = d, t->qfd_own = true;
+	}
+	if (!rc) {
+		t->closing = true;
+		atomic_fetch_add_explicit(&s->holds, 1, memory_order_relaxed); /* > 0: sock_put's */
+		C.v[C.n++] = (struct closing){s, end, *ow};
+		pthread_cond_broadcast(&C.cv);
+	}
+	pthread_mutex_unlock(&C.lock);
+	return rc;
+}
+
+/* Fork. Child (single-threaded): the thread is not here; the duplicates it inherited are
+ * closed (the parent finishes those connections), the list dropped with its references. */
+static void closing_fork(bool child)
+{
+	if (!child)
+		return;
+	pthread_mutex_init(&C.lock, NULL);
+	for (int i = 0; i < C.n; i++) {
+		struct stream *t = C.v[i].s->strm;
+		if (t && t->qfd >= 0 && t->qfd_own)
+			own_close(t->qfd);
+		if (t)
+			t->qfd = -1, t->qfd_own = false, t->qp = NULL; /* the parent's QP */
+	}
+	C.n = 0;
+	C.running = false;
+}
+
+void stream_fini(void)
+{
+	uint64_t end = shim_now_us() + 2100000;
+	pthread_mutex_lock(&C.lock);
+	while (C.n && C.running && shim_now_us() < end) {
+		struct timespec ts = mono_deadline(10000);
+		pthread_cond_timedwait(&C.cv, &C.lock, &ts);
+	}
+	pthread_mutex_unlock(&C.lock);
+}
+
 void stream_teardown(struct sock *s)
 {
 	struct stream *t = s->strm;
@@ -3173,8 +3330,12 @@ void stream_teardown(struct sock *s)
 			 * peer's side sent before it learnt of our close (its first control message,
 			 * which MPA holds until our first FPDU; credit) would reach a closed socket,
 			 * which answers with a reset and drops what it still had to send. Bounded
-			 * by the same 2 s. */
+			 * by the same 2 s. The shim's thread does it (closing_add): the program's
+			 * close returns at once, as the kernel's does, where waiting here for the
+			 * peer's acknowledgement (its delayed ACK: 5-10 ms) held every close. */
 			struct outq_watch ow = {0};
+			if (!t->own_cm && !t->tcp_down && outq_draining(t, &ow, end) && closing_add(s, t, &ow, end) == 0)
+				return; /* the socket is gone for the program's calls (sock_gone) */
 			while (!t->own_cm && !t->tcp_down && outq_draining(t, &ow, end)) {
 				dgv_cq_wait(t->cq, 5);
 				progress(s, t);
@@ -3182,11 +3343,18 @@ void stream_teardown(struct sock *s)
 		}
 	}
 	res_free(t);
+	teardown_end(t);
+}
+
+/* What a close leaves of t for calls still in flight on it: a dead stream (EBADF). */
+static void teardown_end(struct stream *t)
+{
 	/* the memory stays with the socket's (sock_unhold frees both): a call still in flight on
 	 * it, asleep in a wait when another thread closed the last descriptor, wakes to a dead
 	 * stream (EBADF). Not one the kernel carries (SS_NEW: a stream let go, whose descriptor
 	 * is still the program's): a connect() asleep when another thread's call let it go
-	 * returns the kernel's answer. */
+	 * returns the kernel's answer. A stream closing in the background (closing_add) keeps
+	 * its resources until the thread frees them; its socket is gone for the program's calls. */
 	t->rv_wait = false;
 	if (t->state != SS_NEW) {
 		t->state = SS_DEAD;

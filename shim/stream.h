@@ -48,6 +48,9 @@ void stream_after_fork(struct sock *s);
 /* Fork, once per process: in the parent (child false) after it, in the child before the
  * sockets are reset. */
 void stream_fork(bool child);
+/* At exit: waits (at most ~2 s) for the connections still closing in the background to end as
+ * a close() used to make them end before it returned (stream.c "closing in the background"). */
+void stream_fini(void);
 
 int stream_connect(struct sock *s, int fd, const struct sockaddr *a, socklen_t l);
 int stream_listen(struct sock *s, int fd, int backlog);

@@ -74,6 +74,8 @@ v=$(dg_sum "$DG_TMP/shim.err" rc_conns)
 [ "$v" -ge $((2 * (nt + 1))) ] || dg_fail "shim: rc_conns=$v over both processes, expected >= $((2 * (nt + 1)))"
 [ "$(dg_sum "$DG_TMP/shim.err" rc_plain)" = 0 ] || dg_fail "shim: rc_plain > 0"
 [ "$(dg_sum "$DG_TMP/shim.err" tx_plain)" = 0 ] || dg_fail "shim: tx_plain > 0"
-[ "$(wakes shim)" -le $(($(wakes native) + 5)) ] ||
+# (not under ThreadSanitizer: its runtime, preloaded only into the shim's run, has a thread of
+# its own that wakes ~10 times a second)
+[ -n "$DG_TSAN_RT" ] || [ "$(wakes shim)" -le $(($(wakes native) + 5)) ] ||
 	dg_fail "shim: idle, the probe's threads woke $(wakes shim) times in a second (natively $(wakes native))"
 dg_log "PASS"

@@ -19,6 +19,9 @@
  *                  uses while it waits S s for room ("rdstall ... cpu_frac F", of one CPU)
  *   fdcost rdkill N [fork]  a blocking RD sender whose receiver (another program, or a forked
  *                  child) was killed: seconds for N datagrams
+ *   fdcost tcpclose N  N connections trade a byte, then all are closed: ms per close()
+ *                  ("tcpclose N close_ms X"); the server child must read the end of each
+ *                  (EOF, no reset) within 10 s
  *   fdcost move    dup, close the original, reuse its number for a pipe: the socket goes on
  *                  through the duplicate and the pipe's byte stays the program's
  *
@@ -184,6 +187,10 @@ static int run_udp(int n)
 /* The server ends live in a forked child (a connection within one process is plain under the
  * shim): it accepts and echoes what each connection sends, and holds them all until the pipe
  * closes. */
+/* tcpclose: the server exits once each of its n + 1 connections ended (0: all by EOF, 2: some
+ * by an error such as a reset) */
+static bool server_ends_exit;
+
 static void tcp_server(int n, int wr, int done)
 {
 	int l = socket(AF_INET, SOCK_STREAM, 0);
@@ -198,6 +205,7 @@ static void tcp_server(int n, int wr, int done)
 	struct pollfd *p = calloc((size_t)n + 3, sizeof *p);
 	if (!p)
 		_exit(1);
+	int ends = 0, resets = 0;
 	p[0] = (struct pollfd){.fd = done, .events = POLLIN};
 	p[1] = (struct pollfd){.fd = l, .events = POLLIN};
 	int np = 2;
@@ -218,7 +226,10 @@ static void tcp_server(int n, int wr, int done)
 				continue;
 			ssize_t r = read(p[i].fd, b, sizeof b);
 			if (r <= 0) {
-				p[i].fd = -1;
+				resets += r < 0;
+				p[i].fd = -1; /* kept open: the peer's close is not answered by ours at once */
+				if (server_ends_exit && ++ends == n + 1)
+					_exit(resets ? 2 : 0); /* every connection ended: tcpclose's check */
 				continue;
 			}
 			for (ssize_t o = 0, w; o < r; o += w)
@@ -677,6 +688,44 @@ static int run_tcpidle(int n, int wait_ms, size_t m)
 	return fails ? 1 : 0;
 }
 
+/* n + 1 connections trade a byte each way, then are closed one after another: the time the
+ * closes took, per close. The server must see each end as an EOF (no reset) within 10 s. */
+static int run_tcpclose(int n)
+{
+	pid_t pid;
+	int done;
+	struct sockaddr_in a;
+	server_ends_exit = true;
+	unsigned port = tcp_server_start(n, &pid, &done); /* n + 1 connections */
+	int *cs = port ? calloc((size_t)n + 1, sizeof(int)) : NULL;
+	if (!cs)
+		return 1;
+	a = lo((int)port);
+	for (int i = 0; i <= n && !fails; i++) {
+		char b = 'x';
+		int c = socket(AF_INET, SOCK_STREAM, 0);
+		if (c < 0 || connect(c, (struct sockaddr *)&a, sizeof a) || write(c, &b, 1) != 1 || read(c, &b, 1) != 1)
+			FAIL("connection %d: %s", i, strerror(errno));
+		cs[i] = c;
+	}
+	double t0 = wall_s();
+	for (int i = 0; i <= n; i++)
+		close(cs[i]);
+	double dt = wall_s() - t0;
+	printf("tcpclose %d close_ms %.3f\n", n + 1, dt * 1000 / (n + 1));
+	int st = -1;
+	for (int i = 0; i < 1000 && waitpid(pid, &st, WNOHANG) == 0; i++)
+		usleep(10000);
+	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+		FAIL("the server did not read the end of every connection as EOF within 10 s (status %#x)", st);
+		kill(pid, SIGKILL);
+		waitpid(pid, NULL, 0);
+	}
+	close(done);
+	free(cs);
+	return fails ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -686,6 +735,8 @@ int main(int argc, char **argv)
 		return run_tcp(atoi(argv[2]));
 	if (argc >= 5 && !strcmp(argv[1], "tcpidle"))
 		return run_tcpidle(atoi(argv[2]), atoi(argv[3]), (size_t)atol(argv[4]));
+	if (argc >= 3 && !strcmp(argv[1], "tcpclose"))
+		return run_tcpclose(atoi(argv[2]));
 	if (argc >= 2 && !strcmp(argv[1], "move"))
 		return run_move();
 	if (argc >= 3 && !strcmp(argv[1], "dests"))
@@ -698,6 +749,6 @@ int main(int argc, char **argv)
 		return run_rdstall(atof(argv[2]));
 	if (argc >= 5 && !strcmp(argv[1], "churn"))
 		return run_churn(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]));
-	fprintf(stderr, "usage: fdcost udp N | tcp N | tcpidle N WAIT_MS BYTES | move | dests N | churn ROUNDS N GAP_MS | rdstall SECONDS | rdkill N [fork]\n");
+	fprintf(stderr, "usage: fdcost udp N | tcp N | tcpidle N WAIT_MS BYTES | tcpclose N | move | dests N | churn ROUNDS N GAP_MS | rdstall SECONDS | rdkill N [fork]\n");
 	return 2;
 }

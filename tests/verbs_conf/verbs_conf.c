@@ -819,6 +819,10 @@ int main(int argc, char **argv)
 		struct dgv_wc wc;
 		fill(src, len, 99);
 		memset(sink, 0, len);
+		/* the server's thread answers the Read from src: the server QP's lock, taken here,
+		 * orders our fill before it for ThreadSanitizer (no happens-before through TCP) */
+		struct dgv_qp_stats qs;
+		(void)dgv_qp_stats(S.qp, &qs);
 		if (client_op(DGV_WR_READ, MIB, len, rg.addr + off, rg.rkey, DGV_WC_SUCCESS, &wc, "RDMA Read")) {
 			result("FAIL", "rdma_read", "%s", why);
 		} else if (wc.opcode != DGV_WC_READ || wc.byte_len != len) {
