@@ -1823,19 +1823,28 @@ static void *late_thread(void *arg)
 	return NULL;
 }
 
+/* For a list served by a thread of the shim's (late answers, closing connections): starts the
+ * thread if *running is not yet, and makes room for one more entry in *v (n of *cap entries of
+ * size bytes; doubled, from 16). Returns whether both are there. Needs the list's lock. */
+static bool served_room(bool *running, pthread_cond_t *cv, void *(*fn)(void *), void **v, int n, int *cap,
+			size_t size)
+{
+	if (!*running)
+		*running = mono_thread_start(cv, fn);
+	if (*running && n == *cap) {
+		int nc = *cap ? *cap * 2 : 16;
+		void *nv = realloc(*v, (size_t)nc * size);
+		if (nv)
+			*v = nv, *cap = nc;
+	}
+	return *running && n < *cap;
+}
+
 /* Queues s (accepted at fd, SS_ANSWER) for the answering thread, started on first use. */
 static void late_add(struct sock *s, int fd)
 {
 	pthread_mutex_lock(&L.lock);
-	if (!L.running)
-		L.running = mono_thread_start(&L.cv, late_thread);
-	if (L.running && L.n == L.cap) {
-		int nc = L.cap ? L.cap * 2 : 16;
-		struct late *nv = realloc(L.v, (size_t)nc * sizeof *nv);
-		if (nv)
-			L.v = nv, L.cap = nc;
-	}
-	if (L.running && L.n < L.cap) {
+	if (served_room(&L.running, &L.cv, late_thread, (void **)&L.v, L.n, &L.cap, sizeof *L.v)) {
 		atomic_fetch_add(&s->refs, 1);
 		L.v[L.n++] = (struct late){s, fd, fd_ino(fd), shim_now_us() + ANSWER_AFTER_MS * 1000u};
 		pthread_cond_signal(&L.cv);
@@ -3219,15 +3228,7 @@ static int closing_add(struct sock *s, struct stream *t, const struct outq_watch
 	if (!t->qfd_own && !own_room(1, "a closing TCP connection"))
 		return -EMFILE;
 	pthread_mutex_lock(&C.lock);
-	if (!C.running)
-		C.running = mono_thread_start(&C.cv, closing_thread);
-	if (C.running && C.n == C.cap) {
-		int nc = C.cap ? C.cap * 2 : 16;
-		struct closing *nv = realloc(C.v, (size_t)nc * sizeof *nv);
-		if (nv)
-			C.v = nv, C.cap = nc;
-	}
-	int rc = C.running && C.n < C.cap ? 0 : -ENOMEM;
+	int rc = served_room(&C.running, &C.cv, closing_thread, (void **)&C.v, C.n, &C.cap, sizeof *C.v) ? 0 : -ENOMEM;
 	if (!rc && !t->qfd_own) {
 		int d = high_fd(t->qfd);
 		if (d < 0)
