@@ -371,6 +371,7 @@ static void rc_qp_free(struct soft_qp *qp)
 		free(rc->marked);
 		free(rc->spill);
 		dg_small_free(rc->hs, sizeof *rc->hs);
+		dg_small_free(rc->term_fpdu, RC_TERM_FPDU);
 		dg_small_free(rc, sizeof *rc);
 	}
 	if (qp->own_fd && qp->fd >= 0)

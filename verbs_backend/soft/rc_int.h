@@ -39,6 +39,7 @@
 #define RC_DEFAULT_WR 256
 #define RC_DEFAULT_MAX_MSG (16u << 20)
 #define RC_TIMEOUT_MS 10000
+#define RC_TERM_FPDU 128u          /* a Terminate FPDU's room (rc->term_fpdu) */
 #define RC_RXBUF (256u << 10)     /* stream receive buffer */
 #define RC_RX_ROOM (72u << 10)    /* free room kept at the tail: one largest FPDU with markers */
 #define RC_IOV 256                /* iovec entries of one transmit batch */
@@ -135,7 +136,9 @@ struct rc_conn {
 	uint32_t msn_send, msn_read, msn_term; /* next MSN per queue, from 1 */
 	/* Terminate going out */
 	bool term_pending, term_sent, shut_after_term;
-	uint8_t term_fpdu[128];
+	/* its FPDU: made by the first Terminate (128 bytes in every connection's state before;
+	 * issue 14), freed with the connection */
+	uint8_t *term_fpdu;
 	uint32_t term_len;
 	uint8_t *spill;         /* rest of a half-sent FPDU when the connection fails */
 	/* receive */

@@ -793,6 +793,17 @@ void rc_tx_terminate(struct soft_qp *qp, const struct dg_reject *why, const uint
 {
 	struct rc_conn *rc = qp->rc;
 	uint64_t rest = keep_cut_fpdu(rc);
+	if (!rc->term_fpdu && !(rc->term_fpdu = dg_small_alloc(RC_TERM_FPDU))) {
+		/* no memory for it: the peer gets the end of TCP without the reason */
+		DG_WARN("RC: no memory for a Terminate: the connection ends without one");
+		if (rest) {
+			rc->tx_pos += rest;
+			rc->term_sent = rc->shut_after_term = true; /* shut once the cut FPDU is out */
+		} else {
+			shutdown(qp->fd, SHUT_WR);
+		}
+		return;
+	}
 	/* Terminate: untagged QN 2, RFC 5040 4.8 */
 	struct rc_terminate_msg m;
 	rc_put_untagged(&m.ddp, RDMAP_TERMINATE, true, DDP_QN_TERMINATE, rc->msn_term++, 0, 0);
