@@ -322,7 +322,7 @@ void rc_flush_all(struct soft_qp *qp, enum dgv_wc_status first_status)
 	qp->ird_count = 0;
 	rc->ird_unbuilt = 0;
 	if (rc->rcv_active) {
-		rc_recv_done(qp, &rc->rcv, DGV_WC_WR_FLUSH_ERR, 0, rc->rcv_msn, 0, 0);
+		rc_recv_done(qp, rc->rcv, DGV_WC_WR_FLUSH_ERR, 0, rc->rcv_msn, 0, 0);
 		rc->rcv_active = false;
 	}
 	struct soft_rwqe w;
@@ -372,6 +372,7 @@ static void rc_qp_free(struct soft_qp *qp)
 		free(rc->spill);
 		dg_small_free(rc->hs, sizeof *rc->hs);
 		dg_small_free(rc->term_fpdu, RC_TERM_FPDU);
+		dg_small_free(rc->rcv, sizeof *rc->rcv);
 		dg_small_free(rc, sizeof *rc);
 	}
 	if (qp->own_fd && qp->fd >= 0)

@@ -148,7 +148,9 @@ struct rc_conn {
 	uint8_t *rx_flat;
 	uint32_t exp_msn[3];
 	bool rcv_active;        /* a Send is being received into rcv */
-	struct soft_rwqe rcv;
+	/* the receive it fills: made by the first Send received (144 bytes of every connection's
+	 * state before, issue 14: a carried stream receives none), freed with the connection */
+	struct soft_rwqe *rcv;
 	uint32_t rcv_off, rcv_msn;
 	uint8_t rcv_op;
 	uint32_t rcv_inv;

@@ -385,7 +385,7 @@ static int rx_send_done(struct soft_qp *qp, const struct rx_seg *s)
 	if (rc->rcv_op == RDMAP_SEND_INV || rc->rcv_op == RDMAP_SEND_SE_INV) {
 		struct soft_mr *mr = mr_by_stag(qp, rc->rcv_inv);
 		if (!mr) {
-			rc_recv_done(qp, &rc->rcv, DGV_WC_REM_OP_ERR, rc->rcv_off, rc->rcv_msn, flags, 0);
+			rc_recv_done(qp, rc->rcv, DGV_WC_REM_OP_ERR, rc->rcv_off, rc->rcv_msn, flags, 0);
 			return seg_violation(qp, s, TERM_LAYER_RDMAP, RDMAP_ETYPE_REMOTE_OP,
 					     RDMAP_ECODE_CANNOT_INVALIDATE,
 					     "Send with Invalidate names an unknown STag");
@@ -395,7 +395,7 @@ static int rx_send_done(struct soft_qp *qp, const struct rx_seg *s)
 		flags |= DGV_WC_WITH_INV;
 		invd = rc->rcv_inv;
 	}
-	rc_recv_done(qp, &rc->rcv, DGV_WC_SUCCESS, rc->rcv_off, rc->rcv_msn, flags, invd);
+	rc_recv_done(qp, rc->rcv, DGV_WC_SUCCESS, rc->rcv_off, rc->rcv_msn, flags, invd);
 	return 0;
 }
 
@@ -419,21 +419,26 @@ static int rx_send(struct soft_qp *qp, const struct rx_seg *s)
 	if (!mid) {
 		if (!qp->rq_count || soft_cq_full(qp->rcq))
 			return -EAGAIN; /* receiver not ready: TCP flow control holds the peer */
-		soft_rq_pop(qp, &rc->rcv);
+		if (!rc->rcv && !(rc->rcv = dg_small_alloc(sizeof *rc->rcv))) {
+			struct dg_reject why = {TERM_LAYER_RDMAP, RDMAP_ETYPE_CATASTROPHIC, 0, "no memory to receive a Send"};
+			rc_fail(qp, -ENOMEM, &why, true, s->buf, s->hlen, s->len);
+			return -EPROTO;
+		}
+		soft_rq_pop(qp, rc->rcv);
 		rc->rcv_active = true;
 		rc->rcv_off = 0;
 		rc->rcv_msn = s->msn;
 		rc->rcv_op = s->op;
 		rc->rcv_inv = s->inv;
 	}
-	if (s->plen > rc->rcv.len - rc->rcv_off || (uint64_t)rc->rcv_off + s->plen > qp->max_msg) {
-		rc_recv_done(qp, &rc->rcv, DGV_WC_LOC_LEN_ERR, rc->rcv_off, rc->rcv_msn, 0, 0);
+	if (s->plen > rc->rcv->len - rc->rcv_off || (uint64_t)rc->rcv_off + s->plen > qp->max_msg) {
+		rc_recv_done(qp, rc->rcv, DGV_WC_LOC_LEN_ERR, rc->rcv_off, rc->rcv_msn, 0, 0);
 		rc->rcv_active = false;
 		return seg_violation(qp, s, TERM_LAYER_DDP, DDP_ETYPE_UNTAGGED_BUF, DDP_ECODE_UT_MSG_TOO_LONG,
 				     "Send longer than the posted receive");
 	}
-	if (s->plen && soft_rwqe_copy(qp, &rc->rcv, rc->rcv_off, s->pl, s->plen)) {
-		rc_recv_done(qp, &rc->rcv, DGV_WC_LOC_PROT_ERR, rc->rcv_off, rc->rcv_msn, 0, 0);
+	if (s->plen && soft_rwqe_copy(qp, rc->rcv, rc->rcv_off, s->pl, s->plen)) {
+		rc_recv_done(qp, rc->rcv, DGV_WC_LOC_PROT_ERR, rc->rcv_off, rc->rcv_msn, 0, 0);
 		rc->rcv_active = false;
 		struct dg_reject why = {TERM_LAYER_RDMAP, RDMAP_ETYPE_CATASTROPHIC, 0, "receive buffer deregistered"};
 		rc_fail(qp, -EFAULT, &why, true, s->buf, s->hlen, s->len);
