@@ -2010,7 +2010,9 @@ static void idle_sweep(void)
 		}
 		struct sock *s = t->idle_s;
 		if (!sock_hold(s)) {
-			atomic_store_explicit(&t->idle_state, IDLE_OFF, memory_order_relaxed);
+			/* release: the teardown that finds it off (idle_forget, acquire) and frees t
+			 * comes after our writes to it (idle_unlink) */
+			atomic_store_explicit(&t->idle_state, IDLE_OFF, memory_order_release);
 			continue; /* closed: its teardown does not find it listed */
 		}
 		atomic_store_explicit(&t->idle_state, IDLE_LOOKED, memory_order_relaxed);
@@ -2083,7 +2085,7 @@ static void idle_touch(struct sock *s, struct stream *t)
  * s->lock. */
 static void idle_forget(struct stream *t)
 {
-	if (atomic_load_explicit(&t->idle_state, memory_order_relaxed) != IDLE_LISTED)
+	if (atomic_load_explicit(&t->idle_state, memory_order_acquire) != IDLE_LISTED)
 		return;
 	pthread_mutex_lock(&R.lock);
 	if (atomic_load_explicit(&t->idle_state, memory_order_relaxed) == IDLE_LISTED) {
