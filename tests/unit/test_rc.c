@@ -204,10 +204,11 @@ static void send_case(uint32_t len)
 	cr_assert_eq(r.byte_len, len);
 	cr_assert(memcmp(S.buf, C.buf, len) == 0, "payload differs");
 	cr_assert_eq(S.buf[len], 0xee);
-	/* a later case's placement into S.buf comes after these reads: S's QP lock (the soft
-	 * RNIC places under it) shows ThreadSanitizer the order that TCP makes */
+	/* a later placement into S.buf or C.buf comes after these reads: each end's QP lock (the
+	 * soft RNIC places under it) shows ThreadSanitizer the order that TCP makes */
 	struct dgv_qp_stats qs;
 	(void)dgv_qp_stats(S.qp, &qs);
+	(void)dgv_qp_stats(C.qp, &qs);
 }
 
 TestSuite(rc, .init = setup, .fini = teardown, .timeout = 60);
