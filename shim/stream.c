@@ -58,7 +58,13 @@
 #define SQ_DEPTH 512u
 #define CQ_DEPTH (MAX_RECS + SQ_DEPTH + CTL_SLOTS + 64u)
 #define CHUNK (64u << 10)      /* one Write-Record at most: the reader sees data as it streams */
-#define CONNECT_WAIT_MS 15000  /* MPA exchange of a blocking connect, at most */
+/* The MPA exchange of a connect: the server's shim answers it when the program accepts, and a
+ * busy server accepts late (SIPp's UAS at 500 new connections a second fell 10 s behind, where
+ * the provider's 10 s deadline failed the connects): the kernel's connect does not wait for
+ * accept at all, so ours waits as long as a connect to an unanswering host would (~60 s) */
+#define MPA_WAIT_MS 60000u
+#define CONNECT_WAIT_MS (MPA_WAIT_MS + 5000) /* a blocking connect: the provider's deadline first */
+#define DEV_CONNECT_WAIT_MS 15000 /* a blocking connect on a device: the server's device connection */
 #define OUTQ_STALL_US 200000   /* close: TCP's send queue unchanged this long, the peer reads no more */
 #define FLUSH_EVENT_US 2000000 /* device: a flush's connection event, awaited this long at most */
 #define ACCEPT_WAIT_MS 5000    /* the MPA Request of a connection found to be ours */
@@ -1271,7 +1277,8 @@ static int local_port(int fd, union dgv_sockaddr *la)
 }
 
 /* A connect under way (t->state SS_CONNECTING, s->lock held, released on return): the
- * non-blocking answer, or the blocking wait for the outcome (CONNECT_WAIT_MS at most).
+ * non-blocking answer, or the blocking wait for the outcome (CONNECT_WAIT_MS at most, on a
+ * device DEV_CONNECT_WAIT_MS).
  * Returns connect's answer. */
 static int connect_finish(struct sock *s, struct stream *t, bool nb)
 {
@@ -1281,7 +1288,7 @@ static int connect_finish(struct sock *s, struct stream *t, bool nb)
 		sock_unlock(s);
 		return -EINPROGRESS;
 	}
-	int left = CONNECT_WAIT_MS;
+	int left = t->own_cm ? DEV_CONNECT_WAIT_MS : (int)CONNECT_WAIT_MS;
 	for (;;) {
 		progress(s, t);
 		if (t->state != SS_CONNECTING)
@@ -1432,7 +1439,7 @@ int stream_connect(struct sock *s, int fd, const struct sockaddr *a, socklen_t l
 	}
 	struct stream_hello h;
 	hello_make(t, &h);
-	struct dgv_conn_param cp = {.private_data = &h, .private_data_len = sizeof h};
+	struct dgv_conn_param cp = {.private_data = &h, .private_data_len = sizeof h, .timeout_ms = MPA_WAIT_MS};
 	struct dgv_qp_init_attr qa = rc_attr(t, s);
 	if ((rc = dgv_connect(t->pv->pd, &qa, &dst.sa, l, &cp, &t->qp))) {
 		DG_WARN("fd %d: iWARP connect to port %u failed to start (%s)", fd, dport, strerror(-rc));
