@@ -3170,9 +3170,11 @@ static struct {
 	int n, cap;
 } C = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, NULL, 0, 0};
 
-enum { CLOSING_LOOK_MS = 2 };
+/* how often each closing connection is read: seldom, since the thread competes with the program
+ * for the CPU (SIPp closes a connection per call) and nobody waits for it */
+enum { CLOSING_LOOK_MS = 10 };
 
-static void teardown_end(struct stream *t); /* how often each connection is read while it closes */
+static void teardown_end(struct stream *t);
 
 /* One look at a closing connection: reads it. Returns true while it must stay (TCP's queue not
  * empty, still shrinking, before the bound). Needs s->lock. */
