@@ -1096,8 +1096,6 @@ void ev_after_fork(void) {}
 /* Is a datagram ready on a level-triggered registration, without a system call? */
 static bool cheap_ready(struct sock *s)
 {
-	if (s->small)
-		return false; /* a stream's readiness is shim_ready's */
 	if (__atomic_load_n(&s->pend_n, __ATOMIC_RELAXED) || __atomic_load_n(&s->carry, __ATOMIC_RELAXED))
 		return true;
 	struct dgv_cq *cq = __atomic_load_n(&s->cq, __ATOMIC_ACQUIRE);

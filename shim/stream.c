@@ -3204,10 +3204,8 @@ static void *closing_thread(void *arg)
 			sock_lock(e.s);
 			struct stream *t = e.s->strm;
 			bool stay = t && closing_look(e.s, t, &e);
-			if (t && !stay) {
-				res_free(t);
+			if (t && !stay)
 				teardown_end(t);
-			}
 			sock_unlock(e.s);
 			pthread_mutex_lock(&C.lock);
 			if (stay) {
@@ -3268,10 +3266,11 @@ static void closing_fork(bool child)
 	pthread_mutex_init(&C.lock, NULL);
 	for (int i = 0; i < C.n; i++) {
 		struct stream *t = C.v[i].s->strm;
-		if (t && t->qfd >= 0 && t->qfd_own)
+		if (!t)
+			continue;
+		if (t->qfd >= 0 && t->qfd_own)
 			own_close(t->qfd);
-		if (t)
-			t->qfd = -1, t->qfd_own = false, t->qp = NULL; /* the parent's QP */
+		t->qfd = -1, t->qfd_own = false, t->qp = NULL; /* the parent's QP */
 	}
 	C.n = 0;
 	C.running = false;
@@ -3354,13 +3353,13 @@ void stream_teardown(struct sock *s)
 			}
 		}
 	}
-	res_free(t);
 	teardown_end(t);
 }
 
-/* What a close leaves of t for calls still in flight on it: a dead stream (EBADF). */
+/* Frees t's resources and leaves calls still in flight on it a dead stream (EBADF). */
 static void teardown_end(struct stream *t)
 {
+	res_free(t);
 	/* the memory stays with the socket's (sock_unhold frees both): a call still in flight on
 	 * it, asleep in a wait when another thread closed the last descriptor, wakes to a dead
 	 * stream (EBADF). Not one the kernel carries (SS_NEW: a stream let go, whose descriptor

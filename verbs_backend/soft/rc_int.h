@@ -190,7 +190,8 @@ void rc_become_rts(struct soft_qp *qp, const uint8_t *pdata, uint16_t pdlen);
 void rc_sq_done(struct soft_qp *qp, uint32_t pos, enum dgv_wc_status st, uint32_t bytes);
 /* An empty small send queue is given back (dgv_qp_discard of an idle connection: 480 bytes of
  * its resident memory); the next post that queues makes it again (qp->sq NULL meanwhile, sq_cap
- * kept). Needs qp->lock and no batch or message under way. */
+ * kept). Needs qp->lock, an empty queue and no batch or message under way (soft_qp_discard's
+ * checks: it resets the queue's positions). */
 void rc_sq_release(struct soft_qp *qp);
 /* Forgets the transmit batch (nothing of it will be sent). */
 void rc_batch_reset(struct rc_conn *rc);

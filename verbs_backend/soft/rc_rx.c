@@ -753,8 +753,7 @@ int soft_qp_discard(struct dgv_qp *qpb, void *addr, size_t len)
 		soft_cq_trim(qp->rcq);
 		if (qp->scq != qp->rcq)
 			soft_cq_trim(qp->scq);
-		if (!rc->b_bytes && !rc->cur)
-			rc_sq_release(qp);
+		rc_sq_release(qp); /* nothing queued or under way: rc_tx_owed said */
 	}
 	soft_qp_unlock(qp);
 	return r;

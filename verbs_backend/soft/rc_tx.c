@@ -550,8 +550,7 @@ static int sq_grow(struct soft_qp *qp)
 
 void rc_sq_release(struct soft_qp *qp)
 {
-	if (qp->x_apart && qp->sq && qp->sq_cap <= SOFT_RC_SQ_SMALL && qp->sq_head == qp->sq_tail &&
-	    qp->sq_pump == qp->sq_tail) {
+	if (qp->x_apart && qp->sq && qp->sq_cap <= SOFT_RC_SQ_SMALL) {
 		soft_sq_free(qp);
 		qp->sq_head = qp->sq_pump = qp->sq_tail = 0;
 	}
