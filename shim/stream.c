@@ -71,6 +71,8 @@
 /* An accepted connection of ours that the program has not used this long is answered by the
  * shim's answering thread, unless the process forked meanwhile (the child answers it). */
 #define ANSWER_AFTER_MS 100
+/* ... and looked at again this often while the client's MPA Request is not whole yet */
+#define LATE_LOOK_MS 20
 /* A remote client's first bytes: how long the shim waits for them when the program's first
  * use of the connection comes before they did (a server that speaks first); a preloaded
  * client sends its MPA Request as soon as TCP is up, so the wait is about one round trip. */
@@ -1681,10 +1683,6 @@ static int accept_rc(struct sock *ns, int nfd)
 	return accept_hello(ns, t, ev.req, ev.pdata, ev.pdata_len);
 }
 
-/* A connection accepted from a preloaded client (SS_ANSWER) answered now, at the program's
- * first use of it, on descriptor fd (any of the program's for this socket): reads the MPA
- * Request the client sent after its TCP connect and answers. A failure leaves the stream dead
- * as after a reset (the client's connect fails). Needs s->lock. */
 static void late_forget(struct sock *s);
 
 /* Whether the connection at fd starts with an MPA Request (RFC 5044 7.1: its 16-byte key),
@@ -1713,33 +1711,111 @@ static int mpa_request_first(int fd, int wait_ms)
 	}
 }
 
-static void answer(struct sock *s, struct stream *t, int fd)
+/* Whether the MPA Request on fd can now be read whole (RFC 5044 7.1: its header's PD_Length
+ * says how long it is), or something else is there that accept_rc must meet at once: bytes
+ * that are not a Request's header, a length no Request has, the connection's end or an error.
+ * Never consumes a byte. */
+static bool request_here(int fd)
+{
+	int avail = 0;
+	if (ioctl(fd, SIOCINQ, &avail) != 0)
+		return true;
+	if (avail >= MPA_RR_HLEN) {
+		static const char key[16] = MPA_KEY_REQ;
+		struct mpa_rr_hdr h;
+		if (real.recv(fd, &h, sizeof h, MSG_PEEK | MSG_DONTWAIT) != (ssize_t)sizeof h)
+			return true;
+		unsigned pd = be16toh(h.pd_len);
+		return memcmp(h.key, key, sizeof key) || pd > MPA_MAX_PDATA + MPA_V2_LEN ||
+		       (unsigned)avail >= MPA_RR_HLEN + pd;
+	}
+	struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
+	return real.poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
+/* Leaving SS_ANSWER: the descriptor its wait watched is not a QP's (a private duplicate that
+ * stream_fd_closing made, when the program closed the number the connection came on, goes). */
+static void answer_qfd_drop(struct stream *t)
+{
+	if (t->qfd >= 0 && t->qfd_own)
+		own_close(t->qfd);
+	t->qfd = -1, t->qfd_own = false;
+}
+
+/* An accepted connection of ours the shim could not answer: it reads as reset (the client's
+ * connect fails). Needs s->lock. */
+static void answer_failed(struct stream *t, int fd, int rc)
+{
+	answer_qfd_drop(t);
+	DG_WARN("fd %d: iWARP accept failed (%s): the connection reads as reset", fd, strerror(rc ? -rc : EPROTO));
+	t->state = SS_DEAD;
+	t->err = ECONNRESET;
+	t->tcp_down = true;
+}
+
+/*
+ * A connection accepted from a preloaded client (SS_ANSWER) answered at the program's first
+ * use of it, on descriptor fd (any of the program's for this socket): the MPA Request the
+ * client sent after its TCP connect is read and answered. A busy client sends it late (its
+ * progress runs in its own calls), so the answer does not wait for it unless the call would
+ * have waited for data anyway: wait_ms 0 (a non-blocking call, a readiness check, the
+ * answering thread) looks once and leaves the stream SS_ANSWER when the Request is not whole
+ * yet, which those calls report as "nothing yet" (EAGAIN, not ready) while the kernel socket's
+ * POLLIN wakes the waits; > 0 waits that long at most (SO_RCVTIMEO, SO_SNDTIMEO); -1 waits
+ * up to MPA_WAIT_MS, the client's own deadline, then the connection reads as reset. The wait
+ * drops s->lock (another thread may answer meanwhile). Returns 0 (answered: carried, plain, or
+ * dead), -EAGAIN (not yet) or -EINTR (a signal during the wait). Needs s->lock.
+ */
+static int answer(struct sock *s, struct stream *t, int fd, int wait_ms)
 {
 	if (likely(t->state != SS_ANSWER))
-		return;
-	late_forget(s); /* its reference must not outlive the program's last close */
-	if (t->probe && !mpa_request_first(fd, PROBE_WAIT_MS)) {
-		/* an unmodified client on another host: the OS carries it from here (the
-		 * descriptor stays known, answered by the kernel as before a connect) */
-		t->state = SS_NEW;
+		return 0;
+	if (t->probe) {
+		late_forget(s); /* its reference must not outlive the program's last close */
 		t->probe = false;
-		t->mode = IWARP_MODE_OFF;
-		atomic_fetch_add(&T.plain, 1);
-		DG_DBG("fd %d: a client on another host that does not speak iWARP: plain TCP", fd);
-		return;
+		if (!mpa_request_first(fd, PROBE_WAIT_MS)) {
+			/* an unmodified client on another host: the OS carries it from here (the
+			 * descriptor stays known, answered by the kernel as before a connect) */
+			answer_qfd_drop(t);
+			t->state = SS_NEW;
+			t->mode = IWARP_MODE_OFF;
+			atomic_fetch_add(&T.plain, 1);
+			DG_DBG("fd %d: a client on another host that does not speak iWARP: plain TCP", fd);
+			tell_waiters(s, t);
+			return 0;
+		}
 	}
-	t->probe = false;
+	uint64_t until = wait_ms < 0 ? shim_now_us() + (uint64_t)MPA_WAIT_MS * 1000
+				      : shim_now_us() + (uint64_t)wait_ms * 1000;
+	while (!request_here(fd)) {
+		uint64_t now = shim_now_us();
+		if (now >= until) {
+			if (wait_ms >= 0)
+				return -EAGAIN;
+			late_forget(s);
+			answer_failed(t, fd, -ETIMEDOUT);
+			tell_waiters(s, t);
+			return 0;
+		}
+		uint64_t left = (until - now + 999) / 1000;
+		struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
+		sock_unlock(s);
+		int r = real.poll(&p, 1, left > 200 ? 200 : (int)left);
+		int e = errno;
+		sock_lock(s);
+		if (t->state != SS_ANSWER)
+			return 0; /* another thread answered it meanwhile */
+		if (r < 0 && e == EINTR)
+			return -EINTR;
+	}
+	late_forget(s);
+	answer_qfd_drop(t);
 	t->state = SS_NEW; /* accept_rc makes it SS_ESTAB, or leaves it SS_NEW: plain */
 	int rc = accept_rc(s, fd);
-	if (!rc && t->state == SS_NEW && t->mode == IWARP_MODE_OFF)
-		return; /* "stay plain" said: the kernel carries it, answered as before a connect */
-	if (rc || t->state != SS_ESTAB) {
-		DG_WARN("fd %d: iWARP accept failed (%s): the connection reads as reset", fd,
-			strerror(rc ? -rc : EPROTO));
-		t->state = SS_DEAD;
-		t->err = ECONNRESET;
-		t->tcp_down = true;
-	}
+	if (!(!rc && t->state == SS_NEW && t->mode == IWARP_MODE_OFF) && (rc || t->state != SS_ESTAB))
+		answer_failed(t, fd, rc); /* else carried, or "stay plain" said: the kernel carries it */
+	tell_waiters(s, t);
+	return 0;
 }
 
 /*
@@ -1756,6 +1832,7 @@ struct late {
 	int fd;
 	ino_t ino;
 	uint64_t due_us;
+	uint64_t until_us; /* the client's deadline: a Request not whole by then is not coming */
 };
 static struct {
 	pthread_mutex_t lock;
@@ -1794,6 +1871,9 @@ static struct timespec mono_deadline(uint64_t us)
 	return ts;
 }
 
+static bool served_room(bool *running, pthread_cond_t *cv, void *(*fn)(void *), void **v, int n, int *cap,
+			size_t size);
+
 static void *late_thread(void *arg)
 {
 	(void)arg;
@@ -1812,11 +1892,27 @@ static void *late_thread(void *arg)
 			L.v[i] = L.v[--L.n];
 			pthread_mutex_unlock(&L.lock);
 			sock_lock(e.s);
-			if (e.s->strm && e.s->strm->state == SS_ANSWER && fd_sock(e.fd) == e.s && fd_ino(e.fd) == e.ino)
-				answer(e.s, e.s->strm, e.fd);
+			bool again = false;
+			struct stream *t = e.s->strm;
+			if (t && t->state == SS_ANSWER && fd_sock(e.fd) == e.s && fd_ino(e.fd) == e.ino &&
+			    answer(e.s, t, e.fd, 0) == -EAGAIN) {
+				/* not whole yet: looked at again until the client's own deadline */
+				again = now < e.until_us;
+				if (!again) {
+					answer_failed(t, e.fd, -ETIMEDOUT);
+					tell_waiters(e.s, t);
+				}
+			}
 			sock_unlock(e.s);
-			sock_put(e.s);
 			pthread_mutex_lock(&L.lock);
+			if (again && served_room(&L.running, &L.cv, late_thread, (void **)&L.v, L.n, &L.cap, sizeof *L.v)) {
+				e.due_us = shim_now_us() + LATE_LOOK_MS * 1000u;
+				L.v[L.n++] = e; /* with its reference */
+			} else {
+				pthread_mutex_unlock(&L.lock);
+				sock_put(e.s);
+				pthread_mutex_lock(&L.lock);
+			}
 			now = shim_now_us();
 			i = 0, next = 0;
 		}
@@ -1853,7 +1949,9 @@ static void late_add(struct sock *s, int fd)
 	pthread_mutex_lock(&L.lock);
 	if (served_room(&L.running, &L.cv, late_thread, (void **)&L.v, L.n, &L.cap, sizeof *L.v)) {
 		atomic_fetch_add(&s->refs, 1);
-		L.v[L.n++] = (struct late){s, fd, fd_ino(fd), shim_now_us() + ANSWER_AFTER_MS * 1000u};
+		uint64_t now = shim_now_us();
+		L.v[L.n++] = (struct late){s, fd, fd_ino(fd), now + ANSWER_AFTER_MS * 1000u,
+					   now + (uint64_t)MPA_WAIT_MS * 1000u};
 		pthread_cond_signal(&L.cv);
 	}
 	pthread_mutex_unlock(&L.lock);
@@ -2353,6 +2451,7 @@ int stream_accept(int fd, struct sockaddr *a, socklen_t *l, int flags)
 		 * a forking server's child answers it in its own process (answer()) */
 		ns->strm->state = SS_ANSWER;
 		ns->strm->probe = remote;
+		ns->strm->qfd = nfd; /* where the Request comes (stream_fd_closing moves it) */
 		DG_DBG("fd %d: accepted TCP from port %u: %s, answered at first use", nfd, port_of(&pa),
 		       remote ? "another host's, its first bytes decide" : "ours");
 	}
@@ -2578,15 +2677,26 @@ static int wait_connected(struct sock *s, struct stream *t, bool nb)
 	return t->state == SS_ESTAB ? 0 : -(t->err ? t->err : ENOTCONN);
 }
 
-/* The start of a send or receive: takes s->lock and answers a waiting MPA Request. Returns the
- * stream with s->lock held when the shim carries the call, or NULL (lock released) when the
- * kernel does (not carried, or a listener). *nb: the call must not block. */
-static struct stream *io_begin(struct sock *s, int fd, int flags, bool *nb)
+/* The start of a send or receive: takes s->lock and answers a waiting MPA Request (waiting
+ * for it as the call would for data: not when it must not block, up to SO_RCVTIMEO or
+ * SO_SNDTIMEO). Returns the stream with s->lock held when the shim carries the call, or NULL
+ * (lock released) when the kernel does (not carried, or a listener: *err 0) or the Request is
+ * not there yet (*err -EAGAIN or -EINTR). *nb: the call must not block. */
+static struct stream *io_begin(struct sock *s, int fd, int flags, bool send, bool *nb, ssize_t *err)
 {
 	sock_lock(s);
 	struct stream *t = s->strm;
-	answer(s, t, fd);
 	*nb = s->user_nonblock || (flags & MSG_DONTWAIT);
+	*err = 0;
+	if (unlikely(t->state == SS_ANSWER)) {
+		int tmo = send ? s->sndtimeo_ms : s->rcvtimeo_ms;
+		int rc = answer(s, t, fd, *nb ? 0 : tmo > 0 ? tmo : -1);
+		if (rc) {
+			sock_unlock(s);
+			*err = rc;
+			return NULL;
+		}
+	}
 	if (t->state == SS_NEW || t->state == SS_LISTEN) {
 		sock_unlock(s);
 		return NULL;
@@ -2607,13 +2717,16 @@ static ssize_t kernel_io(int fd, const struct iovec *iov, int iovcnt, int flags,
 ssize_t stream_send(struct sock *s, int fd, const struct iovec *iov, int iovcnt, int flags)
 {
 	bool nb;
-	struct stream *t = io_begin(s, fd, flags, &nb);
+	ssize_t rc;
+	struct stream *t = io_begin(s, fd, flags, true, &nb, &rc);
 	if (!t) {
+		if (rc)
+			return rc;
 		if (flags & MSG_FASTOPEN)
 			return -EOPNOTSUPP; /* as a kernel without TCP Fast Open: the program connects */
 		return kernel_io(fd, iov, iovcnt, flags, true);
 	}
-	ssize_t rc = wait_connected(s, t, nb);
+	rc = wait_connected(s, t, nb);
 	if (rc == 1) {
 		sock_unlock(s);
 		return kernel_io(fd, iov, iovcnt, flags, true);
@@ -2728,14 +2841,15 @@ static size_t copy_out(struct stream *t, const struct iovec *iov, int iovcnt, si
 ssize_t stream_recv(struct sock *s, int fd, const struct iovec *iov, int iovcnt, int flags)
 {
 	bool nb;
-	struct stream *t = io_begin(s, fd, flags, &nb);
+	ssize_t rc;
+	struct stream *t = io_begin(s, fd, flags, false, &nb, &rc);
 	if (!t)
-		return kernel_io(fd, iov, iovcnt, flags, false);
+		return rc ? rc : kernel_io(fd, iov, iovcnt, flags, false);
 	if (flags & MSG_OOB) {
 		sock_unlock(s);
 		return -EINVAL; /* no urgent data is ever carried */
 	}
-	ssize_t rc = wait_connected(s, t, nb);
+	rc = wait_connected(s, t, nb);
 	if (rc == 1) {
 		sock_unlock(s);
 		return kernel_io(fd, iov, iovcnt, flags, false);
@@ -2861,8 +2975,11 @@ int stream_shutdown(struct sock *s, int fd, int how)
 		return -EINVAL;
 	sock_lock(s);
 	struct stream *t = s->strm;
-	answer(s, t, fd);
-	int rc = 0;
+	int rc = answer(s, t, fd, -1);
+	if (rc) {
+		sock_unlock(s);
+		return rc; /* a signal while the Request was awaited */
+	}
 	if (t->state == SS_ESTAB && (progress(s, t), closed_like(t))) {
 		rc = -ENOTCONN; /* the kernel's socket would be closed */
 	} else if (t->state == SS_ESTAB || t->state == SS_CONNECTING) {
@@ -2918,14 +3035,17 @@ static void progress_for_check(struct sock *s, struct stream *t, bool queued)
 	}
 }
 
-/* The start of a readiness check: takes s->lock, answers a waiting MPA Request and, unless the
- * kernel decides for this socket (not carried, or a listener: returns NULL, lock held), drives
- * progress as far as the check needs. Returns the stream, s->lock held. */
+/* The start of a readiness check: takes s->lock, answers a waiting MPA Request if it is there
+ * (else the stream stays SS_ANSWER: ready for nothing, its kernel socket's POLLIN wakes the
+ * wait, stream_wait_fds) and, unless the kernel decides for this socket (not carried, or a
+ * listener: returns NULL, lock held), drives progress as far as the check needs. Returns the
+ * stream, s->lock held. */
 static struct stream *check_begin(struct sock *s, int fd, bool queued)
 {
 	sock_lock(s);
 	struct stream *t = s->strm;
-	answer(s, t, fd);
+	if (answer(s, t, fd, 0))
+		return t; /* still SS_ANSWER */
 	if (t->state == SS_NEW || t->state == SS_LISTEN)
 		return NULL;
 	/* a poll about to sleep on it: its bell first, then the look (news another thread takes
@@ -2943,12 +3063,12 @@ static int poll_in(struct sock *s, int fd, bool queued)
 	int r;
 	if (!t) {
 		r = -1;
+	} else if (t->state == SS_CONNECTING || t->state == SS_ANSWER) {
+		r = 0;
 	} else {
 		r = t->state == SS_DEAD || t->arrived - t->consumed >= lowat_target(t, SIZE_MAX) || t->err ||
 		    t->tcp_down || t->shut_rd || (t->peer_fin && t->consumed >= t->fin_total);
 		r = r ? POLLIN | end_bits(t) : end_bits(t);
-		if (t->state == SS_CONNECTING)
-			r = 0;
 	}
 	sock_unlock(s);
 	return r;
@@ -2964,7 +3084,7 @@ static int poll_out(struct sock *s, int fd, bool queued)
 	if (!t) {
 		r = -1;
 	} else {
-		if (t->state == SS_CONNECTING)
+		if (t->state == SS_CONNECTING || t->state == SS_ANSWER)
 			r = 0;
 		else if (t->state == SS_DEAD || t->err || t->tcp_down || t->fin_sent || t->shut_wr || t->peer_close)
 			r = POLLOUT | end_bits(t); /* a write would not block: it fails */
@@ -2985,7 +3105,11 @@ int stream_wait_fds(struct sock *s, int *qfd, short *qev, int *cqfd)
 	*qfd = *cqfd = -1;
 	*qev = 0;
 	int r = -1;
-	if (t->cq && t->state != SS_NEW && t->state != SS_LISTEN) {
+	if (t->state == SS_ANSWER && t->qfd >= 0) {
+		r = 0; /* the MPA Request, not whole yet, comes on TCP (answer) */
+		*qfd = t->qfd;
+		*qev = POLLIN | POLLRDHUP;
+	} else if (t->cq && t->state != SS_NEW && t->state != SS_LISTEN) {
 		r = 0; /* carried: both may be -1 (TCP over, nothing more can come: a fixed state) */
 		if (t->state == SS_CONNECTING || t->state == SS_ESTAB)
 			*qfd = tcp_wait(t, qev);
@@ -3003,9 +3127,10 @@ int stream_fionread(struct sock *s, int fd, int *out)
 {
 	sock_lock(s);
 	struct stream *t = s->strm;
-	answer(s, t, fd);
 	int rc = 0;
-	if (t->state == SS_ESTAB || t->state == SS_DEAD) {
+	if (answer(s, t, fd, 0)) {
+		*out = 0; /* the MPA Request is not whole yet: no data of the program's either */
+	} else if (t->state == SS_ESTAB || t->state == SS_DEAD) {
 		progress(s, t);
 		uint64_t a = t->arrived - t->consumed;
 		*out = a > INT32_MAX ? INT32_MAX : (int)a;
@@ -3095,7 +3220,8 @@ uint64_t stream_news(struct sock *s)
 int stream_taken(struct sock *s, int fd)
 {
 	sock_lock(s);
-	answer(s, s->strm, fd);
+	if (s->strm)
+		answer(s, s->strm, fd, -1); /* interrupted: still SS_ANSWER, not carried yet */
 	int r = s->strm && (s->strm->state == SS_CONNECTING || s->strm->state == SS_ESTAB);
 	sock_unlock(s);
 	return r;
