@@ -776,6 +776,14 @@ static void progress_take(struct sock *s, struct stream *t)
 					break;
 				}
 				t->state = SS_ESTAB;
+				/* the server read our name when it accepted: withdrawn now, not at close.
+				 * A program that sets SO_REUSEADDR gets ports from our autobind that its
+				 * other connections use (the kernel's bind(0) shares them once the range
+				 * is spent: SIPp at 500 connections a second), and a name still there for
+				 * a connection that is over would make the server take a new plain one on
+				 * that port for ours */
+				if (t->regfd >= 0 && !t->own_cm)
+					reg_del(t->regfd), t->regfd = -1;
 				/* the MPA Reply is as good as a discovery answer: the next connection
 				 * to that port need not wait for one (peer.c's lease) */
 				if (s->peerlen && !ip_local(&s->peer))
@@ -1766,10 +1774,8 @@ static void answer_failed(struct stream *t, int fd, int rc)
  * drops s->lock (another thread may answer meanwhile). Returns 0 (answered: carried, plain, or
  * dead), -EAGAIN (not yet) or -EINTR (a signal during the wait). Needs s->lock.
  */
-static int answer(struct sock *s, struct stream *t, int fd, int wait_ms)
+static int answer_slow(struct sock *s, struct stream *t, int fd, int wait_ms)
 {
-	if (likely(t->state != SS_ANSWER))
-		return 0;
 	if (t->probe) {
 		late_forget(s); /* its reference must not outlive the program's last close */
 		t->probe = false;
@@ -1816,6 +1822,11 @@ static int answer(struct sock *s, struct stream *t, int fd, int wait_ms)
 		answer_failed(t, fd, rc); /* else carried, or "stay plain" said: the kernel carries it */
 	tell_waiters(s, t);
 	return 0;
+}
+
+static inline int answer(struct sock *s, struct stream *t, int fd, int wait_ms)
+{
+	return likely(t->state != SS_ANSWER) ? 0 : answer_slow(s, t, fd, wait_ms);
 }
 
 /*
