@@ -556,23 +556,28 @@ static void dgram_cq_ack(struct sock *s)
 	pthread_mutex_unlock(&s->lock);
 }
 
-bool sock_ep_link(struct sock *s, struct ep *ep, int on)
+int sock_ep_link(struct sock *s, struct ep *ep, int on, uint32_t idx)
 {
 	pthread_mutex_lock(&s->lock);
-	int i;
-	bool ok = true;
+	int i, rc = 1;
 	for (i = 0; i < s->neps && s->eps[i] != ep; i++)
 		;
 	if (on && i == s->neps) {
 		if (s->neps < SHIM_MAX_EPS)
-			s->eps[s->neps++] = ep;
+			s->eps[s->neps] = ep, s->ep_reg[s->neps++] = idx;
 		else
-			ok = false;
-	} else if (!on && i < s->neps) {
-		s->eps[i] = s->eps[--s->neps];
+			rc = 0;
+	} else if (on == 2) {
+		if (i < s->neps)
+			s->ep_reg[i] = idx;
+	} else if (on) {
+		rc = 2;
+	} else if (i < s->neps) {
+		s->neps--;
+		s->eps[i] = s->eps[s->neps], s->ep_reg[i] = s->ep_reg[s->neps];
 	}
 	pthread_mutex_unlock(&s->lock);
-	return ok;
+	return rc;
 }
 
 int sock_eps(struct sock *s, struct ep **eps)

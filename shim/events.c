@@ -478,6 +478,8 @@ struct reg {
 	/* a carried stream: its stream_kicks() when this instance last looked at it; a change
 	 * means another call found news the kernel will not report (rescanned) */
 	_Atomic uint32_t kicks_seen;
+	/* in ep->hot: the next wait looks at it (hot_add; cleared by the look) */
+	_Atomic bool hot;
 	/* The program's own descriptor registered with data that looks like a tag (TAG_MAGIC):
 	 * its events are the kernel's, passed through with r->data. ps is NULL; dev and ino name
 	 * the file, to see a descriptor closed and its number reused. */
@@ -504,6 +506,23 @@ struct ep {
 	 * and the bell ep_ring writes for them (-1 until a carried stream is attached) */
 	_Atomic int sleepers;
 	_Atomic int bell;
+	/* The registrations a wait looks at before (or instead of) asking the kernel (ep_rescan):
+	 * those whose readiness the kernel may not show. A carried stream or a datagram socket
+	 * holds data the kernel no longer has (the shim took it off TCP or the UDP socket), so a
+	 * level-triggered registration once ready is looked at until it is not; what changes it
+	 * without a kernel event puts it here: an ADD or MOD (kick), another call's news
+	 * (ep_kick), a stream not carried yet (pending), a kernel event's translation. Looking at
+	 * every registration at every wait cost SIPp's UAS, at 10 000 connections, most of its
+	 * time (O(registrations) per epoll_wait). Datagram sockets stay listed (their queues are
+	 * filled by other calls without a kick). hot_lock guards the list alone (a leaf). */
+	pthread_mutex_t hot_lock;
+	uint32_t *hot, nhot, hot_cap;
+	uint32_t *spare, spare_cap; /* the list a rescan took, kept for the next one */
+	bool scan_all; /* a socket registered twice (dup): kicks name one; every one is looked at */
+	/* index + 1 of the registration of each descriptor (reg_find), 0: none; byfd_off: it
+	 * could not grow, the registrations are searched instead. Guarded by lock. */
+	uint32_t *byfd, byfd_cap;
+	bool byfd_off;
 };
 
 static inline struct reg *reg_at(struct ep *ep, uint32_t i)
@@ -521,6 +540,7 @@ void ev_epoll_created(int epfd)
 	ep->epfd = epfd;
 	ep->bell = -1;
 	pthread_mutex_init(&ep->lock, NULL);
+	pthread_mutex_init(&ep->hot_lock, NULL);
 	struct ent *old = fd_set_ent(epfd, &ep->ent);
 	if (old && old->kind == ENT_SOCK)
 		sock_put((struct sock *)old);
@@ -531,6 +551,10 @@ static void ep_free(struct ep *ep)
 	for (int i = 0; i < REG_CHUNKS; i++)
 		free(ep->chunk[i]);
 	free(ep->free_idx);
+	free(ep->hot);
+	free(ep->spare);
+	free(ep->byfd);
+	pthread_mutex_destroy(&ep->hot_lock);
 	pthread_mutex_destroy(&ep->lock);
 	free(ep);
 }
@@ -545,6 +569,34 @@ void ep_ring(struct ep *ep)
 	uint64_t one = 1;
 	if (fd >= 0 && real.write(fd, &one, sizeof one) < 0)
 		DG_DBG("epoll instance %d: its bell: %s", ep->epfd, strerror(errno));
+}
+
+/* Lists registration i for the next wait's look (once: r->hot). Takes ep->hot_lock. Out of
+ * memory: every registration is looked at from then on. */
+static void hot_add(struct ep *ep, uint32_t i)
+{
+	struct reg *r = i < __atomic_load_n(&ep->nregs, __ATOMIC_ACQUIRE) ? reg_at(ep, i) : NULL;
+	if (!r || __atomic_exchange_n(&r->hot, true, __ATOMIC_ACQ_REL))
+		return;
+	pthread_mutex_lock(&ep->hot_lock);
+	if (ep->nhot == ep->hot_cap) {
+		uint32_t nc = ep->hot_cap ? ep->hot_cap * 2 : 64;
+		uint32_t *nv = realloc(ep->hot, nc * sizeof *nv);
+		if (!nv) {
+			__atomic_store_n(&ep->scan_all, true, __ATOMIC_RELEASE);
+			pthread_mutex_unlock(&ep->hot_lock);
+			return;
+		}
+		ep->hot = nv, ep->hot_cap = nc;
+	}
+	ep->hot[ep->nhot++] = i;
+	pthread_mutex_unlock(&ep->hot_lock);
+}
+
+void ep_kick(struct ep *ep, uint32_t idx)
+{
+	hot_add(ep, idx);
+	ep_ring(ep);
 }
 
 /* The instance's bell, made and registered on first need (a carried stream attached).
@@ -574,7 +626,7 @@ void ev_epoll_closing(int epfd)
 	for (uint32_t i = 0; i < ep->nregs; i++) {
 		struct reg *r = reg_at(ep, i);
 		if (r && (atomic_load(&r->gen) & 1) && r->ps)
-			sock_ep_link(r->ps, ep, 0);
+			sock_ep_link(r->ps, ep, 0, 0);
 	}
 	if (ep->bell >= 0)
 		own_close(ep->bell);
@@ -583,8 +635,40 @@ void ev_epoll_closing(int epfd)
 	ep_free(ep);
 }
 
+/* Names i the registration of fd (i + 1; 0: none) in ep->byfd, grown as needed (out of
+ * memory: reg_find looks at every registration from then on). Needs ep->lock. */
+static void byfd_set(struct ep *ep, int fd, uint32_t v)
+{
+	if (fd < 0 || ep->byfd_off)
+		return;
+	if ((uint32_t)fd >= ep->byfd_cap) {
+		if (!v)
+			return;
+		uint32_t nc = ep->byfd_cap ? ep->byfd_cap : 256;
+		while (nc <= (uint32_t)fd)
+			nc *= 2;
+		uint32_t *nv = realloc(ep->byfd, nc * sizeof *nv);
+		if (!nv) {
+			ep->byfd_off = true;
+			return;
+		}
+		memset(nv + ep->byfd_cap, 0, (nc - ep->byfd_cap) * sizeof *nv);
+		ep->byfd = nv, ep->byfd_cap = nc;
+	}
+	ep->byfd[fd] = v;
+}
+
+/* The registration of fd in ep (*idx its index), or NULL. Needs ep->lock. */
 static struct reg *reg_find(struct ep *ep, int fd, uint32_t *idx)
 {
+	if (!ep->byfd_off) {
+		uint32_t v = fd >= 0 && (uint32_t)fd < ep->byfd_cap ? ep->byfd[fd] : 0;
+		struct reg *r = v ? reg_at(ep, v - 1) : NULL;
+		if (!r || !(atomic_load(&r->gen) & 1) || r->fd != fd)
+			return NULL;
+		*idx = v - 1;
+		return r;
+	}
 	for (uint32_t i = 0; i < ep->nregs; i++) {
 		struct reg *r = reg_at(ep, i);
 		if (r && (atomic_load(&r->gen) & 1) && r->fd == fd) {
@@ -640,6 +724,8 @@ static void reg_release(struct ep *ep, struct reg *r, uint32_t i)
 {
 	parked_forget(ep, r, i);
 	__atomic_store_n(&r->fresh, false, __ATOMIC_RELAXED);
+	if (!ep->byfd_off && r->fd >= 0 && (uint32_t)r->fd < ep->byfd_cap && ep->byfd[r->fd] == i + 1)
+		ep->byfd[r->fd] = 0;
 	r->foreign = false;
 	atomic_fetch_add(&r->gen, 1); /* even: free; stale kernel events no longer match */
 	atomic_fetch_sub(&ep->nlive, 1);
@@ -767,6 +853,8 @@ static bool reg_attach(struct ep *ep, struct reg *r, uint32_t idx, bool in_kerne
 	if ((strm ? sock_poll_in_queued(s, r->fd) : sock_poll_in(s, r->fd)) < 0 ||
 	    sock_wait_fds(s, &qfd, &qev, &cqfd)) {
 		pending_set(ep, r, strm); /* a stream may connect later */
+		if (strm)
+			hot_add(ep, idx);
 		return false;
 	}
 	pending_set(ep, r, false);
@@ -777,6 +865,7 @@ static bool reg_attach(struct ep *ep, struct reg *r, uint32_t idx, bool in_kerne
 	}
 	r->s = s;
 	__atomic_store_n(&r->kick, true, __ATOMIC_RELAXED);
+	hot_add(ep, idx);
 	atomic_fetch_add(&ep->ntaken, 1);
 	if (strm && in_kernel) {
 		struct epoll_event kev = {.events = kernel_events(r), .data.u64 = tag(r, idx, false)};
@@ -802,8 +891,9 @@ static void reg_drop_unlink(struct ep *ep, struct reg *r, uint32_t i)
 {
 	struct sock *old = r->ps;
 	reg_drop(ep, r, i);
-	if (old && !ep_watches(ep, old))
-		sock_ep_link(old, ep, 0);
+	/* without scan_all no socket has two registrations here: no search */
+	if (old && (!ep->scan_all || !ep_watches(ep, old)))
+		sock_ep_link(old, ep, 0, 0);
 }
 
 /* r still names the socket (a foreign one: the file) it was added for, not a closed one whose
@@ -839,6 +929,7 @@ static bool unpark(struct ep *ep, struct reg *r, uint32_t idx, const struct epol
 	__atomic_store_n(&r->fresh, true, __ATOMIC_RELAXED);
 	__atomic_store_n(&r->kick, true, __ATOMIC_RELAXED);
 	parked_forget(ep, r, idx); /* last: a rescan that sees it unparked sees the rest */
+	hot_add(ep, idx);
 	return true;
 }
 
@@ -867,6 +958,7 @@ static int foreign_reg(struct ep *ep, int op, int fd, const struct epoll_event *
 	if (!r)
 		return -ENOMEM;
 	r->fd = fd, r->events = ev->events, r->data = ev->data.u64, r->cqfd = -1, r->s = NULL;
+	byfd_set(ep, fd, idx + 1);
 	r->ps = NULL, r->sid = 0;
 	r->round = 0;
 	r->armed = true;
@@ -973,15 +1065,21 @@ int ev_epoll_ctl(struct ep *ep, int epfd, int op, int fd, struct epoll_event *ev
 			if (pr->ps == s)
 				reg_drop(ep, pr, pi);
 		}
-		if (!sock_ep_link(s, ep, 1))
+		int lk = sock_ep_link(s, ep, 1, 0);
+		if (!lk)
 			return kernel_own(ep, op, fd, ev); /* watched by too many instances to be told
 							      * when it goes: the kernel's readiness */
 		if (!(r = reg_new(ep, &idx))) {
-			sock_ep_link(s, ep, 0);
+			sock_ep_link(s, ep, 0, 0);
 			rc = -ENOMEM;
 			break;
 		}
+		if (lk == 1 || !ep_watches(ep, s))
+			sock_ep_link(s, ep, 2, idx); /* (2: a parked one of a dup, dropped above) */
+		else
+			ep->scan_all = true; /* a second registration of s: kicks name one only */
 		r->fd = fd, r->events = ev->events, r->data = ev->data.u64, r->cqfd = -1, r->s = NULL;
+		byfd_set(ep, fd, idx + 1);
 		r->ps = s, r->sid = sock_id(s);
 		r->round = 0;
 		r->armed = true;
@@ -996,7 +1094,7 @@ int ev_epoll_ctl(struct ep *ep, int epfd, int op, int fd, struct epoll_event *ev
 		struct epoll_event kev = {.events = kernel_events(r), .data.u64 = tag(r, idx, false)};
 		if (real.epoll_ctl(ep->epfd, EPOLL_CTL_ADD, fd, &kev) < 0) {
 			rc = -errno;
-			sock_ep_link(s, ep, 0);
+			sock_ep_link(s, ep, 0, 0);
 			reg_drop(ep, r, idx); /* the CQ's descriptor, when attached */
 			break;
 		}
@@ -1012,6 +1110,7 @@ int ev_epoll_ctl(struct ep *ep, int epfd, int op, int fd, struct epoll_event *ev
 		r->events = ev->events, r->data = ev->data.u64;
 		r->armed = true;
 		__atomic_store_n(&r->kick, true, __ATOMIC_RELAXED);
+		hot_add(ep, idx);
 		bool same = r->s && sock_is_stream(r->s) && !((was | ev->events) & EPOLLONESHOT) &&
 			    kernel_events(r) == was_k;
 		struct epoll_event kev = {.events = kernel_events(r), .data.u64 = tag(r, idx, false)};
@@ -1073,7 +1172,7 @@ static void regs_of(struct sock *s, int fd, struct ep **eps, int n, bool keep)
 		}
 		pthread_mutex_unlock(&ep->lock);
 		if (fd >= 0 && !any_left)
-			sock_ep_link(s, ep, 0);
+			sock_ep_link(s, ep, 0, 0);
 	}
 }
 
@@ -1118,70 +1217,116 @@ static bool let_go_plain(struct reg *r)
 	return true;
 }
 
+/* ep_rescan's look at registration r (index i): writes its event into *ev when it has one to
+ * report. Returns 1 (reported), 0 (nothing); *keep: whether the next wait must look at it
+ * again without a kernel event (level-triggered and ready, a datagram socket, a stream not
+ * carried yet). */
+static int rescan_one(struct ep *ep, struct reg *r, uint32_t i, uint32_t round, struct epoll_event *ev, bool *keep)
+{
+	*keep = false;
+	if (!(atomic_load(&r->gen) & 1) || __atomic_load_n(&r->parked, __ATOMIC_ACQUIRE))
+		return 0;
+	if (r->pending && !r->s) {
+		/* a stream that connected since it was added: carried from now on */
+		shim_depth++;
+		pthread_mutex_lock(&ep->lock);
+		if ((atomic_load(&r->gen) & 1) && !r->s)
+			reg_attach(ep, r, i, true);
+		pthread_mutex_unlock(&ep->lock);
+		shim_depth--;
+		*keep = r->pending && !r->s;
+	}
+	if (!r->s)
+		return 0;
+	uint32_t e = r->events, got = EPOLLIN;
+	/* taken once: two threads waiting on this epoll instance rescan at the same time
+	 * (ThreadSanitizer: they raced on it, and both could report the one event) */
+	bool kick = __atomic_exchange_n(&r->kick, false, __ATOMIC_RELAXED);
+	bool strm = sock_is_stream(r->s);
+	if (strm) {
+		/* news another call took off TCP (shim.h "Waking a waiter") */
+		uint32_t k = stream_kicks(r->s);
+		if (atomic_exchange(&r->kicks_seen, k) != k) {
+			kick = true;
+			if (r->cqfd < 0)
+				reg_cq_late(ep, r, i, tag(r, i, false), -1); /* its CQ needs one now */
+		}
+	} else {
+		*keep = true;
+	}
+	if (((e & EPOLLET) && !kick) || ((e & EPOLLONESHOT) && !r->armed))
+		return 0;
+	if (strm) {
+		uint32_t own;
+		shim_depth++;
+		bool fresh = __atomic_exchange_n(&r->fresh, false, __ATOMIC_RELAXED);
+		got = shim_ready(r, e & (EPOLLIN | EPOLLOUT), &own, !fresh);
+		if (!own && let_go_plain(r)) {
+			shim_depth--;
+			return 0;
+		}
+		if ((e & EPOLLET) && (got & EPOLLIN))
+			r->last_in = stream_news(r->s);
+		shim_depth--;
+		if (!got)
+			return 0;
+		*keep = !(e & (EPOLLET | EPOLLONESHOT));
+	} else if (!(e & EPOLLIN) || !cheap_ready(r->s)) {
+		return 0;
+	}
+	r->round = round;
+	if (e & EPOLLONESHOT) {
+		r->armed = false;
+		/* the kernel must not report it again either until MOD */
+		struct epoll_event kev = {.events = 0, .data.u64 = tag(r, i, false)};
+		real.epoll_ctl(ep->epfd, EPOLL_CTL_MOD, r->fd, &kev);
+	}
+	*ev = (struct epoll_event){.events = got, .data.u64 = r->data};
+	return 1;
+}
+
 /* Level-triggered registrations of taken sockets with data the kernel no longer shows (queued
- * from an earlier burst), and streams that connected since they were added, into evs. Returns
- * the number of events written. */
+ * from an earlier burst), and streams that connected since they were added, into evs: those
+ * listed in ep->hot (every registration once a socket is registered twice). Returns the number
+ * of events written. */
 static int ep_rescan(struct ep *ep, struct epoll_event *evs, int max, uint32_t round)
 {
 	int out = 0;
-	uint32_t nr = __atomic_load_n(&ep->nregs, __ATOMIC_ACQUIRE);
-	for (uint32_t i = 0; i < nr && out < max; i++) {
-		struct reg *r = reg_at(ep, i);
-		if (!r || !(atomic_load(&r->gen) & 1) || __atomic_load_n(&r->parked, __ATOMIC_ACQUIRE))
-			continue;
-		if (r->pending && !r->s) {
-			/* a stream that connected since it was added: carried from now on */
-			shim_depth++;
-			pthread_mutex_lock(&ep->lock);
-			if ((atomic_load(&r->gen) & 1) && !r->s)
-				reg_attach(ep, r, i, true);
-			pthread_mutex_unlock(&ep->lock);
-			shim_depth--;
+	bool keep;
+	if (__atomic_load_n(&ep->scan_all, __ATOMIC_ACQUIRE)) {
+		uint32_t nr = __atomic_load_n(&ep->nregs, __ATOMIC_ACQUIRE);
+		for (uint32_t i = 0; i < nr && out < max; i++) {
+			struct reg *r = reg_at(ep, i);
+			if (r)
+				out += rescan_one(ep, r, i, round, &evs[out], &keep);
 		}
-		if (!r->s)
-			continue;
-		uint32_t e = r->events, got = EPOLLIN;
-		/* taken once: two threads waiting on this epoll instance rescan at the same time
-		 * (ThreadSanitizer: they raced on it, and both could report the one event) */
-		bool kick = __atomic_exchange_n(&r->kick, false, __ATOMIC_RELAXED);
-		bool strm = sock_is_stream(r->s);
-		if (strm) {
-			/* news another call took off TCP (shim.h "Waking a waiter") */
-			uint32_t k = stream_kicks(r->s);
-			if (atomic_exchange(&r->kicks_seen, k) != k) {
-				kick = true;
-				if (r->cqfd < 0)
-					reg_cq_late(ep, r, i, tag(r, i, false), -1); /* its CQ needs one now */
-			}
-		}
-		if (((e & EPOLLET) && !kick) || ((e & EPOLLONESHOT) && !r->armed))
-			continue;
-		if (strm) {
-			uint32_t own;
-			shim_depth++;
-			bool fresh = __atomic_exchange_n(&r->fresh, false, __ATOMIC_RELAXED);
-			got = shim_ready(r, e & (EPOLLIN | EPOLLOUT), &own, !fresh);
-			if (!own && let_go_plain(r)) {
-				shim_depth--;
-				continue;
-			}
-			if ((e & EPOLLET) && (got & EPOLLIN))
-				r->last_in = stream_news(r->s);
-			shim_depth--;
-			if (!got)
-				continue;
-		} else if (!(e & EPOLLIN) || !cheap_ready(r->s)) {
-			continue;
-		}
-		r->round = round;
-		if (e & EPOLLONESHOT) {
-			r->armed = false;
-			/* the kernel must not report it again either until MOD */
-			struct epoll_event kev = {.events = 0, .data.u64 = tag(r, i, false)};
-			real.epoll_ctl(ep->epfd, EPOLL_CTL_MOD, r->fd, &kev);
-		}
-		evs[out++] = (struct epoll_event){.events = got, .data.u64 = r->data};
+		return out;
 	}
+	/* the list is taken whole (a new one gathers meanwhile); what is to be looked at again
+	 * goes into the new one, and what max left unlooked at too */
+	pthread_mutex_lock(&ep->hot_lock);
+	uint32_t *v = ep->hot, n = ep->nhot, cap = ep->hot_cap;
+	ep->hot = ep->spare, ep->hot_cap = ep->spare_cap, ep->nhot = 0;
+	ep->spare = NULL, ep->spare_cap = 0;
+	pthread_mutex_unlock(&ep->hot_lock);
+	for (uint32_t k = 0; k < n; k++) {
+		uint32_t i = v[k];
+		struct reg *r = reg_at(ep, i);
+		if (!r || !__atomic_exchange_n(&r->hot, false, __ATOMIC_ACQ_REL))
+			continue;
+		if (out >= max) {
+			hot_add(ep, i);
+			continue;
+		}
+		out += rescan_one(ep, r, i, round, &evs[out], &keep);
+		if (keep)
+			hot_add(ep, i);
+	}
+	pthread_mutex_lock(&ep->hot_lock);
+	if (!ep->spare)
+		ep->spare = v, ep->spare_cap = cap, v = NULL;
+	pthread_mutex_unlock(&ep->hot_lock);
+	free(v);
 	return out;
 }
 
@@ -1210,6 +1355,8 @@ static void ep_translate(struct ep *ep, const struct epoll_event *k, int n, stru
 		}
 		if (r->s) {
 			bool strm = sock_is_stream(r->s);
+			/* what this event brought may outlast the report (level-triggered) */
+			hot_add(ep, i);
 			if (cq && !strm)
 				sock_cq_ack(r->s);
 			if (strm) {

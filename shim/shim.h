@@ -351,9 +351,11 @@ bool sock_busy_poll(struct sock *s);
 /* How long a wait on a device socket looks at its CQ before sleeping (DGSHIM_SPIN_US,
  * default 20 us; 0: never). */
 int shim_spin_us(void);
-/* Registers/unregisters an epoll instance as watching s (for cleanup on close). Returns false
- * when s is watched by as many instances as it can remember (SHIM_MAX_EPS). */
-bool sock_ep_link(struct sock *s, struct ep *ep, int on);
+/* Registers (on 1) / unregisters (0) an epoll instance as watching s (for cleanup on close),
+ * or (on 2) names idx its registration there (for ep_kick). Returns 0 when s is watched by as
+ * many instances as it can remember (SHIM_MAX_EPS), 2 when ep watched it already (another
+ * registration: a duplicate descriptor), else 1. */
+int sock_ep_link(struct sock *s, struct ep *ep, int on, uint32_t idx);
 /* The epoll instances watching s, into eps (SHIM_MAX_EPS of room); returns how many. */
 int sock_eps(struct sock *s, struct ep **eps);
 /* A number that names s alone for the life of the process (a socket made again at the same
@@ -389,6 +391,10 @@ int bell_fd(const struct bell *b);
 void bell_ring(struct bell *b);
 /* Wakes the threads asleep in epoll_wait on ep (none: nothing). */
 void ep_ring(struct ep *ep);
+/* News of registration idx of ep that the kernel will not report: its next wait looks at it
+ * (the registrations a wait looks at without a kernel event are a list, not all of them),
+ * and ep_ring. */
+void ep_kick(struct ep *ep, uint32_t idx);
 /* The bell of the poll or select this thread is gathering (check_begin registers it on the
  * streams it looks at), and the epoll instance whose wait is looking at sockets now (news a
  * check of it finds is its own to report): NULL outside those. */

@@ -155,6 +155,7 @@ struct sock {
 	uint8_t *rx_area, *tx_area;
 
 	struct ep *eps[SHIM_MAX_EPS]; /* epoll instances watching it */
+	uint32_t ep_reg[SHIM_MAX_EPS]; /* its registration in each (ep_kick) */
 	int neps;
 
 	struct stream *strm;          /* SOCK_STREAM: the stream part (stream.c), else NULL */

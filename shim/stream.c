@@ -699,7 +699,7 @@ static void tell_waiters(struct sock *s, struct stream *t)
 		bell_ring(t->bells[i]);
 	for (int i = 0; i < s->neps; i++)
 		if (s->eps[i] != shim_ep_check)
-			ep_ring(s->eps[i]);
+			ep_kick(s->eps[i], s->ep_reg[i]);
 }
 
 static void progress_take(struct sock *s, struct stream *t);
