@@ -22,6 +22,10 @@
  *   fdcost tcpclose N  N connections trade a byte, then all are closed: ms per close()
  *                  ("tcpclose N close_ms X"); the server child must read the end of each
  *                  (EOF, no reset) within 10 s
+ *   fdcost epollwait N  N idle connections (one byte each way): microseconds per epoll_wait
+ *                  (timeout 0, nothing ready) with a tenth of them registered in one instance,
+ *                  then with all N ("epollwait N small_us S big_us B"), and per epoll_ctl MOD
+ *                  ("mod_us M"): a wait costs what is ready, not what is registered
  *   fdcost move    dup, close the original, reuse its number for a pipe: the socket goes on
  *                  through the duplicate and the pipe's byte stays the program's
  *
@@ -726,6 +730,76 @@ static int run_tcpclose(int n)
 	return fails ? 1 : 0;
 }
 
+/* Microseconds per epoll_wait(ep, 0) over k rounds (nothing may be ready: a FAIL if it is). */
+static double wait_us(int ep, int k)
+{
+	struct epoll_event ev[16];
+	double t0 = wall_s();
+	for (int i = 0; i < k; i++) {
+		int r = epoll_wait(ep, ev, 16, 0);
+		if (r != 0) {
+			FAIL("epoll_wait on idle connections: %d (%s)", r, r < 0 ? strerror(errno) : "ready");
+			break;
+		}
+	}
+	return (wall_s() - t0) * 1e6 / k;
+}
+
+/* n idle connections in one epoll instance: what a wait with nothing ready costs with n/10 and
+ * with n registered, and what a MOD costs. */
+static int run_epollwait(int n)
+{
+	struct rlimit rl;
+	if (!getrlimit(RLIMIT_NOFILE, &rl) && rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max; /* the server child inherits it */
+		setrlimit(RLIMIT_NOFILE, &rl);
+	}
+	if (!getrlimit(RLIMIT_NOFILE, &rl) && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < (rlim_t)n + 200)
+		n = rl.rlim_cur > 400 ? (int)rl.rlim_cur - 200 : 200; /* the figure says how many */
+	pid_t pid;
+	int done;
+	struct sockaddr_in a;
+	int *cs = tcp_begin(n - 1, &pid, &done, &a); /* n connections: the server's n - 1 + 1 */
+	int ep = epoll_create1(0);
+	if (!cs || ep < 0)
+		return 1;
+	int *all = calloc((size_t)n, sizeof(int));
+	for (int i = 0; i < n && !fails; i++) {
+		char b = 'x';
+		int c = socket(AF_INET, SOCK_STREAM, 0);
+		if (c < 0 || connect(c, (struct sockaddr *)&a, sizeof a) || write(c, &b, 1) != 1 || read(c, &b, 1) != 1)
+			FAIL("connection %d: %s", i, strerror(errno));
+		all[i] = c;
+	}
+	const int k = 20000;
+	double small = 0, big = 0, mod = 0;
+	for (int step = 0; step < 2 && !fails; step++) {
+		for (int i = step ? n / 10 : 0; i < (step ? n : n / 10); i++) {
+			struct epoll_event ev = {.events = EPOLLIN, .data.u32 = (uint32_t)i};
+			if (epoll_ctl(ep, EPOLL_CTL_ADD, all[i], &ev))
+				FAIL("epoll_ctl ADD %d: %s", i, strerror(errno));
+		}
+		wait_us(ep, 100); /* what the ADDs reported (nothing) is looked at once */
+		*(step ? &big : &small) = wait_us(ep, k);
+	}
+	double t0 = wall_s();
+	for (int i = 0; i < k && !fails; i++) {
+		struct epoll_event ev = {.events = EPOLLIN | (i & 1 ? EPOLLRDHUP : 0), .data.u32 = (uint32_t)(i % n)};
+		if (epoll_ctl(ep, EPOLL_CTL_MOD, all[i % n], &ev))
+			FAIL("epoll_ctl MOD: %s", strerror(errno));
+	}
+	mod = (wall_s() - t0) * 1e6 / k;
+	printf("epollwait %d small_us %.3f big_us %.3f mod_us %.3f\n", n, small, big, mod);
+	for (int i = 0; i < n; i++)
+		close(all[i]);
+	close(ep);
+	free(all);
+	free(cs);
+	close(done);
+	waitpid(pid, NULL, 0);
+	return fails ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -737,6 +811,8 @@ int main(int argc, char **argv)
 		return run_tcpidle(atoi(argv[2]), atoi(argv[3]), (size_t)atol(argv[4]));
 	if (argc >= 3 && !strcmp(argv[1], "tcpclose"))
 		return run_tcpclose(atoi(argv[2]));
+	if (argc >= 3 && !strcmp(argv[1], "epollwait") && atoi(argv[2]) >= 20)
+		return run_epollwait(atoi(argv[2]));
 	if (argc >= 2 && !strcmp(argv[1], "move"))
 		return run_move();
 	if (argc >= 3 && !strcmp(argv[1], "dests"))
@@ -749,6 +825,6 @@ int main(int argc, char **argv)
 		return run_rdstall(atof(argv[2]));
 	if (argc >= 5 && !strcmp(argv[1], "churn"))
 		return run_churn(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]));
-	fprintf(stderr, "usage: fdcost udp N | tcp N | tcpidle N WAIT_MS BYTES | tcpclose N | move | dests N | churn ROUNDS N GAP_MS | rdstall SECONDS | rdkill N [fork]\n");
+	fprintf(stderr, "usage: fdcost udp N | tcp N | tcpidle N WAIT_MS BYTES | tcpclose N | epollwait N | move | dests N | churn ROUNDS N GAP_MS | rdstall SECONDS | rdkill N [fork]\n");
 	return 2;
 }

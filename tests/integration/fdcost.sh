@@ -119,6 +119,23 @@ if [ -z "$DG_TSAN_RT" ]; then
 	awk -v x="${cs:-99}" -v m="$CLOSE_MS_MAX" 'BEGIN {exit !(x <= m)}' ||
 		failed+=("tcpclose: ${cs:-?} ms per close() > $CLOSE_MS_MAX")
 fi
+# an epoll_wait costs what is ready, not what is registered: EW_N idle carried connections in
+# one instance, waited on with nothing ready, first a tenth of them registered, then all. The
+# wait with all of them must cost at most EW_GROW times the one with a tenth (+1 us for noise);
+# natively both ~0.6 us. It looked at every registration before (SIPp's UAS at 10 000
+# connections spent most of its CPU there): 15 us with 200, 200 us with 2000 registered.
+EW_N=2000 EW_GROW=3
+timeout -k 5 120 env -u MALLOC_PERTURB_ "$bin" epollwait "$EW_N" >"$DG_TMP/epollwait.native" 2>&1 ||
+	failed+=("epollwait: native run failed: $(tail -1 "$DG_TMP/epollwait.native")")
+timeout -k 5 120 env -u MALLOC_PERTURB_ "${DG_SHIM_ENV[@]}" DGSHIM_LOG=info "$bin" epollwait "$EW_N" \
+	>"$DG_TMP/epollwait.shim" 2>"$DG_TMP/epollwait.err" ||
+	{ failed+=("epollwait: preloaded run failed: $(tail -1 "$DG_TMP/epollwait.shim")"); dg_tail "$DG_TMP/epollwait.err" 5; }
+ens=$(field "$DG_TMP/epollwait.native" big_us) ess=$(field "$DG_TMP/epollwait.shim" small_us)
+esb=$(field "$DG_TMP/epollwait.shim" big_us) esm=$(field "$DG_TMP/epollwait.shim" mod_us)
+dg_log "epollwait: $EW_N idle connections: natively ${ens:-?} us per epoll_wait; preloaded ${ess:-?} us with $((EW_N / 10)) registered, ${esb:-?} with $EW_N (max $EW_GROW x + 1); epoll_ctl MOD ${esm:-?} us; rc_conns=$(dg_sum "$DG_TMP/epollwait.err" rc_conns)"
+[ "$(dg_sum "$DG_TMP/epollwait.err" rc_conns)" -ge "$EW_N" ] || failed+=("epollwait: the connections were not carried")
+awk -v s="${ess:-0}" -v b="${esb:-999}" -v g="$EW_GROW" 'BEGIN {exit !(b <= g * s + 1)}' ||
+	failed+=("epollwait: ${esb:-?} us per wait with $EW_N registered against ${ess:-?} with $((EW_N / 10)): it grows with the registrations")
 # what a new destination costs a UDP server (the destination table grows with the destinations;
 # a table spread by hash touched a page for almost each one: ~2 kB each, 200 kB a minute in the
 # soak's servers). Bound: 1 kB per destination, natively ~0.
