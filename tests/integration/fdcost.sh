@@ -106,11 +106,17 @@ fi
 # delayed ACK, 0.07 now, natively 0.014); the server, which answers an end with nothing, must
 # read every one as an end of stream, none as a reset
 CLOSE_MS_MAX=1.5
-timeout -k 5 120 env -u MALLOC_PERTURB_ "$bin" tcpclose "$N" >"$DG_TMP/tcpclose.native" 2>&1 ||
-	failed+=("tcpclose: native run failed: $(tail -1 "$DG_TMP/tcpclose.native")")
-timeout -k 5 120 env -u MALLOC_PERTURB_ "${DG_SHIM_ENV[@]}" DGSHIM_LOG=info "$bin" tcpclose "$N" \
-	>"$DG_TMP/tcpclose.shim" 2>"$DG_TMP/tcpclose.err" ||
-	{ failed+=("tcpclose: preloaded run failed: $(tail -1 "$DG_TMP/tcpclose.shim")"); dg_tail "$DG_TMP/tcpclose.err" 5; }
+# both MODE ARGS...: fdcost MODE ARGS natively ($DG_TMP/MODE.native) and preloaded with the
+# shim's summary (MODE.shim, its stderr MODE.err); a failed run is added to failed
+both() {
+	local m=$1
+	timeout -k 5 120 env -u MALLOC_PERTURB_ "$bin" "$@" >"$DG_TMP/$m.native" 2>&1 ||
+		failed+=("$m: native run failed: $(tail -1 "$DG_TMP/$m.native")")
+	timeout -k 5 120 env -u MALLOC_PERTURB_ "${DG_SHIM_ENV[@]}" DGSHIM_LOG=info "$bin" "$@" \
+		>"$DG_TMP/$m.shim" 2>"$DG_TMP/$m.err" ||
+		{ failed+=("$m: preloaded run failed: $(tail -1 "$DG_TMP/$m.shim")"); dg_tail "$DG_TMP/$m.err" 5; }
+}
+both tcpclose "$N"
 cn=$(field "$DG_TMP/tcpclose.native" close_ms) cs=$(field "$DG_TMP/tcpclose.shim" close_ms)
 dg_log "tcpclose: $N connections closed one after another: natively ${cn:-?} ms per close, preloaded ${cs:-?} (max $CLOSE_MS_MAX); rc_conns=$(dg_sum "$DG_TMP/tcpclose.err" rc_conns) rc_reset=$(dg_sum "$DG_TMP/tcpclose.err" rc_reset)"
 [ "$(dg_sum "$DG_TMP/tcpclose.err" rc_conns)" -ge "$N" ] || failed+=("tcpclose: the connections were not carried")
@@ -125,11 +131,7 @@ fi
 # natively both ~0.6 us. It looked at every registration before (SIPp's UAS at 10 000
 # connections spent most of its CPU there): 15 us with 200, 200 us with 2000 registered.
 EW_N=2000 EW_GROW=3
-timeout -k 5 120 env -u MALLOC_PERTURB_ "$bin" epollwait "$EW_N" >"$DG_TMP/epollwait.native" 2>&1 ||
-	failed+=("epollwait: native run failed: $(tail -1 "$DG_TMP/epollwait.native")")
-timeout -k 5 120 env -u MALLOC_PERTURB_ "${DG_SHIM_ENV[@]}" DGSHIM_LOG=info "$bin" epollwait "$EW_N" \
-	>"$DG_TMP/epollwait.shim" 2>"$DG_TMP/epollwait.err" ||
-	{ failed+=("epollwait: preloaded run failed: $(tail -1 "$DG_TMP/epollwait.shim")"); dg_tail "$DG_TMP/epollwait.err" 5; }
+both epollwait "$EW_N"
 ens=$(field "$DG_TMP/epollwait.native" big_us) ess=$(field "$DG_TMP/epollwait.shim" small_us)
 esb=$(field "$DG_TMP/epollwait.shim" big_us) esm=$(field "$DG_TMP/epollwait.shim" mod_us)
 dg_log "epollwait: $EW_N idle connections: natively ${ens:-?} us per epoll_wait; preloaded ${ess:-?} us with $((EW_N / 10)) registered, ${esb:-?} with $EW_N (max $EW_GROW x + 1); epoll_ctl MOD ${esm:-?} us; rc_conns=$(dg_sum "$DG_TMP/epollwait.err" rc_conns)"
