@@ -892,7 +892,7 @@ static void reg_drop_unlink(struct ep *ep, struct reg *r, uint32_t i)
 	struct sock *old = r->ps;
 	reg_drop(ep, r, i);
 	/* without scan_all no socket has two registrations here: no search */
-	if (old && (!ep->scan_all || !ep_watches(ep, old)))
+	if (old && (!__atomic_load_n(&ep->scan_all, __ATOMIC_ACQUIRE) || !ep_watches(ep, old)))
 		sock_ep_link(old, ep, 0, 0);
 }
 
@@ -1077,7 +1077,8 @@ int ev_epoll_ctl(struct ep *ep, int epfd, int op, int fd, struct epoll_event *ev
 		if (lk == 1 || !ep_watches(ep, s))
 			sock_ep_link(s, ep, 2, idx); /* (2: a parked one of a dup, dropped above) */
 		else
-			ep->scan_all = true; /* a second registration of s: kicks name one only */
+			/* a second registration of s: kicks name one only */
+			__atomic_store_n(&ep->scan_all, true, __ATOMIC_RELEASE);
 		r->fd = fd, r->events = ev->events, r->data = ev->data.u64, r->cqfd = -1, r->s = NULL;
 		byfd_set(ep, fd, idx + 1);
 		r->ps = s, r->sid = sock_id(s);
