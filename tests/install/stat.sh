@@ -55,9 +55,9 @@ LD_PRELOAD=$pre $py "$tmp/tcpsrv.py" $((port + 1)) >"$tmp/ts.out" 2>&1 &
 ts=$!; pids+=($ts)
 for _ in $(seq 50); do grep -q listening "$tmp/us.out" && grep -q listening "$tmp/ts.out" && break; sleep 0.1; done
 grep -q listening "$tmp/ts.out" || fail "servers did not start"
-LD_PRELOAD=$pre "$build/apps/udpbench" stream 127.0.0.1 "$port" -s 256 -r 2000 -t 6 >"$tmp/uc.out" 2>&1 &
+LD_PRELOAD=$pre "$build/apps/udpbench" stream 127.0.0.1 "$port" -s 256 -r 2000 -t 10 >"$tmp/uc.out" 2>&1 &
 uc=$!; pids+=($uc)
-LD_PRELOAD=$pre $py "$tmp/tcpcli.py" $((port + 1)) 6 >"$tmp/tc.out" 2>&1 &
+LD_PRELOAD=$pre $py "$tmp/tcpcli.py" $((port + 1)) 10 >"$tmp/tc.out" 2>&1 &
 tc=$!; pids+=($tc)
 sleep 1.5
 
