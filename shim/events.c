@@ -478,8 +478,9 @@ struct reg {
 	/* a carried stream: its stream_kicks() when this instance last looked at it; a change
 	 * means another call found news the kernel will not report (rescanned) */
 	_Atomic uint32_t kicks_seen;
-	/* in ep->hot: the next wait looks at it (hot_add; cleared by the look) */
-	_Atomic bool hot;
+	/* in ep->hot: the next wait looks at it (hot_add; cleared by the look); only ever
+	 * accessed atomically (__atomic builtins, as kick: clang takes no _Atomic bool there) */
+	bool hot;
 	/* The program's own descriptor registered with data that looks like a tag (TAG_MAGIC):
 	 * its events are the kernel's, passed through with r->data. ps is NULL; dev and ino name
 	 * the file, to see a descriptor closed and its number reused. */
