@@ -1777,11 +1777,11 @@ static void answer_failed(struct stream *t, int fd, int rc)
 static int answer_slow(struct sock *s, struct stream *t, int fd, int wait_ms)
 {
 	if (t->probe) {
-		late_forget(s); /* its reference must not outlive the program's last close */
 		t->probe = false;
 		if (!mpa_request_first(fd, PROBE_WAIT_MS)) {
 			/* an unmodified client on another host: the OS carries it from here (the
 			 * descriptor stays known, answered by the kernel as before a connect) */
+			late_forget(s); /* its reference must not outlive the program's last close */
 			answer_qfd_drop(t);
 			t->state = SS_NEW;
 			t->mode = IWARP_MODE_OFF;
@@ -1818,8 +1818,9 @@ static int answer_slow(struct sock *s, struct stream *t, int fd, int wait_ms)
 	answer_qfd_drop(t);
 	t->state = SS_NEW; /* accept_rc makes it SS_ESTAB, or leaves it SS_NEW: plain */
 	int rc = accept_rc(s, fd);
-	if (!(!rc && t->state == SS_NEW && t->mode == IWARP_MODE_OFF) && (rc || t->state != SS_ESTAB))
-		answer_failed(t, fd, rc); /* else carried, or "stay plain" said: the kernel carries it */
+	bool stay_plain = !rc && t->state == SS_NEW && t->mode == IWARP_MODE_OFF; /* refuse_plain */
+	if (!stay_plain && t->state != SS_ESTAB)
+		answer_failed(t, fd, rc);
 	tell_waiters(s, t);
 	return 0;
 }
