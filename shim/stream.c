@@ -846,6 +846,13 @@ static void progress_take(struct sock *s, struct stream *t)
 		plain_after_rv(s, t);
 		return;
 	}
+	/* Taking the connection's events drove it as well (the provider reads TCP for them): the
+	 * records behind an event (a client's first data right behind its ready-to-receive) may
+	 * be on the CQ now, and a wait that watches TCP alone would not hear of them: a server's
+	 * first read of a new connection slept until its nap ran out (200 ms, 2 % of the
+	 * connections of a serial request-response client) */
+	if (dgv_cq_ready(t->cq) > 0)
+		drain_cq(s, t);
 	if (tcp_eof) {
 		/* the provider queued every record that came before TCP's end ahead of the event,
 		 * but they may have arrived since the CQ was drained above: take them first */

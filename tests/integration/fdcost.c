@@ -26,6 +26,11 @@
  *                  (timeout 0, nothing ready) with a tenth of them registered in one instance,
  *                  then with all N ("epollwait N small_us S big_us B"), and per epoll_ctl MOD
  *                  ("mod_us M"): a wait costs what is ready, not what is registered
+ *   fdcost tcprr N  N connections one after another, each a request-response: connect, write
+ *                  64 bytes, read the 64 echoed by a server that accepts, reads and writes
+ *                  with blocking calls, close. Prints "tcprr N avg_ms A max_ms M slow S", S the
+ *                  connections that took 150 ms or more (a wake-up lost: the shim's waits nap
+ *                  at most 200 ms)
  *   fdcost move    dup, close the original, reuse its number for a pipe: the socket goes on
  *                  through the duplicate and the pipe's byte stays the program's
  *
@@ -241,6 +246,95 @@ static void tcp_server(int n, int wr, int done)
 					_exit(1);
 		}
 	}
+}
+
+static double wall_s(void);
+
+/* tcprr's server: one connection at a time, each served by a blocking accept, read and write
+ * (a first read that waits on a connection just accepted), until the parent kills it. */
+static void tcp_server_blocking(int wr)
+{
+	int l = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in a = lo(0);
+	socklen_t al = sizeof a;
+	unsigned port = 0;
+	if (l >= 0 && !bind(l, (struct sockaddr *)&a, sizeof a) && !listen(l, 128) &&
+	    !getsockname(l, (struct sockaddr *)&a, &al))
+		port = ntohs(a.sin_port);
+	if (write(wr, &port, sizeof port) != sizeof port || !port)
+		_exit(1);
+	for (;;) {
+		char b[64];
+		int c = accept(l, NULL, NULL);
+		if (c < 0)
+			_exit(1);
+		size_t got = 0;
+		while (got < sizeof b) {
+			ssize_t r = read(c, b + got, sizeof b - got);
+			if (r <= 0)
+				_exit(1);
+			got += (size_t)r;
+		}
+		if (write(c, b, sizeof b) != (ssize_t)sizeof b)
+			_exit(1);
+		close(c);
+	}
+}
+
+static int run_tcprr(int n)
+{
+	int pp[2];
+	if (pipe(pp)) {
+		FAIL("pipe: %s", strerror(errno));
+		return 1;
+	}
+	pid_t pid = fork();
+	if (pid < 0) {
+		FAIL("fork: %s", strerror(errno));
+		return 1;
+	}
+	if (pid == 0) {
+		close(pp[0]);
+		tcp_server_blocking(pp[1]);
+	}
+	close(pp[1]);
+	unsigned port = 0;
+	if (read(pp[0], &port, sizeof port) != sizeof port || !port)
+		FAIL("the server child did not listen");
+	close(pp[0]);
+	struct sockaddr_in a = lo((int)port);
+	double sum = 0, max = 0;
+	int slow = 0;
+	for (int i = 0; i < n && !fails; i++) {
+		char b[64], r[64];
+		memset(b, 'a' + i % 26, sizeof b);
+		double t0 = wall_s();
+		int c = socket(AF_INET, SOCK_STREAM, 0);
+		if (c < 0 || connect(c, (struct sockaddr *)&a, sizeof a) || write(c, b, sizeof b) != (ssize_t)sizeof b) {
+			FAIL("connection %d: %s", i, strerror(errno));
+			break;
+		}
+		size_t got = 0;
+		while (got < sizeof r) {
+			ssize_t k = read(c, r + got, sizeof r - got);
+			if (k <= 0) {
+				FAIL("connection %d: read %zd (%s)", i, k, k < 0 ? strerror(errno) : "end of stream");
+				break;
+			}
+			got += (size_t)k;
+		}
+		if (got == sizeof r && memcmp(b, r, sizeof b))
+			FAIL("connection %d: the echo differs", i);
+		close(c);
+		double d = wall_s() - t0;
+		sum += d;
+		max = d > max ? d : max;
+		slow += d >= 0.150;
+	}
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+	printf("tcprr %d avg_ms %.3f max_ms %.2f slow %d\n", n, sum * 1000 / (n > 0 ? n : 1), max * 1000, slow);
+	return fails ? 1 : 0;
 }
 
 /* Forks the echo server for n + 1 connections. Returns its port (0: failed), *pid and *done
@@ -813,6 +907,8 @@ int main(int argc, char **argv)
 		return run_tcpclose(atoi(argv[2]));
 	if (argc >= 3 && !strcmp(argv[1], "epollwait") && atoi(argv[2]) >= 20)
 		return run_epollwait(atoi(argv[2]));
+	if (argc >= 3 && !strcmp(argv[1], "tcprr"))
+		return run_tcprr(atoi(argv[2]));
 	if (argc >= 2 && !strcmp(argv[1], "move"))
 		return run_move();
 	if (argc >= 3 && !strcmp(argv[1], "dests"))
@@ -825,6 +921,6 @@ int main(int argc, char **argv)
 		return run_rdstall(atof(argv[2]));
 	if (argc >= 5 && !strcmp(argv[1], "churn"))
 		return run_churn(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]));
-	fprintf(stderr, "usage: fdcost udp N | tcp N | tcpidle N WAIT_MS BYTES | tcpclose N | epollwait N | move | dests N | churn ROUNDS N GAP_MS | rdstall SECONDS | rdkill N [fork]\n");
+	fprintf(stderr, "usage: fdcost udp N | tcp N | tcpidle N WAIT_MS BYTES | tcpclose N | epollwait N | tcprr N | move | dests N | churn ROUNDS N GAP_MS | rdstall SECONDS | rdkill N [fork]\n");
 	return 2;
 }
