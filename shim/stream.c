@@ -1558,6 +1558,8 @@ static void stream_name_listener(struct stream *t, int fd, const union dgv_socka
 	dev_listen(t, fd, la, ll, port);
 }
 
+static void late_prestart(void);
+
 int stream_listen(struct sock *s, int fd, int backlog)
 {
 	sock_lock(s);
@@ -1591,6 +1593,7 @@ int stream_listen(struct sock *s, int fd, int backlog)
 		t->state = SS_LISTEN;
 	}
 	sock_unlock(s);
+	late_prestart();
 	return 0;
 }
 
@@ -1960,6 +1963,21 @@ static bool served_room(bool *running, pthread_cond_t *cv, void *(*fn)(void *), 
 			*v = nv, *cap = nc;
 	}
 	return *running && n < *cap;
+}
+
+/* Starts the answering thread, if it is not running, when a listener is made: not at the first
+ * accept, where the thread would start just before the fork of a forking server (accept, fork,
+ * the child serves). ASan's runtime then left the child's own answering thread stuck at its
+ * start (the parent's thread was registering itself at the fork), so the child never answered
+ * the connection it accepted next, and its client waited in connect() until the child gave up
+ * (qperf's data connection: the known app_qperf flake under ASan). The thread sleeps while the
+ * list is empty. */
+static void late_prestart(void)
+{
+	pthread_mutex_lock(&L.lock);
+	if (!L.running)
+		L.running = mono_thread_start(&L.cv, late_thread);
+	pthread_mutex_unlock(&L.lock);
 }
 
 /* Queues s (accepted at fd, SS_ANSWER) for the answering thread, started on first use. */
