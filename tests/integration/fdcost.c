@@ -200,17 +200,25 @@ static int run_udp(int n)
  * by an error such as a reset) */
 static bool server_ends_exit;
 
-static void tcp_server(int n, int wr, int done)
+/* A server child's listener on 127.0.0.1 (an ephemeral port), its port told through wr; the
+ * child exits when it cannot listen. */
+static int child_listen(int backlog, int wr)
 {
 	int l = socket(AF_INET, SOCK_STREAM, 0);
 	struct sockaddr_in a = lo(0);
 	socklen_t al = sizeof a;
 	unsigned port = 0;
-	if (l >= 0 && !bind(l, (struct sockaddr *)&a, sizeof a) && !listen(l, 4096) &&
+	if (l >= 0 && !bind(l, (struct sockaddr *)&a, sizeof a) && !listen(l, backlog) &&
 	    !getsockname(l, (struct sockaddr *)&a, &al))
 		port = ntohs(a.sin_port);
 	if (write(wr, &port, sizeof port) != sizeof port || !port)
 		_exit(1);
+	return l;
+}
+
+static void tcp_server(int n, int wr, int done)
+{
+	int l = child_listen(4096, wr);
 	struct pollfd *p = calloc((size_t)n + 3, sizeof *p);
 	if (!p)
 		_exit(1);
@@ -254,15 +262,7 @@ static double wall_s(void);
  * (a first read that waits on a connection just accepted), until the parent kills it. */
 static void tcp_server_blocking(int wr)
 {
-	int l = socket(AF_INET, SOCK_STREAM, 0);
-	struct sockaddr_in a = lo(0);
-	socklen_t al = sizeof a;
-	unsigned port = 0;
-	if (l >= 0 && !bind(l, (struct sockaddr *)&a, sizeof a) && !listen(l, 128) &&
-	    !getsockname(l, (struct sockaddr *)&a, &al))
-		port = ntohs(a.sin_port);
-	if (write(wr, &port, sizeof port) != sizeof port || !port)
-		_exit(1);
+	int l = child_listen(128, wr);
 	for (;;) {
 		char b[64];
 		int c = accept(l, NULL, NULL);

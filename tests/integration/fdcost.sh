@@ -116,10 +116,14 @@ both() {
 		>"$DG_TMP/$m.shim" 2>"$DG_TMP/$m.err" ||
 		{ failed+=("$m: preloaded run failed: $(tail -1 "$DG_TMP/$m.shim")"); dg_tail "$DG_TMP/$m.err" 5; }
 }
+# carried MODE N: MODE's preloaded run carried at least N connections over RC
+carried() {
+	[ "$(dg_sum "$DG_TMP/$1.err" rc_conns)" -ge "$2" ] || failed+=("$1: the connections were not carried")
+}
 both tcpclose "$N"
 cn=$(field "$DG_TMP/tcpclose.native" close_ms) cs=$(field "$DG_TMP/tcpclose.shim" close_ms)
 dg_log "tcpclose: $N connections closed one after another: natively ${cn:-?} ms per close, preloaded ${cs:-?} (max $CLOSE_MS_MAX); rc_conns=$(dg_sum "$DG_TMP/tcpclose.err" rc_conns) rc_reset=$(dg_sum "$DG_TMP/tcpclose.err" rc_reset)"
-[ "$(dg_sum "$DG_TMP/tcpclose.err" rc_conns)" -ge "$N" ] || failed+=("tcpclose: the connections were not carried")
+carried tcpclose "$N"
 [ "$(dg_sum "$DG_TMP/tcpclose.err" rc_reset)" = 0 ] || failed+=("tcpclose: a closed connection was counted as reset")
 if [ -z "$DG_TSAN_RT" ]; then
 	awk -v x="${cs:-99}" -v m="$CLOSE_MS_MAX" 'BEGIN {exit !(x <= m)}' ||
@@ -136,7 +140,7 @@ both tcprr "$RR_N"
 rn=$(field "$DG_TMP/tcprr.native" avg_ms) rs=$(field "$DG_TMP/tcprr.shim" avg_ms)
 rm=$(field "$DG_TMP/tcprr.shim" max_ms) rsl=$(field "$DG_TMP/tcprr.shim" slow)
 dg_log "tcprr: $RR_N request-response connections in turn: natively ${rn:-?} ms each, preloaded ${rs:-?} (longest ${rm:-?} ms, ${rsl:-?} of 150 ms or more, max $RR_SLOW_MAX); rc_conns=$(dg_sum "$DG_TMP/tcprr.err" rc_conns)"
-[ "$(dg_sum "$DG_TMP/tcprr.err" rc_conns)" -ge "$RR_N" ] || failed+=("tcprr: the connections were not carried")
+carried tcprr "$RR_N"
 [ -n "$rsl" ] && [ "$rsl" -le "$RR_SLOW_MAX" ] ||
 	failed+=("tcprr: ${rsl:-?} connections took 150 ms or more (a lost wake-up; max $RR_SLOW_MAX)")
 # an epoll_wait costs what is ready, not what is registered: EW_N idle carried connections in
@@ -149,7 +153,7 @@ both epollwait "$EW_N"
 ens=$(field "$DG_TMP/epollwait.native" big_us) ess=$(field "$DG_TMP/epollwait.shim" small_us)
 esb=$(field "$DG_TMP/epollwait.shim" big_us) esm=$(field "$DG_TMP/epollwait.shim" mod_us)
 dg_log "epollwait: $EW_N idle connections: natively ${ens:-?} us per epoll_wait; preloaded ${ess:-?} us with $((EW_N / 10)) registered, ${esb:-?} with $EW_N (max $EW_GROW x + 1); epoll_ctl MOD ${esm:-?} us; rc_conns=$(dg_sum "$DG_TMP/epollwait.err" rc_conns)"
-[ "$(dg_sum "$DG_TMP/epollwait.err" rc_conns)" -ge "$EW_N" ] || failed+=("epollwait: the connections were not carried")
+carried epollwait "$EW_N"
 awk -v s="${ess:-0}" -v b="${esb:-999}" -v g="$EW_GROW" 'BEGIN {exit !(b <= g * s + 1)}' ||
 	failed+=("epollwait: ${esb:-?} us per wait with $EW_N registered against ${ess:-?} with $((EW_N / 10)): it grows with the registrations")
 # what a new destination costs a UDP server (the destination table grows with the destinations;
