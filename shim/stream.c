@@ -1975,12 +1975,12 @@ static bool served_room(bool *running, pthread_cond_t *cv, void *(*fn)(void *), 
 static void late_prestart(void)
 {
 	pthread_mutex_lock(&L.lock);
-	if (!L.running)
-		L.running = mono_thread_start(&L.cv, late_thread);
+	(void)served_room(&L.running, &L.cv, late_thread, (void **)&L.v, L.n, &L.cap, sizeof *L.v);
 	pthread_mutex_unlock(&L.lock);
 }
 
-/* Queues s (accepted at fd, SS_ANSWER) for the answering thread, started on first use. */
+/* Queues s (accepted at fd, SS_ANSWER) for the answering thread (started here if no listener
+ * of this process started it: a child's inherited listener). */
 static void late_add(struct sock *s, int fd)
 {
 	pthread_mutex_lock(&L.lock);
